@@ -1,0 +1,285 @@
+"""Read a GGUF file's header: metadata and tensor sizes, never the weights.
+
+gguf.GGUFReader builds a numpy object for every one of the ~300k strings in a
+Qwen2.5 vocabulary and merge list, which takes seconds.  The header layout is
+simple, so this module walks it over an mmap, skipping string arrays by their
+length prefixes, and uses the gguf package for the type tables and key names.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gguf import (
+    GGML_QUANT_SIZES,
+    GGUF_DEFAULT_ALIGNMENT,
+    GGUF_MAGIC,
+    GGMLQuantizationType,
+    GGUFValueType,
+    LlamaFileType,
+)
+
+from edgespec.errors import ModelFileError
+
+_SCALAR_FORMATS = {
+    GGUFValueType.UINT8: "B",
+    GGUFValueType.INT8: "b",
+    GGUFValueType.UINT16: "H",
+    GGUFValueType.INT16: "h",
+    GGUFValueType.UINT32: "I",
+    GGUFValueType.INT32: "i",
+    GGUFValueType.FLOAT32: "f",
+    GGUFValueType.BOOL: "?",
+    GGUFValueType.UINT64: "Q",
+    GGUFValueType.INT64: "q",
+    GGUFValueType.FLOAT64: "d",
+}
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    path: Path
+    architecture: str
+    name: str | None
+    parameter_count: int
+    file_type: int | None
+    quantization: str  # e.g. "Q4_K_M"; "F16"; "unknown" when the file does not say
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    context_length: int
+    vocab_size: int
+    tokenizer_model: str | None
+    bos_id: int | None
+    eos_id: int | None
+    chat_template: str | None
+    file_size: int
+    tensor_bytes: int
+    layer_tensor_bytes: tuple[int, ...]  # index i: bytes of all blk.i.* tensors
+    other_tensor_bytes: int  # embeddings, output head, final norm
+    # Scalar and string metadata by key; arrays are left out (see array_lengths).
+    metadata: dict = field(default_factory=dict, compare=False, repr=False)
+    array_lengths: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    name: str
+    n_elements: int
+    n_bytes: int
+    offset: int
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _HeaderWalker:
+    """Sequential reads over a buffer; running past its end means a truncated file."""
+
+    def __init__(self, buffer, byte_order: str):
+        self.buffer = buffer
+        self.byte_order = byte_order
+        self.offset = 0
+
+    def many(self, count: int, fmt: str) -> tuple:
+        layout = f"{self.byte_order}{count}{fmt}"
+        try:
+            values = struct.unpack_from(layout, self.buffer, self.offset)
+        except struct.error as error:
+            raise _Truncated from error
+        self.offset += struct.calcsize(layout)
+        return values
+
+    def unpack(self, fmt: str):
+        return self.many(1, fmt)[0]
+
+    def string(self) -> str:
+        length = self.unpack("Q")
+        end = self.offset + length
+        if end > len(self.buffer):
+            raise _Truncated
+        text = bytes(self.buffer[self.offset:end]).decode("utf-8", errors="replace")
+        self.offset = end
+        return text
+
+    def skip_strings(self, count: int) -> None:
+        unpack_length = struct.Struct(self.byte_order + "Q").unpack_from
+        offset, size = self.offset, len(self.buffer)
+        try:
+            for _ in range(count):
+                offset += 8 + unpack_length(self.buffer, offset)[0]
+        except struct.error as error:
+            raise _Truncated from error
+        if offset > size:
+            raise _Truncated
+        self.offset = offset
+
+    def value(self, value_type: int):
+        """One metadata value; string arrays come back as their length only."""
+        value_type = GGUFValueType(value_type)
+        if value_type == GGUFValueType.STRING:
+            return self.string()
+        if value_type == GGUFValueType.ARRAY:
+            item_type = GGUFValueType(self.unpack("I"))
+            count = self.unpack("Q")
+            if item_type == GGUFValueType.STRING:
+                self.skip_strings(count)
+                return _StringArray(count)
+            if item_type == GGUFValueType.ARRAY:
+                return tuple(self.value(item_type) for _ in range(count))
+            return self.many(count, _SCALAR_FORMATS[item_type])
+        return self.unpack(_SCALAR_FORMATS[value_type])
+
+
+@dataclass(frozen=True)
+class _StringArray:
+    length: int
+
+
+def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
+    """Metadata and per-layer tensor sizes of the GGUF file at ``path``."""
+    path = Path(path)
+    try:
+        file_size = path.stat().st_size
+        with open(path, "rb") as handle:
+            if file_size == 0:
+                raise ModelFileError(_problem(path, "is empty, not a GGUF model"))
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
+                try:
+                    fields, tensors, data_offset = _read_header(buffer, path)
+                except _Truncated:
+                    raise ModelFileError(_problem(path, "is truncated: its GGUF header ends early")) from None
+    except FileNotFoundError:
+        raise ModelFileError(f"model file {path} does not exist; check the path or run `edgespec models list`") from None
+    except IsADirectoryError:
+        raise ModelFileError(f"model file {path} is a directory; pass the .gguf file inside it") from None
+    except PermissionError:
+        raise ModelFileError(f"model file {path} is not readable; fix its permissions") from None
+    data_end = data_offset + max((t.offset + t.n_bytes for t in tensors), default=0)
+    if data_end > file_size:
+        raise ModelFileError(
+            _problem(path, f"is truncated: {file_size} bytes but its tensors need {data_end}")
+        )
+    return _build_info(path, file_size, fields, tensors)
+
+
+def _problem(path: Path, what: str) -> str:
+    return f"model file {path} {what}; download it again (`edgespec models pull NAME`) or pick another file"
+
+
+def _read_header(buffer, path: Path) -> tuple[dict, list[_Tensor], int]:
+    if len(buffer) < 24 or struct.unpack_from("<I", buffer, 0)[0] != GGUF_MAGIC:
+        raise ModelFileError(_problem(path, "is not a GGUF file (wrong magic bytes)"))
+    byte_order = "<"
+    version = struct.unpack_from("<I", buffer, 4)[0]
+    if version & 0xFFFF == 0:  # written on a big-endian machine
+        byte_order = ">"
+        version = struct.unpack_from(">I", buffer, 4)[0]
+    if version not in (2, 3):
+        raise ModelFileError(_problem(path, f"uses GGUF version {version}; only versions 2 and 3 are supported"))
+    walker = _HeaderWalker(buffer, byte_order)
+    walker.offset = 8
+    tensor_count, kv_count = walker.many(2, "Q")
+    fields = {}
+    try:
+        for _ in range(kv_count):
+            key = walker.string()
+            fields[key] = walker.value(walker.unpack("I"))
+        tensors = [_read_tensor_info(walker) for _ in range(tensor_count)]
+    except (ValueError, KeyError) as error:  # unknown value or tensor type codes
+        raise ModelFileError(
+            f"model file {path} has a header this gguf package cannot parse ({error}); "
+            "upgrade it with `pip install -U gguf` or pick another file"
+        ) from None
+    alignment = fields.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+    data_offset = -(-walker.offset // alignment) * alignment
+    return fields, tensors, data_offset
+
+
+def _read_tensor_info(walker: _HeaderWalker) -> _Tensor:
+    name = walker.string()
+    n_dims = walker.unpack("I")
+    dims = walker.many(n_dims, "Q")
+    quant_type = GGMLQuantizationType(walker.unpack("I"))
+    offset = walker.unpack("Q")
+    n_elements = 1
+    for dim in dims:
+        n_elements *= dim
+    block_size, type_size = GGML_QUANT_SIZES[quant_type]
+    return _Tensor(name, n_elements, n_elements * type_size // block_size, offset)
+
+
+def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor]) -> GGUFInfo:
+    arch = fields.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelFileError(_problem(path, "has no general.architecture key, so it is not a model"))
+
+    def arch_int(key: str, default: int = 0) -> int:
+        value = fields.get(f"{arch}.{key}", default)
+        # Some architectures give per-layer head counts; the largest bounds memory.
+        return max(value, default=default) if isinstance(value, tuple) else int(value)
+
+    n_embd = arch_int("embedding_length")
+    n_head = arch_int("attention.head_count")
+    n_layer = arch_int("block_count")
+    tokens = fields.get("tokenizer.ggml.tokens")
+    vocab_size = arch_int("vocab_size", tokens.length if isinstance(tokens, _StringArray) else 0)
+    layer_bytes = [0] * n_layer
+    other_bytes = 0
+    for tensor in tensors:
+        block = _block_index(tensor.name)
+        if block is not None and block < n_layer:
+            layer_bytes[block] += tensor.n_bytes
+        else:
+            other_bytes += tensor.n_bytes
+    file_type = fields.get("general.file_type")
+    return GGUFInfo(
+        path=path,
+        architecture=arch,
+        name=fields.get("general.name"),
+        parameter_count=int(fields.get("general.parameter_count", sum(t.n_elements for t in tensors))),
+        file_type=file_type,
+        quantization=_quantization_name(file_type),
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=arch_int("attention.head_count_kv", n_head),
+        head_dim=arch_int("attention.key_length", n_embd // n_head if n_head else 0),
+        context_length=arch_int("context_length"),
+        vocab_size=vocab_size,
+        tokenizer_model=fields.get("tokenizer.ggml.model"),
+        bos_id=fields.get("tokenizer.ggml.bos_token_id"),
+        eos_id=fields.get("tokenizer.ggml.eos_token_id"),
+        chat_template=fields.get("tokenizer.chat_template"),
+        file_size=file_size,
+        tensor_bytes=sum(t.n_bytes for t in tensors),
+        layer_tensor_bytes=tuple(layer_bytes),
+        other_tensor_bytes=other_bytes,
+        metadata={k: v for k, v in fields.items() if not isinstance(v, (tuple, _StringArray))},
+        array_lengths={k: (v.length if isinstance(v, _StringArray) else len(v))
+                       for k, v in fields.items() if isinstance(v, (tuple, _StringArray))},
+    )
+
+
+def _block_index(tensor_name: str) -> int | None:
+    parts = tensor_name.split(".", 2)
+    if len(parts) >= 2 and parts[0] == "blk" and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def _quantization_name(file_type: int | None) -> str:
+    if file_type is None:
+        return "unknown"
+    try:
+        name = LlamaFileType(file_type).name
+    except ValueError:
+        return f"type {file_type}"
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")

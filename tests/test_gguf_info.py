@@ -1,0 +1,78 @@
+import os
+
+import pytest
+from gguf import GGUFReader
+
+from edgespec.errors import EdgespecError, ModelFileError
+from edgespec.gguf_info import read_gguf_info
+from models_gguf import TOKENS, write_tiny_gguf
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return write_tiny_gguf(tmp_path / "tiny.gguf")
+
+
+def test_reads_metadata_of_a_written_file(tiny):
+    info = read_gguf_info(tiny)
+    assert info.path == tiny
+    assert info.architecture == "llama"
+    assert info.name == "tiny test llama"
+    assert info.quantization == "F32"
+    assert (info.n_layer, info.n_embd, info.n_head, info.n_head_kv) == (2, 8, 2, 1)
+    assert info.head_dim == 4
+    assert info.context_length == 256
+    assert info.vocab_size == len(TOKENS)
+    assert info.tokenizer_model == "gpt2"
+    assert (info.bos_id, info.eos_id) == (0, 1)
+    assert info.chat_template == "{{ messages[0]['content'] }}"
+    assert info.file_size == os.path.getsize(tiny)
+    assert info.array_lengths["tokenizer.ggml.tokens"] == len(TOKENS)
+
+
+def test_tensor_sizes_agree_with_gguf_reader(tiny):
+    info = read_gguf_info(tiny)
+    reference = GGUFReader(tiny)
+    assert info.tensor_bytes == sum(int(t.n_bytes) for t in reference.tensors)
+    assert info.parameter_count == sum(int(t.n_elements) for t in reference.tensors)
+    per_block = (8 * 8 + 8) * 4
+    assert info.layer_tensor_bytes == (per_block, per_block)
+    assert info.other_tensor_bytes == (len(TOKENS) * 8 + 8) * 4
+    last = max(reference.tensors, key=lambda t: t.data_offset)
+    assert info.file_size >= last.data_offset + last.n_bytes
+
+
+def test_key_length_overrides_head_dim(tmp_path):
+    info = read_gguf_info(write_tiny_gguf(tmp_path / "k.gguf", key_length=16))
+    assert info.head_dim == 16
+
+
+def test_missing_file_names_the_file(tmp_path):
+    missing = tmp_path / "nope.gguf"
+    with pytest.raises(ModelFileError, match="nope.gguf does not exist"):
+        read_gguf_info(missing)
+
+
+def test_non_gguf_file_is_rejected(tmp_path):
+    text = tmp_path / "notes.gguf"
+    text.write_text("this is not a model at all, just some text\n" * 4)
+    with pytest.raises(ModelFileError, match="notes.gguf is not a GGUF file") as caught:
+        read_gguf_info(text)
+    assert isinstance(caught.value, EdgespecError)
+    assert "\n" not in str(caught.value)
+
+
+def test_empty_file_is_rejected(tmp_path):
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(ModelFileError, match="empty.gguf is empty"):
+        read_gguf_info(empty)
+
+
+@pytest.mark.parametrize("keep", [30, 200, -4])
+def test_truncated_file_is_rejected(tiny, tmp_path, keep):
+    data = tiny.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:keep])  # inside the KV block, inside the tensor infos, inside the weights
+    with pytest.raises(ModelFileError, match="cut.gguf is truncated"):
+        read_gguf_info(cut)
