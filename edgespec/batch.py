@@ -1,0 +1,687 @@
+"""`edgespec batch`: run a JSONL file of prompts through one engine, resumably.
+
+Input is the OpenAI Batch request format (one request per line: custom_id,
+method "POST", url "/v1/chat/completions" or "/v1/completions", body), or a
+plain form: one prompt per line as {"prompt": "..."} or a bare JSON string,
+answered as a chat turn, with custom_ids made from line numbers ("line-7").
+
+Output is the OpenAI Batch output format, one record per request, appended
+and fsynced as soon as it is done, so finished work survives Ctrl-C, kill -9
+and power loss; rerunning the same command skips the custom_ids already in the
+output. A failed request gets an error record and the batch goes on. Each
+response body carries edgespec's figures in an extra "stats" field.
+
+Exit codes (see EXIT_* below): 0 every request succeeded, 1 some requests
+got error records, 2 the batch was refused before it started (duplicate
+custom_ids, unreadable files, model failed to load), 130 interrupted.
+
+Test hook: EDGESPEC_BATCH_STOP_AFTER=N makes the process send itself SIGINT
+while generating the request after the N-th result written by this run, so
+tests can interrupt a run at a known point (read only here; not for users).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from edgespec.errors import ContextOverflowError, EdgespecError
+
+EXIT_OK = 0
+EXIT_REQUESTS_FAILED = 1
+EXIT_REFUSED = 2
+EXIT_INTERRUPTED = 130
+
+STOP_AFTER_ENV = "EDGESPEC_BATCH_STOP_AFTER"
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+CHAT_ROLES = {"system", "developer", "user", "assistant"}
+
+
+class BatchInputError(EdgespecError):
+    """The batch cannot start: bad input file, duplicate ids, corrupt output."""
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    custom_id: str
+    line: int
+    url: str  # CHAT_URL or COMPLETIONS_URL
+    messages: tuple[dict, ...] = ()  # chat requests
+    prompt: str = ""  # completion requests
+    overrides: tuple[tuple[str, object], ...] = ()  # SamplingParams fields set by the body
+
+
+@dataclass(frozen=True)
+class InvalidRequest:
+    custom_id: str
+    line: int
+    code: str
+    message: str
+
+
+class _LineError(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# ---------------------------------------------------------------- input
+
+
+def read_requests(path: Path) -> list[BatchRequest | InvalidRequest]:
+    """Parse every non-blank line; bad lines become InvalidRequest entries."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise BatchInputError(f"cannot read batch input {path}: {err.strerror}; check the path") from None
+    entries = []
+    for line_no, raw in enumerate(data.split(b"\n"), start=1):
+        if raw.strip():
+            entries.append(parse_line(raw, line_no))
+    return entries
+
+
+def parse_line(raw: bytes, line_no: int) -> BatchRequest | InvalidRequest:
+    fallback_id = f"line-{line_no}"
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return InvalidRequest(fallback_id, line_no, "invalid_json", f"line {line_no} is not valid JSON: {err}")
+    custom_id = value.get("custom_id") if isinstance(value, dict) else None
+    if not isinstance(custom_id, str) or not custom_id:
+        custom_id = fallback_id
+    try:
+        return _parse_value(value, custom_id, line_no)
+    except _LineError as err:
+        return InvalidRequest(custom_id, line_no, err.code, f"line {line_no}: {err.message}")
+
+
+def _parse_value(value: object, custom_id: str, line_no: int) -> BatchRequest:
+    if isinstance(value, str):
+        return _plain_request(value, custom_id, line_no)
+    if not isinstance(value, dict):
+        raise _LineError("invalid_request", "expected a JSON object or a JSON string")
+    if "prompt" in value and "body" not in value and "url" not in value:
+        return _plain_request(_expect_string(value, "prompt"), custom_id, line_no)
+    return _openai_request(value, custom_id, line_no)
+
+
+def _plain_request(prompt: str, custom_id: str, line_no: int) -> BatchRequest:
+    return BatchRequest(custom_id, line_no, CHAT_URL, messages=({"role": "user", "content": prompt},))
+
+
+def _openai_request(value: dict, custom_id: str, line_no: int) -> BatchRequest:
+    for field in ("custom_id", "method", "url", "body"):
+        if field not in value:
+            raise _LineError("missing_field", f'missing field "{field}"')
+    _expect_string(value, "custom_id")
+    if value["method"] != "POST":
+        raise _LineError("invalid_field", f'"method" must be "POST", not {value["method"]!r}')
+    url, body = value["url"], value["body"]
+    if url not in (CHAT_URL, COMPLETIONS_URL):
+        raise _LineError("unknown_url", f'unknown url {url!r}; use "{CHAT_URL}" or "{COMPLETIONS_URL}"')
+    if not isinstance(body, dict):
+        raise _LineError("invalid_field", '"body" must be a JSON object')
+    overrides = tuple(_sampling_overrides(body).items())
+    if url == CHAT_URL:
+        return BatchRequest(custom_id, line_no, url, messages=_parse_messages(body), overrides=overrides)
+    return BatchRequest(custom_id, line_no, url, prompt=_parse_prompt(body), overrides=overrides)
+
+
+def _expect_string(obj: dict, field: str) -> str:
+    text = obj[field]
+    if not isinstance(text, str):
+        raise _LineError("invalid_field", f'"{field}" must be a string')
+    return text
+
+
+def _parse_messages(body: dict) -> tuple[dict, ...]:
+    if "messages" not in body:
+        raise _LineError("missing_field", 'missing field "body.messages"')
+    messages = body["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise _LineError("invalid_field", '"body.messages" must be a non-empty list')
+    parsed = tuple(_parse_message(m, i) for i, m in enumerate(messages))
+    if parsed[-1]["role"] != "user":
+        raise _LineError("invalid_field", "the last message must have role \"user\"")
+    return parsed
+
+
+def _parse_message(message: object, index: int) -> dict:
+    where = f"body.messages[{index}]"
+    if not isinstance(message, dict) or "role" not in message or "content" not in message:
+        raise _LineError("missing_field", f'{where} needs "role" and "content"')
+    role = message["role"]
+    if role not in CHAT_ROLES:
+        raise _LineError("invalid_field", f"{where}.role {role!r} is not one of {sorted(CHAT_ROLES)}")
+    role = "system" if role == "developer" else role
+    return {"role": role, "content": _message_text(message["content"], where)}
+
+
+def _message_text(content: object, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    # OpenAI content parts; only text parts make sense for a text model.
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    raise _LineError("invalid_field", f"{where}.content must be a string or a list of text parts")
+
+
+def _parse_prompt(body: dict) -> str:
+    if "prompt" not in body:
+        raise _LineError("missing_field", 'missing field "body.prompt"')
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    if not isinstance(prompt, str):
+        raise _LineError("invalid_field", '"body.prompt" must be one string (one prompt per request)')
+    return prompt
+
+
+def _sampling_overrides(body: dict) -> dict:
+    """Map the OpenAI body fields edgespec honours onto SamplingParams fields."""
+    overrides: dict[str, object] = {}
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+    if max_tokens is not None:
+        overrides["max_tokens"] = _number(max_tokens, "max_tokens", integer=True, low=1)
+    if body.get("temperature") is not None:
+        overrides["temperature"] = _number(body["temperature"], "temperature", low=0)
+    if body.get("top_p") is not None:
+        overrides["top_p"] = _number(body["top_p"], "top_p", low=0, high=1)
+    if body.get("seed") is not None:
+        overrides["seed"] = _number(body["seed"], "seed", integer=True)
+    if body.get("stop") is not None:
+        overrides["stop"] = _stop_strings(body["stop"])
+    return overrides
+
+
+def _number(value: object, field: str, integer: bool = False, low: float | None = None, high: float | None = None):
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise _LineError("invalid_field", f'"body.{field}" must be {"an integer" if integer else "a number"}')
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise _LineError("invalid_field", f'"body.{field}" = {value} is out of range')
+    return value if integer else float(value)
+
+
+def _stop_strings(stop: object) -> tuple[str, ...]:
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return tuple(stop)
+    raise _LineError("invalid_field", '"body.stop" must be a string or a list of strings')
+
+
+def check_unique_ids(entries: list[BatchRequest | InvalidRequest]) -> None:
+    first_line: dict[str, int] = {}
+    clashes = []
+    for entry in entries:
+        if entry.custom_id in first_line:
+            clashes.append(f"{entry.custom_id!r} (lines {first_line[entry.custom_id]} and {entry.line})")
+        else:
+            first_line[entry.custom_id] = entry.line
+    if clashes:
+        shown = ", ".join(clashes[:5]) + (f" and {len(clashes) - 5} more" if len(clashes) > 5 else "")
+        raise BatchInputError(f"duplicate custom_id {shown}; give every request its own custom_id")
+
+
+# ---------------------------------------------------------------- output file
+
+
+def load_finished(out_path: Path) -> tuple[dict[str, dict], bool]:
+    """Records already in OUT by custom_id, and whether a torn tail was cut off.
+
+    A run killed mid-write leaves a last line without its newline (or, after a
+    power loss, garbage): that tail is truncated away so its request is redone.
+    A bad line with good records after it is not a torn write, so it is refused.
+    """
+    try:
+        data = out_path.read_bytes()
+    except FileNotFoundError:
+        return {}, False
+    except OSError as err:
+        raise BatchInputError(f"cannot read batch output {out_path}: {err.strerror}; check the path") from None
+    finished: dict[str, dict] = {}
+    offset, bad_at = 0, None
+    for raw in data.split(b"\n"):
+        end = offset + len(raw) + 1
+        complete = end <= len(data)
+        record = _parse_record(raw) if complete else None
+        if record is not None and bad_at is None:
+            finished[record["custom_id"]] = record
+        elif record is not None:
+            line_no = data[:bad_at].count(b"\n") + 1
+            raise BatchInputError(
+                f"{out_path} line {line_no} is not a batch output record; remove that line, then rerun"
+            )
+        elif raw.strip(b" \t\r\0") and bad_at is None:
+            bad_at = offset
+        offset = end
+    if bad_at is None:
+        return finished, False
+    _truncate(out_path, bad_at)
+    return finished, True
+
+
+def _parse_record(raw: bytes) -> dict | None:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(record, dict) and isinstance(record.get("custom_id"), str):
+        return record
+    return None
+
+
+def _truncate(path: Path, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class RecordWriter:
+    """Appends one JSON line per record; each is on disk before append() returns."""
+
+    def __init__(self, path: Path):
+        created = not path.exists()
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise BatchInputError(f"cannot write batch output {path}: {err.strerror}; check the path") from None
+        if created:
+            _fsync_dir(path.parent)
+
+    def append(self, record: dict) -> None:
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        while data:
+            data = data[os.write(self._fd, data) :]
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the new file's directory entry survive a power loss too.
+    fd = os.open(directory or Path("."), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- records
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def success_record(request: BatchRequest, result, model_name: str) -> dict:
+    stats = dict(result.stats)
+    prompt_tokens = int(stats.get("prompt_tokens", 0))
+    completion_tokens = len(result.token_ids)
+    # OpenAI knows only "stop" and "length"; running out of context is a length stop.
+    finish_reason = "stop" if result.finish_reason == "stop" else "length"
+    body = {
+        "id": _new_id("chatcmpl-" if request.url == CHAT_URL else "cmpl-"),
+        "object": "chat.completion" if request.url == CHAT_URL else "text_completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [_choice(request, result.text, finish_reason)],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+        "stats": stats,
+    }
+    return {
+        "id": _new_id("batch_req_"),
+        "custom_id": request.custom_id,
+        "response": {"status_code": 200, "request_id": _new_id("req_"), "body": body},
+        "error": None,
+    }
+
+
+def _choice(request: BatchRequest, text: str, finish_reason: str) -> dict:
+    if request.url == CHAT_URL:
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def error_record(custom_id: str, code: str, message: str) -> dict:
+    return {
+        "id": _new_id("batch_req_"),
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": code, "message": message},
+    }
+
+
+def is_success(record: dict) -> bool:
+    response = record.get("response")
+    return record.get("error") is None and isinstance(response, dict) and response.get("status_code") == 200
+
+
+# ---------------------------------------------------------------- running
+
+
+class Interrupt:
+    """Ctrl-C turns into a polite stop: the request in flight is cancelled and not written."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+
+    @contextmanager
+    def catching_sigint(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_sigint(signum, frame):
+            self.requested.set()
+            # A second Ctrl-C falls back to the usual immediate stop.
+            signal.signal(signal.SIGINT, previous)
+
+        signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+@dataclass
+class RunTally:
+    """What this run did, for the progress bar and the summary."""
+
+    written: int = 0
+    tokens: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    interrupted: bool = False
+
+    def add(self, stats: dict) -> None:
+        self.tokens += int(stats.get("tokens_generated", 0))
+        self.proposed += int(stats.get("draft_tokens_proposed", 0))
+        self.accepted += int(stats.get("draft_tokens_accepted", 0))
+
+
+def run_batch(
+    engine,
+    entries: list[BatchRequest | InvalidRequest],
+    writer: RecordWriter,
+    base_params,
+    finished: dict[str, dict],
+    interrupt: Interrupt,
+    on_progress: Callable[[RunTally, dict | None], None] = lambda tally, live: None,
+) -> RunTally:
+    """Run every entry not yet in `finished`, appending each record as it is done.
+
+    Adds the new records to `finished`. Stops early, writing nothing partial,
+    once `interrupt.requested` is set.
+    """
+    tally = RunTally()
+    stop_after = _stop_after_hook()
+    model_name = Path(engine.target_path).name
+    for entry in entries:
+        if entry.custom_id in finished:
+            continue
+        if interrupt.requested.is_set():
+            break
+        if isinstance(entry, InvalidRequest):
+            record = error_record(entry.custom_id, entry.code, entry.message)
+        else:
+            record = _run_request(engine, entry, base_params, model_name, interrupt, tally, on_progress, stop_after)
+            if record is None:
+                break
+        writer.append(record)
+        finished[entry.custom_id] = record
+        tally.written += 1
+        on_progress(tally, None)
+    tally.interrupted = interrupt.requested.is_set() and any(e.custom_id not in finished for e in entries)
+    return tally
+
+
+def _stop_after_hook() -> int | None:
+    value = os.environ.get(STOP_AFTER_ENV)
+    return int(value) if value else None
+
+
+def _run_request(engine, request, base_params, model_name, interrupt, tally, on_progress, stop_after):
+    """The request's record, or None when it was interrupted."""
+    params = dataclasses.replace(base_params, **dict(request.overrides))
+    if request.url == CHAT_URL:
+        prompt, raw = engine.render_chat(list(request.messages)), True
+    else:
+        prompt, raw = request.prompt, True
+    result = None
+    try:
+        for event in engine.stream(prompt, params, raw=raw, cancel=interrupt.requested):
+            if hasattr(event, "result"):
+                result = event.result
+                break
+            if stop_after is not None and tally.written >= stop_after:
+                stop_after = None
+                os.kill(os.getpid(), signal.SIGINT)
+            on_progress(tally, event.stats)
+    except ContextOverflowError as err:
+        return error_record(request.custom_id, "context_length_exceeded", str(err))
+    except EdgespecError as err:
+        return error_record(request.custom_id, "generation_failed", str(err))
+    if result is None or result.finish_reason == "cancelled":
+        return None
+    tally.add(result.stats)
+    return success_record(request, result, model_name)
+
+
+# ---------------------------------------------------------------- summary
+
+
+def summarize(entries, finished: dict[str, dict], tally: RunTally, resumed: int) -> dict:
+    """Figures for the whole batch as it now stands in OUT (earlier runs included)."""
+    records = [finished[e.custom_id] for e in entries if e.custom_id in finished]
+    ok = [r for r in records if is_success(r)]
+    usage = [r["response"]["body"].get("usage", {}) for r in ok]
+    stats = [r["response"]["body"].get("stats", {}) for r in ok]
+    generated = sum(int(s.get("tokens_generated", 0)) for s in stats)
+    decode_seconds = sum(float(s.get("decode_seconds", 0.0)) for s in stats)
+    proposed = sum(int(s.get("draft_tokens_proposed", 0)) for s in stats)
+    accepted = sum(int(s.get("draft_tokens_accepted", 0)) for s in stats)
+    target_passes = sum(int(s.get("target_forward_passes", 0)) for s in stats)
+    return {
+        "requests_total": len(entries),
+        "requests_ok": len(ok),
+        "requests_failed": len(records) - len(ok),
+        "requests_pending": len(entries) - len(records),
+        "requests_resumed": resumed,
+        "interrupted": tally.interrupted,
+        "prompt_tokens": sum(int(u.get("prompt_tokens", 0)) for u in usage),
+        "completion_tokens": sum(int(u.get("completion_tokens", 0)) for u in usage),
+        "total_tokens": sum(int(u.get("total_tokens", 0)) for u in usage),
+        "wall_seconds": round(time.monotonic() - tally.started, 3),
+        "decode_tokens_per_second": round(generated / decode_seconds, 2) if decode_seconds else None,
+        # Token-weighted: all accepted draft tokens over all proposed ones.
+        "mean_acceptance_rate": round(accepted / proposed, 4) if proposed else None,
+        "target_passes_per_token": round(target_passes / generated, 4) if generated else None,
+        "modes": sorted({str(s.get("mode")) for s in stats if s.get("mode")}),
+    }
+
+
+def summary_line(summary: dict) -> str:
+    def show(value, fmt):
+        return "n/a" if value is None else format(value, fmt)
+
+    return (
+        f"batch: {summary['requests_ok']} ok, {summary['requests_failed']} failed"
+        f" of {summary['requests_total']} ({summary['requests_resumed']} already done)"
+        f" | {summary['total_tokens']} tokens ({summary['completion_tokens']} generated)"
+        f" | wall {summary['wall_seconds']:.1f} s"
+        f" | decode {show(summary['decode_tokens_per_second'], '.1f')} tok/s"
+        f" | acceptance {show(summary['mean_acceptance_rate'], '.1%')}"
+        f" | {show(summary['target_passes_per_token'], '.3f')} target passes/token"
+    )
+
+
+def write_summary(path: Path, summary: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        raise BatchInputError(f"cannot write summary {path}: {err.strerror}; check the path") from None
+
+
+# ---------------------------------------------------------------- command line
+
+
+def add_batch_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "batch",
+        help="run a JSONL file of prompts (OpenAI Batch format), resumably",
+        description=(
+            "Run every request of IN (OpenAI Batch JSONL, or one prompt per line as "
+            '{"prompt": ...} or a JSON string) and append OpenAI Batch output records to OUT. '
+            "Rerun the same command to resume: custom_ids already in OUT are skipped. "
+            "Exit codes: 0 all requests succeeded, 1 some requests failed (error records in OUT), "
+            "2 refused before starting, 130 interrupted."
+        ),
+    )
+    parser.add_argument("input", type=Path, metavar="IN", help="batch input, JSONL")
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="OUT", help="batch output, JSONL (appended)")
+    parser.add_argument("--summary", type=Path, metavar="FILE", help="also write the summary as JSON to FILE")
+    _add_model_flags(parser)
+    parser.set_defaults(handler=handle_batch)
+
+
+def _add_model_flags(parser) -> None:
+    parser.add_argument("--model", required=True, help="target model, a GGUF file")
+    parser.add_argument("--draft", default=None, help='draft model GGUF, "ngram" or "none" (default: none)')
+    parser.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per step (default: 4)")
+    parser.add_argument("--n-ctx", type=int, default=4096, help="context length (default: 4096)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="default max_tokens per request (default: 256)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="default temperature; 0 is greedy")
+    parser.add_argument("--top-k", type=int, default=40, help="top-k filter; 0 is off (default: 40)")
+    parser.add_argument("--top-p", type=float, default=0.95, help="default top-p; 1.0 is off (default: 0.95)")
+    parser.add_argument("--min-p", type=float, default=0.05, help="min-p filter; 0 is off (default: 0.05)")
+    parser.add_argument("--seed", type=int, default=None, help="default sampling seed")
+
+
+def handle_batch(args) -> int:
+    try:
+        return _batch_command(args)
+    except EdgespecError as err:
+        print(f"edgespec batch: {err}", file=sys.stderr)
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        print(f"edgespec batch: interrupted; {_resume_hint(args)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _resume_hint(args) -> str:
+    return f"finished results are saved in {args.output}; rerun the same command to resume"
+
+
+def _batch_command(args) -> int:
+    entries = read_requests(args.input)
+    if not entries:
+        raise BatchInputError(f"{args.input} holds no requests; put one request per line")
+    check_unique_ids(entries)
+    finished, torn = load_finished(args.output)
+    if torn:
+        print(f"edgespec batch: cut off a torn last record in {args.output}; that request is redone", file=sys.stderr)
+    _warn_foreign_records(entries, finished, args.output)
+    resumed = sum(1 for e in entries if e.custom_id in finished)
+    tally = RunTally()
+    if resumed < len(entries):
+        tally = _run_with_engine(args, entries, finished, resumed)
+    summary = summarize(entries, finished, tally, resumed)
+    print(summary_line(summary), file=sys.stderr)
+    if args.summary:
+        write_summary(args.summary, summary)
+    if tally.interrupted:
+        done = len(entries) - summary["requests_pending"]
+        print(f"edgespec batch: interrupted after {done} of {len(entries)} requests; {_resume_hint(args)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK if summary["requests_failed"] == 0 else EXIT_REQUESTS_FAILED
+
+
+def _warn_foreign_records(entries, finished: dict[str, dict], out_path: Path) -> None:
+    ids = {e.custom_id for e in entries}
+    foreign = sum(1 for custom_id in finished if custom_id not in ids)
+    if foreign:
+        print(f"edgespec batch: note: {out_path} has {foreign} records whose custom_id is not in this input", file=sys.stderr)
+
+
+def _run_with_engine(args, entries, finished, resumed) -> RunTally:
+    from edgespec import Engine, SamplingParams
+
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+    )
+    engine = Engine.load(target=args.model, draft=args.draft, n_ctx=args.n_ctx, draft_tokens=args.draft_tokens)
+    writer = RecordWriter(args.output)
+    interrupt = Interrupt()
+    try:
+        with _progress_bar(len(entries), resumed) as on_progress, interrupt.catching_sigint():
+            return run_batch(engine, entries, writer, params, finished, interrupt, on_progress)
+    finally:
+        writer.close()
+        engine.close()
+
+
+@contextmanager
+def _progress_bar(total: int, done: int) -> Iterator[Callable[[RunTally, dict | None], None]]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(
+        TextColumn("batch"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[speed]}"),
+        TextColumn("{task.fields[acceptance]}"),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )
+    task = progress.add_task("batch", total=total, completed=done, speed="- tok/s", acceptance="acceptance -")
+
+    def on_progress(tally: RunTally, live: dict | None) -> None:
+        live = live or {}
+        tokens = tally.tokens + int(live.get("tokens_generated", 0))
+        proposed = tally.proposed + int(live.get("draft_tokens_proposed", 0))
+        accepted = tally.accepted + int(live.get("draft_tokens_accepted", 0))
+        elapsed = time.monotonic() - tally.started
+        progress.update(
+            task,
+            completed=done + tally.written,
+            speed=f"{tokens / elapsed:.1f} tok/s" if elapsed > 0 else "- tok/s",
+            acceptance=f"acceptance {accepted / proposed:.0%}" if proposed else "acceptance -",
+        )
+
+    with progress:
+        yield on_progress
