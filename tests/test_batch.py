@@ -1,0 +1,304 @@
+"""`edgespec batch`: input parsing, OpenAI Batch output, durability and resume."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgespec import batch
+from tinygguf import write_model_family
+
+SYSTEM = "You are a terse assistant."
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    return write_model_family(tmp_path_factory.mktemp("models"))
+
+
+def chat_line(custom_id: str, text: str, **body) -> str:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": "tiny", "messages": messages, **body}})
+
+
+def completion_line(custom_id: str, prompt: str, **body) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions",
+                       "body": {"model": "tiny", "prompt": prompt, **body}})
+
+
+def twenty_requests() -> list[str]:
+    lines = [chat_line(f"chat-{i:02d}", f"Hello the cat {i}", max_tokens=8) for i in range(14)]
+    lines += [completion_line(f"text-{i:02d}", f"The cat sat on {i}", max_tokens=6, stop=["\n\n"])
+              for i in range(6)]
+    return lines
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="edgespec")
+    batch.add_batch_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+def batch_argv(models, source: Path, out: Path, *extra: str) -> list[str]:
+    return ["batch", str(source), "-o", str(out), "--model", str(models["target"]),
+            "--draft", str(models["draft"]), "--temperature", "0", "--max-tokens", "8", *extra]
+
+
+def assert_openai_success(record: dict, custom_id: str) -> None:
+    assert set(record) == {"id", "custom_id", "response", "error"}
+    assert record["custom_id"] == custom_id and record["error"] is None
+    response = record["response"]
+    assert response["status_code"] == 200 and response["request_id"]
+    body = response["body"]
+    usage = body["usage"]
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    choice = body["choices"][0]
+    assert choice["index"] == 0 and choice["finish_reason"] in ("stop", "length")
+    if body["object"] == "chat.completion":
+        assert body["id"].startswith("chatcmpl-")
+        assert choice["message"]["role"] == "assistant"
+        assert isinstance(choice["message"]["content"], str) and choice["message"]["content"]
+    else:
+        assert body["object"] == "text_completion" and isinstance(choice["text"], str)
+    stats = body["stats"]
+    assert stats["mode"] == "draft-model"
+    assert stats["tokens_generated"] == usage["completion_tokens"]
+
+
+# ---------------------------------------------------------------- parsing, no model
+
+
+def parse(value) -> batch.BatchRequest | batch.InvalidRequest:
+    raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+    return batch.parse_line(raw, 7)
+
+
+def test_openai_chat_request_keeps_messages_and_sampling_fields():
+    request = parse({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                     "body": {"messages": [{"role": "developer", "content": "Be brief."},
+                                           {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                              "max_tokens": 5, "temperature": 0, "top_p": 0.5, "seed": 3, "stop": "x"}})
+    assert request == batch.BatchRequest(
+        "a", 7, batch.CHAT_URL,
+        messages=({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}),
+        overrides=(("max_tokens", 5), ("temperature", 0.0), ("top_p", 0.5), ("seed", 3), ("stop", ("x",))))
+
+
+def test_plain_forms_get_ids_from_line_numbers_and_become_chat_turns():
+    for value in ("Hello", {"prompt": "Hello"}):
+        request = parse(value)
+        assert request.custom_id == "line-7" and request.url == batch.CHAT_URL
+        assert request.messages == ({"role": "user", "content": "Hello"},)
+    assert parse({"prompt": "Hello", "custom_id": "mine"}).custom_id == "mine"
+
+
+@pytest.mark.parametrize("value, code", [
+    (b"{not json", "invalid_json"),
+    (b"\xff\xfe", "invalid_json"),
+    (12, "invalid_request"),
+    ({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions"}, "missing_field"),
+    ({"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}, "unknown_url"),
+    ({"custom_id": "a", "method": "GET", "url": "/v1/completions", "body": {"prompt": "x"}}, "invalid_field"),
+    ({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}, "missing_field"),
+    ({"custom_id": "a", "method": "POST", "url": "/v1/completions",
+      "body": {"prompt": "x", "max_tokens": 0}}, "invalid_field"),
+    ({"custom_id": "a", "method": "POST", "url": "/v1/completions",
+      "body": {"prompt": "x", "temperature": "hot"}}, "invalid_field"),
+    ({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+      "body": {"messages": [{"role": "user"}]}}, "missing_field"),
+    ({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+      "body": {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}},
+     "invalid_field"),
+])
+def test_bad_lines_become_invalid_requests(value, code):
+    entry = parse(value)
+    assert isinstance(entry, batch.InvalidRequest)
+    assert entry.code == code and "line 7" in entry.message
+    expected_id = value["custom_id"] if isinstance(value, dict) else "line-7"
+    assert entry.custom_id == expected_id
+
+
+def test_duplicate_custom_ids_are_refused_before_the_run(tmp_path):
+    source = write_lines(tmp_path / "in.jsonl", [chat_line("a", "x"), completion_line("b", "y"),
+                                                 '"plain"', chat_line("a", "z"), completion_line("line-3", "w")])
+    with pytest.raises(batch.BatchInputError) as caught:
+        batch.check_unique_ids(batch.read_requests(source))
+    assert "'a' (lines 1 and 4)" in str(caught.value) and "'line-3' (lines 3 and 5)" in str(caught.value)
+
+
+def test_duplicate_custom_ids_exit_before_loading_a_model(tmp_path, capsys):
+    source = write_lines(tmp_path / "in.jsonl", [chat_line("a", "x"), chat_line("a", "y")])
+    out = tmp_path / "out.jsonl"
+    argv = ["batch", str(source), "-o", str(out), "--model", str(tmp_path / "no-such-model.gguf")]
+    assert run_cli(argv) == batch.EXIT_REFUSED
+    assert "duplicate custom_id 'a'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_load_finished_cuts_a_torn_last_line(tmp_path):
+    out = tmp_path / "out.jsonl"
+    good = [json.dumps(batch.error_record(f"r{i}", "x", "y")) for i in range(2)]
+    out.write_bytes(("\n".join(good) + "\n").encode() + b'{"id": "batch_req_1", "custom_id": "r2", "resp')
+    finished, torn = batch.load_finished(out)
+    assert torn and set(finished) == {"r0", "r1"}
+    assert out.read_text() == "\n".join(good) + "\n"
+    assert batch.load_finished(out) == (finished, False)
+
+
+def test_load_finished_refuses_a_bad_line_before_good_records(tmp_path):
+    out = tmp_path / "out.jsonl"
+    good = json.dumps(batch.error_record("r0", "x", "y"))
+    out.write_text(f"{good}\nnot a record\n{good}\n")
+    with pytest.raises(batch.BatchInputError, match="line 2"):
+        batch.load_finished(out)
+
+
+# ---------------------------------------------------------------- runs on a tiny model
+
+
+def test_twenty_requests_give_openai_batch_output(models, tmp_path, capsys):
+    lines = twenty_requests()
+    source = write_lines(tmp_path / "in.jsonl", lines)
+    out, summary_path = tmp_path / "out.jsonl", tmp_path / "summary.json"
+    assert run_cli(batch_argv(models, source, out, "--summary", str(summary_path))) == batch.EXIT_OK
+    records = read_records(out)
+    assert [r["custom_id"] for r in records] == [json.loads(line)["custom_id"] for line in lines]
+    for record in records:
+        assert_openai_success(record, record["custom_id"])
+        assert record["response"]["body"]["usage"]["completion_tokens"] <= 8
+    assert {r["response"]["body"]["object"] for r in records} == {"chat.completion", "text_completion"}
+    summary = json.loads(summary_path.read_text())
+    assert summary["requests_ok"] == 20 and summary["requests_failed"] == 0
+    assert summary["completion_tokens"] == sum(r["response"]["body"]["usage"]["completion_tokens"] for r in records)
+    assert 0 <= summary["mean_acceptance_rate"] <= 1 and summary["target_passes_per_token"] > 0
+    err = capsys.readouterr().err
+    assert "batch: 20 ok, 0 failed of 20" in err
+
+
+def test_interrupted_run_resumes_without_redoing_finished_work(models, tmp_path, monkeypatch, capsys):
+    lines = twenty_requests()
+    source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    monkeypatch.setenv(batch.STOP_AFTER_ENV, "7")
+    assert run_cli(batch_argv(models, source, out)) == batch.EXIT_INTERRUPTED
+    assert "rerun the same command to resume" in capsys.readouterr().err
+    first_run = out.read_text().splitlines()
+    assert len(first_run) == 7
+
+    monkeypatch.delenv(batch.STOP_AFTER_ENV)
+    assert run_cli(batch_argv(models, source, out)) == batch.EXIT_OK
+    assert "(7 already done)" in capsys.readouterr().err
+    after = out.read_text().splitlines()
+    assert after[:7] == first_run  # byte-identical: finished records were not redone
+    ids = [json.loads(line)["custom_id"] for line in after]
+    assert ids == [json.loads(line)["custom_id"] for line in lines]
+
+
+def test_torn_last_line_is_repaired_and_its_request_redone(models, tmp_path, capsys):
+    lines = twenty_requests()[:5]
+    source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    assert run_cli(batch_argv(models, source, out)) == batch.EXIT_OK
+    complete = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(complete[:3]) + complete[3][: len(complete[3]) // 2])
+    capsys.readouterr()
+
+    assert run_cli(batch_argv(models, source, out)) == batch.EXIT_OK
+    assert "torn last record" in capsys.readouterr().err
+    repaired = out.read_text().splitlines(keepends=True)
+    assert repaired[:3] == complete[:3]
+    records = [json.loads(line) for line in repaired]
+    assert [r["custom_id"] for r in records] == [json.loads(line)["custom_id"] for line in lines]
+    for record in records:
+        assert_openai_success(record, record["custom_id"])
+
+
+def test_bad_lines_get_error_records_and_the_rest_succeed(models, tmp_path, capsys):
+    too_long = "the cat sat " * 200
+    lines = [
+        chat_line("ok-1", "Hello the cat", max_tokens=4),
+        "{this is not json",
+        json.dumps({"custom_id": "no-body", "method": "POST", "url": "/v1/chat/completions"}),
+        json.dumps({"custom_id": "embed", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}),
+        completion_line("too-long", too_long),
+        '"a plain prompt"',
+        json.dumps({"prompt": "another plain prompt"}),
+        completion_line("ok-2", "The cat", max_tokens=4),
+    ]
+    source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    summary_path = tmp_path / "summary.json"
+    argv = batch_argv(models, source, out, "--n-ctx", "256", "--summary", str(summary_path))
+    assert run_cli(argv) == batch.EXIT_REQUESTS_FAILED
+    by_id = {r["custom_id"]: r for r in read_records(out)}
+    assert list(by_id) == ["ok-1", "line-2", "no-body", "embed", "too-long", "line-6", "line-7", "ok-2"]
+    expected_errors = {"line-2": "invalid_json", "no-body": "missing_field", "embed": "unknown_url",
+                       "too-long": "context_length_exceeded"}
+    for custom_id, record in by_id.items():
+        if custom_id in expected_errors:
+            assert record["response"] is None
+            assert record["error"]["code"] == expected_errors[custom_id] and record["error"]["message"]
+        else:
+            assert_openai_success(record, custom_id)
+    summary = json.loads(summary_path.read_text())
+    assert (summary["requests_ok"], summary["requests_failed"]) == (4, 4)
+    assert "4 ok, 4 failed of 8" in capsys.readouterr().err
+
+    # Finished error records count as done: a rerun redoes nothing and still reports the failures.
+    before = out.read_text()
+    assert run_cli(argv) == batch.EXIT_REQUESTS_FAILED
+    assert out.read_text() == before
+
+
+def test_requests_sharing_a_system_prompt_reuse_the_kv_cache(models, tmp_path):
+    lines = [chat_line(f"c{i}", f"Hello the cat {i}", max_tokens=2) for i in range(3)]
+    source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    assert run_cli(batch_argv(models, source, out)) == batch.EXIT_OK
+    stats = [r["response"]["body"]["stats"] for r in read_records(out)]
+    assert stats[0]["prompt_tokens_reused"] == 0
+    assert all(s["prompt_tokens_reused"] > 0 for s in stats[1:])
+
+
+# ---------------------------------------------------------------- the real command
+
+
+def edgespec_command() -> list[str]:
+    script = Path(sys.executable).parent / "edgespec"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "edgespec.cli"]
+
+
+def test_cli_sigint_mid_run_then_rerun_completes(models, tmp_path):
+    lines = twenty_requests()
+    source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    command = edgespec_command() + batch_argv(models, source, out)
+    # The hook makes the process SIGINT itself while generating the 6th request.
+    env = {**os.environ, batch.STOP_AFTER_ENV: "5"}
+    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 130, first.stderr
+    assert "rerun the same command to resume" in first.stderr and "Traceback" not in first.stderr
+    interrupted = out.read_text().splitlines()
+    assert len(interrupted) == 5
+
+    env.pop(batch.STOP_AFTER_ENV)
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert "20 ok, 0 failed of 20 (5 already done)" in second.stderr
+    final = out.read_text().splitlines()
+    assert final[:5] == interrupted
+    assert [json.loads(line)["custom_id"] for line in final] == [json.loads(line)["custom_id"] for line in lines]
