@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from edgespec.engine import Done
 from edgespec.errors import ContextOverflowError, EdgespecError
 
 EXIT_OK = 0
@@ -469,14 +470,10 @@ def _stop_after_hook() -> int | None:
 def _run_request(engine, request, base_params, model_name, interrupt, tally, on_progress, stop_after):
     """The request's record, or None when it was interrupted."""
     params = dataclasses.replace(base_params, **dict(request.overrides))
-    if request.url == CHAT_URL:
-        prompt, raw = engine.render_chat(list(request.messages)), True
-    else:
-        prompt, raw = request.prompt, True
     result = None
     try:
-        for event in engine.stream(prompt, params, raw=raw, cancel=interrupt.requested):
-            if hasattr(event, "result"):
+        for event in _stream(engine, request, params, interrupt.requested):
+            if isinstance(event, Done):
                 result = event.result
                 break
             if stop_after is not None and tally.written >= stop_after:
@@ -491,6 +488,12 @@ def _run_request(engine, request, base_params, model_name, interrupt, tally, on_
         return None
     tally.add(result.stats)
     return success_record(request, result, model_name)
+
+
+def _stream(engine, request: BatchRequest, params, cancel: threading.Event):
+    if request.url == CHAT_URL:
+        return engine.stream_tokens(engine.chat_tokens(list(request.messages)), params, cancel=cancel)
+    return engine.stream(request.prompt, params, raw=True, cancel=cancel)
 
 
 # ---------------------------------------------------------------- summary
