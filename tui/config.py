@@ -1,0 +1,169 @@
+"""The chat app's settings: built-in defaults < config.toml < command-line flags.
+
+config.toml lives in platformdirs.user_config_dir("edgespec") (or in
+$EDGESPEC_CONFIG_DIR).  Every key is optional:
+
+    model = "smollm2-135m-instruct"   # catalog name or path to a .gguf
+    draft = "auto"                    # path, catalog name, "ngram", "none" or "auto"
+    draft_tokens = 4
+    n_ctx = 4096
+    gpu_layers = -1
+    system_prompt = "You are a concise assistant."
+    draft_tint = "#24513a"            # background of characters the draft guessed
+
+    [sampling]
+    temperature = 0.7
+    top_p = 0.95
+    top_k = 40
+    min_p = 0.05
+    max_tokens = 1024
+
+    [keymap]                          # action = "key[,key...]", see KEY_ACTIONS
+    regenerate = "ctrl+r"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import platformdirs
+
+from edgespec.errors import EdgespecError
+
+CONFIG_FILE = "config.toml"
+
+# Action name -> (default keys, description).  The app binds each one with
+# id "edgespec.<action>", so the keymap can rebind any of them.
+KEY_ACTIONS: dict[str, tuple[str, str]] = {
+    "cancel": ("escape", "Stop"),
+    "regenerate": ("ctrl+r", "Regenerate"),
+    "new_chat": ("ctrl+n", "New chat"),
+    "copy_reply": ("ctrl+l", "Copy reply"),
+    "cycle_mode": ("ctrl+g", "Drafting mode"),
+    "toggle_marks": ("ctrl+t", "Draft marks"),
+    "history": ("ctrl+o", "History"),
+    "settings": ("ctrl+s", "Settings"),
+    "model_info": ("f2", "Model info"),
+    "help": ("f1", "Help"),
+}
+
+
+class ConfigError(EdgespecError):
+    """config.toml cannot be read or holds a value the app cannot use."""
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    model: str | None = None
+    draft: str = "auto"
+    draft_tokens: int = 4
+    n_ctx: int = 4096
+    gpu_layers: int = -1
+    system_prompt: str = ""
+    draft_tint: str = "#24513a"
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    max_tokens: int = 1024
+    keymap: dict[str, str] = field(default_factory=dict)
+
+    def with_overrides(self, **values) -> ChatConfig:
+        """Replace the fields given a value other than None (as command-line flags do)."""
+        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
+
+    def bindings(self) -> dict[str, str]:
+        """Action -> keys, defaults merged with the keymap."""
+        return {action: self.keymap.get(action, keys) for action, (keys, _) in KEY_ACTIONS.items()}
+
+
+_TOP_LEVEL = ("model", "draft", "draft_tokens", "n_ctx", "gpu_layers", "system_prompt", "draft_tint")
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "max_tokens")
+
+
+def config_dir() -> Path:
+    return Path(os.environ.get("EDGESPEC_CONFIG_DIR") or platformdirs.user_config_dir("edgespec"))
+
+
+def config_path() -> Path:
+    return config_dir() / CONFIG_FILE
+
+
+def load_config(path: Path | None = None) -> ChatConfig:
+    """Read config.toml; a missing file means the defaults."""
+    path = path or config_path()
+    try:
+        with open(path, "rb") as file:
+            data = tomllib.load(file)
+    except FileNotFoundError:
+        return ChatConfig()
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"cannot read {path}: {error}; fix or delete the file") from None
+    return _parse(data, path)
+
+
+def _parse(data: dict, path: Path) -> ChatConfig:
+    values: dict = {}
+    for key, value in data.items():
+        if key == "sampling" and isinstance(value, dict):
+            for name, sampling_value in value.items():
+                _check_key(name, _SAMPLING, path, "[sampling] ")
+                values[name] = sampling_value
+        elif key == "keymap" and isinstance(value, dict):
+            for action, keys in value.items():
+                _check_key(action, tuple(KEY_ACTIONS), path, "[keymap] ")
+                if not isinstance(keys, str) or not keys.strip():
+                    raise ConfigError(f'{path}: [keymap] {action} must be a string like "ctrl+r"')
+            values["keymap"] = dict(value)
+        else:
+            _check_key(key, _TOP_LEVEL, path, "")
+            values[key] = value
+    defaults = ChatConfig()
+    for name, value in values.items():
+        if name == "keymap":
+            continue
+        expected = type(getattr(defaults, name)) if name != "model" else str
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            values[name] = float(value)
+        elif not isinstance(value, expected) or isinstance(value, bool):
+            raise ConfigError(f"{path}: {name} must be a {expected.__name__}, not {value!r}")
+    return ChatConfig(**values)
+
+
+def _check_key(key: str, known: tuple[str, ...], path: Path, section: str) -> None:
+    if key not in known:
+        raise ConfigError(f"{path}: unknown setting {section}{key}; known ones are {', '.join(known)}")
+
+
+def save_defaults(config: ChatConfig, path: Path | None = None) -> Path:
+    """Write config as config.toml, so the next start uses these settings."""
+    path = path or config_path()
+    lines = []
+    for name in _TOP_LEVEL:
+        value = getattr(config, name)
+        if value is not None:
+            lines.append(f"{name} = {_toml_value(value)}")
+    lines += ["", "[sampling]"]
+    lines += [f"{name} = {_toml_value(getattr(config, name))}" for name in _SAMPLING]
+    if config.keymap:
+        lines += ["", "[keymap]"]
+        lines += [f"{action} = {_toml_value(keys)}" for action, keys in sorted(config.keymap.items())]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+    return path
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, str):
+        escaped = "".join(
+            f"\\u{ord(char):04x}" if ord(char) < 0x20 or ord(char) == 0x7F or char in '"\\' else char
+            for char in value
+        )
+        return f'"{escaped}"'
+    return repr(value)
