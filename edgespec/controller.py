@@ -1,0 +1,300 @@
+"""Chooses how many tokens to draft at each step, so that expected tokens per second is highest.
+
+A plan that drafts k tokens is worth E(k) / C(k):
+
+    E(k) = 1 + sum_{j=1..k} prod_{i<=j} a_i     tokens per step: the accepted drafts plus the
+                                                target's own correction or bonus token
+    C(k) = T(k + 1) + k * c_d                   one target pass over k + 1 tokens, plus drafting
+
+where a_i is the estimated chance that draft position i is accepted when every position before it
+was. k = 0 is plain decoding, so when no draft length pays the controller stops drafting, and
+then probes on a deterministic schedule so that it notices when drafting pays again: a probe
+drafts `probe_k` tokens after enough backed-off steps that the expected throughput lost to
+probes stays under `probe_budget` (a fraction of plain decoding), and again at once after a
+probe that was fully accepted.
+
+The controller only decides how much is proposed; verification is untouched, so output stays exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+# n-gram match lengths 1, 2, 3 and 4+ get their own estimates; 0 means "no signal".
+SIGNAL_BUCKETS = 4
+
+# Pseudo-observations behind the starting guess for position 1; small, so real outcomes win fast.
+PRIOR_WEIGHT = 2.0
+# How many observations a position's own estimate needs before it outweighs its prior (the
+# position before it, or the drafter's pooled estimate for a signal bucket).
+BORROW_WEIGHT = 1.0
+# A position with little data is assumed slightly worse than the one before it, so long drafts
+# are earned by observed acceptance rather than extrapolated from a lucky streak at position 1.
+DEPTH_SHRINK = 0.98
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds for one target pass over n tokens (index n - 1), and per drafted token."""
+
+    forward_seconds: Sequence[float]
+    draft_seconds_per_token: float = 0.0
+
+    def __post_init__(self) -> None:
+        seconds = tuple(float(s) for s in self.forward_seconds)
+        if not seconds or not all(math.isfinite(s) and s > 0 for s in seconds):
+            raise ValueError(f"forward_seconds must be positive and finite, got {seconds!r}")
+        draft = float(self.draft_seconds_per_token)
+        if not (math.isfinite(draft) and draft >= 0):
+            raise ValueError(f"draft_seconds_per_token must be >= 0, got {draft!r}")
+        object.__setattr__(self, "forward_seconds", seconds)
+        object.__setattr__(self, "draft_seconds_per_token", draft)
+
+    def target(self, n: int) -> float:
+        if n < 1:
+            raise ValueError(f"a target pass covers at least one token, got n={n}")
+        measured = len(self.forward_seconds)
+        if n <= measured:
+            return self.forward_seconds[n - 1]
+        # Unmeasured widths get no batching gain beyond the widest measured pass: over-estimating
+        # keeps the controller off widths nobody timed.
+        return max(self.forward_seconds) * n / measured
+
+    def draft(self, k: int) -> float:
+        return k * self.draft_seconds_per_token
+
+    def relative(self) -> tuple[float, ...]:
+        """T(n) / T(1) for each measured n: the shape of the curve, for display."""
+        single = self.forward_seconds[0]
+        return tuple(s / single for s in self.forward_seconds)
+
+
+class _DecayedCounts:
+    """Accepted and tried counts per draft position, each multiplied by `decay` per observation."""
+
+    def __init__(self, k_max: int, first_hits: float = 0.0, first_tries: float = 0.0) -> None:
+        self.hits = np.zeros(k_max)
+        self.tries = np.zeros(k_max)
+        self.hits[0] = first_hits
+        self.tries[0] = first_tries
+
+    def observe(self, proposed: int, accepted: int, decay: float) -> None:
+        self.hits *= decay
+        self.tries *= decay
+        depth = len(self.tries)
+        accepted = min(accepted, depth)
+        self.hits[:accepted] += 1.0
+        self.tries[:accepted] += 1.0
+        # The first rejected position was tried too; positions after it were never reached.
+        if accepted < min(proposed, depth):
+            self.tries[accepted] += 1.0
+
+
+@dataclass
+class _ProbeSchedule:
+    idle_steps: int = 0  # consecutive backed-off steps since the last draft or probe
+    due: bool = False  # the last probe was fully accepted: probe again at once
+
+
+class DraftLengthController:
+    """Picks k for each step from a cost curve and online acceptance estimates.
+
+    Call `choose` before drafting and `update` after verification, with the same drafter and
+    signal. `drafter` names the proposal source (e.g. "draft-model", "ngram"); each keeps its own
+    estimates. `signal` is the n-gram match length (0 when there is none).
+    """
+
+    def __init__(
+        self,
+        cost: CostModel,
+        k_max: int,
+        fixed_k: int | None = None,
+        *,
+        p_min: float | None = None,
+        decay: float = 0.95,
+        prior_acceptance: float = 0.6,
+        probe_budget: float = 0.01,
+        probe_k: int = 1,
+    ) -> None:
+        if k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {k_max}")
+        if fixed_k is not None and not 0 <= fixed_k <= k_max:
+            raise ValueError(f"fixed_k must be in 0..k_max={k_max}, got {fixed_k}")
+        if p_min is not None and not 0.0 <= p_min <= 1.0:
+            raise ValueError(f"p_min must be in [0, 1], got {p_min}")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if not 0.0 <= prior_acceptance <= 1.0:
+            raise ValueError(f"prior_acceptance must be in [0, 1], got {prior_acceptance}")
+        if not 0.0 < probe_budget < 1.0:
+            raise ValueError(f"probe_budget must be in (0, 1), got {probe_budget}")
+        if not 1 <= probe_k <= k_max:
+            raise ValueError(f"probe_k must be in 1..k_max={k_max}, got {probe_k}")
+        self.cost = cost
+        self.k_max = k_max
+        self.fixed_k = fixed_k
+        self.decay = decay
+        self.prior_acceptance = prior_acceptance
+        self.probe_budget = probe_budget
+        self.probe_k = probe_k
+        self._p_min_setting = p_min
+        # Plan cost for k = 0..k_max drafted tokens.
+        self._plan_seconds = np.array([cost.target(k + 1) + cost.draft(k) for k in range(k_max + 1)])
+        self._pooled: dict[str, _DecayedCounts] = {}
+        self._bucketed: dict[tuple[str, int], _DecayedCounts] = {}
+        self._schedules: dict[tuple[str, int], _ProbeSchedule] = {}
+        self._probing: tuple[str, int] | None = None
+        self._thresholds: tuple[float, ...] = ()
+        self._steps = 0
+        self._k_total = 0
+        self._k0_steps = 0
+        self._probe_steps = 0
+        self._unavailable_steps = 0
+
+    # -- acceptance estimates -------------------------------------------------------------
+
+    def acceptance(self, drafter: str, signal: int = 0) -> np.ndarray:
+        """Estimated a_1..a_k_max for this drafter and signal bucket (a copy)."""
+        pooled = self._pooled_rates(drafter)
+        counts = self._bucketed.get((drafter, _bucket(signal)))
+        if counts is None:
+            return pooled
+        return (counts.hits + BORROW_WEIGHT * pooled) / (counts.tries + BORROW_WEIGHT)
+
+    def _pooled_counts(self, drafter: str) -> _DecayedCounts:
+        counts = self._pooled.get(drafter)
+        if counts is None:
+            # The starting guess for position 1 is stored as pseudo-counts that decay like real
+            # ones, so a drafter that is always wrong drives its estimate all the way to 0.
+            counts = _DecayedCounts(self.k_max, PRIOR_WEIGHT * self.prior_acceptance, PRIOR_WEIGHT)
+            self._pooled[drafter] = counts
+        return counts
+
+    def _pooled_rates(self, drafter: str) -> np.ndarray:
+        counts = self._pooled_counts(drafter)
+        rates = np.empty(self.k_max)
+        rates[0] = counts.hits[0] / counts.tries[0]
+        # A position with few observations leans on the one before it (see DEPTH_SHRINK).
+        for i in range(1, self.k_max):
+            prior = DEPTH_SHRINK * rates[i - 1]
+            rates[i] = (counts.hits[i] + BORROW_WEIGHT * prior) / (counts.tries[i] + BORROW_WEIGHT)
+        return rates
+
+    # -- choosing k -----------------------------------------------------------------------
+
+    def choose(self, drafter: str, signal: int = 0, available: int | None = None) -> int:
+        """How many tokens to draft this step; `available` caps it (n-gram continuation
+        length, room left in the context or in max_tokens)."""
+        limit = self.k_max if available is None else max(0, min(self.k_max, available))
+        self._steps += 1
+        self._probing = None
+        self._thresholds = ()
+        if self.fixed_k is not None:
+            k = min(self.fixed_k, limit)
+            self._thresholds = (self._p_min_setting or 0.0,) * k
+        elif limit == 0:
+            self._unavailable_steps += 1
+            k = 0
+        else:
+            k = self._choose_auto(drafter, signal, limit)
+        self._k_total += k
+        return k
+
+    def _choose_auto(self, drafter: str, signal: int, limit: int) -> int:
+        alphas = self.acceptance(drafter, signal)
+        rates = self._rates(alphas, limit)
+        k = int(np.argmax(rates))  # ties go to the shorter draft
+        key = (drafter, _bucket(signal))
+        schedule = self._schedules.setdefault(key, _ProbeSchedule())
+        if k > 0:
+            schedule.idle_steps, schedule.due = 0, False
+            self._thresholds = self._stop_thresholds(alphas, k, rates[k])
+            return k
+        probe_k = min(self.probe_k, limit)
+        # Each probe is expected to lose this fraction of a plain step's throughput; spacing
+        # probes by loss / budget steps keeps the total loss under the budget.
+        loss = 1.0 - rates[probe_k] / rates[0]
+        if schedule.due or schedule.idle_steps >= loss / self.probe_budget:
+            schedule.idle_steps, schedule.due = 0, False
+            self._probing = key
+            self._probe_steps += 1
+            # A probe is for information: the draft is not cut short by p_min.
+            self._thresholds = (0.0,) * probe_k
+            return probe_k
+        schedule.idle_steps += 1
+        self._k0_steps += 1
+        return 0
+
+    def _rates(self, alphas: np.ndarray, limit: int) -> np.ndarray:
+        """Expected tokens per second for k = 0..limit."""
+        reach = np.cumprod(alphas[:limit])
+        tokens = 1.0 + np.concatenate(([0.0], np.cumsum(reach)))
+        return tokens / self._plan_seconds[: limit + 1]
+
+    # -- p_min ----------------------------------------------------------------------------
+
+    def p_min(self, position: int) -> float:
+        """Stop drafting before position `position` (1-based) of the current step when the draft
+        model's top probability for it is below this.
+
+        Tuned rule (when no fixed p_min was given): drafting token j is worth it when what it
+        adds, P(j-1 accepted) * q * (1 + expected accepted tokens after j), is worth the time it
+        adds, R * (C(k) - T(j) - j * c_d), at R, the best expected tokens per second. Taking the
+        draft's own top probability for q gives the break-even q. It is never above the
+        estimated a_j of the chosen plan, so drafting stops only where the draft itself is
+        less sure than the drafter usually is. A fixed p_min replaces the rule; with fixed k
+        and no fixed p_min it is 0, and probes always draft in full. Beyond the chosen k it
+        is 1: never draft past k.
+        """
+        if 1 <= position <= len(self._thresholds):
+            return self._thresholds[position - 1]
+        return 1.0
+
+    def _stop_thresholds(self, alphas: np.ndarray, k: int, rate: float) -> tuple[float, ...]:
+        if self._p_min_setting is not None:
+            return (self._p_min_setting,) * k
+        a = alphas[:k]
+        reached = np.concatenate(([1.0], np.cumprod(a)[:-1]))  # P(positions before j accepted)
+        after = np.zeros(k)  # expected accepted tokens after j, given j was accepted
+        for j in range(k - 2, -1, -1):
+            after[j] = a[j + 1] * (1.0 + after[j + 1])
+        positions = np.arange(1, k + 1)
+        stop_seconds = np.array([self.cost.target(j) for j in positions]) + self.cost.draft(positions)
+        saved = self._plan_seconds[k] - stop_seconds
+        with np.errstate(divide="ignore", invalid="ignore"):
+            threshold = np.where(reached > 0, rate * saved / (reached * (1.0 + after)), 1.0)
+        return tuple(float(t) for t in np.clip(threshold, 0.0, 1.0))
+
+    # -- learning -------------------------------------------------------------------------
+
+    def update(self, drafter: str, proposed: int, accepted: int, signal: int = 0) -> None:
+        """Record one verification: `proposed` tokens were drafted, the first `accepted` kept."""
+        if not 0 <= accepted <= proposed:
+            raise ValueError(f"need 0 <= accepted <= proposed, got {accepted}, {proposed}")
+        key = (drafter, _bucket(signal))
+        probing, self._probing = self._probing == key, None
+        if proposed == 0:
+            return
+        self._pooled_counts(drafter).observe(proposed, accepted, self.decay)
+        bucket = self._bucketed.setdefault(key, _DecayedCounts(self.k_max))
+        bucket.observe(proposed, accepted, self.decay)
+        if probing and accepted == proposed:
+            self._schedules[key].due = True
+
+    @property
+    def stats(self) -> dict:
+        return {
+            "steps": self._steps,
+            "mean_k": self._k_total / self._steps if self._steps else 0.0,
+            "k0_steps": self._k0_steps,
+            "probe_steps": self._probe_steps,
+            "unavailable_steps": self._unavailable_steps,
+        }
+
+
+def _bucket(signal: int) -> int:
+    return max(0, min(signal, SIGNAL_BUCKETS))
