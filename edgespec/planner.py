@@ -1,0 +1,337 @@
+"""Where each model goes, and which drafting mode fits in memory.
+
+The plan estimates what llama.cpp will allocate for each model (weights, KV
+cache, compute buffers, tokenizer) from the GGUF headers alone, then decides,
+in this order:
+
+1. offload the whole target to the GPU if it fits;
+2. if it does not, offload as many target layers as fit, load no draft model
+   and draft with n-grams, which cost no memory;
+3. with the target fully offloaded, add the draft model if target + draft and
+   both KV caches fit;
+4. otherwise draft with n-grams, and say why.
+
+Without GPU offload everything lives in RAM; the same checks then decide
+whether the draft model fits next to the target in RAM.  Anything the user
+forces is kept, with a warning when it exceeds the budget.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from rich.table import Table
+
+from edgespec.gguf_info import GGUFInfo, read_gguf_info
+from edgespec.memory import MemoryBudget, budget_override, detect_memory, format_size, parse_size
+
+MODES = ("draft-model", "ngram", "none")
+
+# What edgespec.backend.LlamaModel asks llama.cpp for (n_batch == n_ubatch,
+# n_outputs_max = MAX_OUTPUT_ROWS); the compute buffer scales with both.
+DEFAULT_N_BATCH = 512
+DEFAULT_N_OUTPUTS = 64
+
+# llama.cpp keeps the tokenizer (token strings, merge table, lookup maps) and a
+# copy of the GGUF header in RAM.  Loading with vocab_only grew the RSS by
+# 16.8 MiB for SmolLM2 (49k tokens, 1.7 MiB header) and 46.9 MiB for Qwen2.5
+# (152k tokens, 5.7 MiB header): about 300 bytes per token plus the header.
+TOKENIZER_BYTES_PER_TOKEN = 300
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """One model's share of a plan.  The first four sizes count against the budget."""
+
+    role: str  # "target" | "draft"
+    model: str  # file name
+    n_layer: int
+    gpu_layers: int  # llama.cpp's n_gpu_layers: the last blocks; n_layer + 1 adds the output head
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    runtime_bytes: int  # tokenizer and header; in RAM, so counted only when the budget is RAM
+    host_bytes: int  # what stays in RAM outside a GPU budget (CPU layers, tokenizer); 0 on CPU plans
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.runtime_bytes
+
+    def to_dict(self) -> dict:
+        return {
+            "role": self.role, "model": self.model, "n_layer": self.n_layer, "gpu_layers": self.gpu_layers,
+            "weights_bytes": self.weights_bytes, "kv_bytes": self.kv_bytes,
+            "compute_bytes": self.compute_bytes, "runtime_bytes": self.runtime_bytes,
+            "host_bytes": self.host_bytes, "total_bytes": self.budget_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str  # "draft-model" | "ngram" | "none"
+    device: str  # "cuda" | "metal" | "cpu": where the counted bytes live
+    target_gpu_layers: int  # pass to Engine.load(n_gpu_layers=...)
+    draft_gpu_layers: int  # pass to Engine.load(draft_gpu_layers=...); 0 without a draft model
+    parts: tuple[ModelMemory, ...]  # the target, then the draft model when the plan loads one
+    total_bytes: int
+    budget_bytes: int
+    budget_source: str
+    fits: bool
+    reason: str  # one line: why this mode and these layer counts
+    warnings: tuple[str, ...]
+    n_ctx: int
+    kv_type: str
+
+    def to_dict(self) -> dict:
+        return {
+            "mode": self.mode, "device": self.device,
+            "target_gpu_layers": self.target_gpu_layers, "draft_gpu_layers": self.draft_gpu_layers,
+            "parts": [part.to_dict() for part in self.parts],
+            "total_bytes": self.total_bytes, "budget_bytes": self.budget_bytes,
+            "budget_source": self.budget_source, "fits": self.fits, "reason": self.reason,
+            "warnings": list(self.warnings), "n_ctx": self.n_ctx, "kv_type": self.kv_type,
+        }
+
+
+def kv_bytes_per_layer(info: GGUFInfo, n_ctx: int, kv_type: str = "f16") -> int:
+    """Keys and values of one layer: n_ctx x n_head_kv x head_dim, twice, at the KV type's size."""
+    block_size, type_size = GGML_QUANT_SIZES[_kv_quant_type(kv_type)]
+    return n_ctx * info.n_head_kv * info.head_dim * 2 * type_size // block_size
+
+
+def compute_bytes(info: GGUFInfo, n_ctx: int, n_batch: int = DEFAULT_N_BATCH,
+                  n_outputs: int = DEFAULT_N_OUTPUTS) -> int:
+    """Allowance for llama.cpp's compute buffer, which it sizes for the worst batch.
+
+    Three terms, all f32 activations except the f16 attention mask:
+    - the logits rows: n_outputs x n_vocab;
+    - one layer's activations for a whole ubatch: the FFN's gate and up
+      projections (n_ff wide each) and two n_embd-wide tensors (the residual
+      and the attention output), as ggml's allocator reuses memory across layers;
+    - the attention mask, n_ubatch x n_ctx in f16 (flash attention, which
+      llama.cpp turns on by itself, never materialises the n_ctx x n_head scores).
+    It bounds what llama.cpp 0.3.36 reported on CPU for SmolLM2-135M
+    (14.0-35.0 MiB for n_ctx 512-8192, n_ubatch 256-1024) and Qwen2.5-1.5B
+    (68.5 MiB at n_ctx 4096; the formula gives 82.1), 0-40% above them.
+    """
+    n_ff = int(info.metadata.get(f"{info.architecture}.feed_forward_length", 4 * info.n_embd))
+    logits = 4 * min(n_outputs, n_batch) * info.vocab_size
+    layer = 4 * n_batch * (2 * n_ff + 2 * info.n_embd)
+    mask = 2 * n_batch * n_ctx
+    return logits + layer + mask
+
+
+def runtime_bytes(info: GGUFInfo) -> int:
+    header_bytes = info.file_size - info.tensor_bytes
+    return header_bytes + TOKENIZER_BYTES_PER_TOKEN * info.vocab_size
+
+
+def model_memory(info: GGUFInfo, role: str, *, gpu_layers: int, on_gpu: bool, n_ctx: int,
+                 kv_type: str = "f16", n_batch: int = DEFAULT_N_BATCH,
+                 n_outputs: int = DEFAULT_N_OUTPUTS) -> ModelMemory:
+    """What one model needs, counted against a GPU budget (on_gpu) or against RAM."""
+    kv_layer = kv_bytes_per_layer(info, n_ctx, kv_type)
+    compute = compute_bytes(info, n_ctx, n_batch, n_outputs)
+    runtime = runtime_bytes(info)
+    name = os.path.basename(str(info.path))
+    if not on_gpu:
+        return ModelMemory(role, name, info.n_layer, 0, info.tensor_bytes, kv_layer * info.n_layer,
+                           compute, runtime, 0)
+    gpu_layers = max(0, min(gpu_layers, info.n_layer + 1))
+    blocks = min(gpu_layers, info.n_layer)
+    # llama.cpp offloads the last blocks first, and the output head only past n_layer.
+    # The other tensors also hold the input embeddings, which llama.cpp keeps on
+    # the CPU; GGUFInfo does not split them out, so this overcounts a little.
+    weights = sum(info.layer_tensor_bytes[info.n_layer - blocks:]) if blocks else 0
+    if gpu_layers > info.n_layer:
+        weights += info.other_tensor_bytes
+    host = (info.tensor_bytes - weights) + kv_layer * (info.n_layer - blocks) + runtime
+    return ModelMemory(role, name, info.n_layer, gpu_layers, weights, kv_layer * blocks,
+                       compute if gpu_layers else 0, 0, host)
+
+
+def plan(
+    target: GGUFInfo,
+    draft: GGUFInfo | None,
+    *,
+    n_ctx: int,
+    budget: MemoryBudget,
+    gpu_offload: bool,
+    kv_type: str = "f16",
+    force_gpu_layers: int | None = None,
+    force_draft_gpu_layers: int | None = None,
+    force_mode: str | None = None,
+    n_batch: int = DEFAULT_N_BATCH,
+    n_outputs: int = DEFAULT_N_OUTPUTS,
+) -> Plan:
+    """Pick GPU layers and the drafting mode for target (+ draft) within budget.
+
+    force_* are the user's choices (--gpu-layers, --draft-gpu-layers, --draft
+    ngram|none, or "draft-model" for an explicit draft file); -1 means all layers.
+    """
+    if force_mode is not None and force_mode not in MODES:
+        raise ValueError(f"force_mode must be one of {MODES}, not {force_mode!r}")
+    if force_mode == "draft-model" and draft is None:
+        raise ValueError("force_mode='draft-model' needs a draft model")
+    _kv_quant_type(kv_type)
+    n_ctx = n_ctx if n_ctx > 0 else target.context_length
+    on_gpu = gpu_offload and budget.kind != "cpu"
+    available = budget.available_bytes
+
+    def size(info: GGUFInfo, role: str, gpu_layers: int) -> ModelMemory:
+        return model_memory(info, role, gpu_layers=gpu_layers, on_gpu=on_gpu, n_ctx=n_ctx,
+                            kv_type=kv_type, n_batch=n_batch, n_outputs=n_outputs)
+
+    def largest_fit(info: GGUFInfo, role: str, room: int) -> ModelMemory:
+        for layers in range(info.n_layer + 1, -1, -1):
+            part = size(info, role, layers)
+            if part.budget_bytes <= room:
+                return part
+        return size(info, role, 0)
+
+    warnings = []
+    if not on_gpu and (force_gpu_layers or force_draft_gpu_layers):
+        warnings.append("no GPU offload here, so --gpu-layers and --draft-gpu-layers are ignored")
+
+    full_target = size(target, "target", target.n_layer + 1)
+    if not on_gpu or force_gpu_layers is None:
+        target_part = largest_fit(target, "target", available) if on_gpu else full_target
+    else:
+        target_part = size(target, "target", _all_layers(force_gpu_layers, target))
+    target_partial = on_gpu and force_gpu_layers is None and target_part.gpu_layers < full_target.gpu_layers
+    placement = _placement(target_part, full_target, budget, on_gpu, gpu_offload)
+
+    room = available - target_part.budget_bytes
+    draft_part = None
+    if force_mode in ("ngram", "none"):
+        mode, drafting = force_mode, f"{'n-gram drafting' if force_mode == 'ngram' else 'no drafting'} as asked"
+    elif draft is None:
+        mode, drafting = "ngram", "no draft model given, so n-gram drafting (it needs no memory)"
+    elif force_mode == "draft-model" or (on_gpu and force_draft_gpu_layers is not None):
+        if on_gpu and force_draft_gpu_layers is not None:
+            draft_part = size(draft, "draft", _all_layers(force_draft_gpu_layers, draft))
+        else:
+            draft_part = largest_fit(draft, "draft", room) if on_gpu else size(draft, "draft", 0)
+        mode, drafting = "draft-model", "the draft model as asked"
+    elif target_partial:
+        mode, drafting = "ngram", "no room for the draft model, so n-gram drafting"
+    else:
+        full_draft = size(draft, "draft", draft.n_layer + 1)
+        both = target_part.budget_bytes + full_draft.budget_bytes
+        if full_draft.budget_bytes <= room:
+            draft_part = full_draft
+            mode, drafting = "draft-model", f"the draft model fits next to it ({format_size(both)} in all)"
+        else:
+            mode, drafting = "ngram", (
+                f"target + draft need {format_size(both)}, more than {format_size(available)}, "
+                "so n-gram drafting instead of the draft model"
+            )
+
+    parts = (target_part,) if draft_part is None else (target_part, draft_part)
+    total = sum(part.budget_bytes for part in parts)
+    fits = total <= available
+    if not fits:
+        # The automatic choices never add a draft that does not fit, so an
+        # unforced plan can only miss the budget through the target alone.
+        forced = force_gpu_layers is not None or force_draft_gpu_layers is not None or force_mode == "draft-model"
+        where = "GPU memory" if on_gpu else "RAM"
+        warnings.append(
+            f"{'the forced plan' if forced else 'the target alone'} needs {format_size(total)} but "
+            f"{format_size(available)} of {where} is available; expect out-of-memory errors or swapping"
+        )
+    return Plan(
+        mode=mode,
+        device=budget.kind if on_gpu else "cpu",
+        target_gpu_layers=target_part.gpu_layers,
+        draft_gpu_layers=draft_part.gpu_layers if draft_part else 0,
+        parts=parts,
+        total_bytes=total,
+        budget_bytes=available,
+        budget_source=budget.source,
+        fits=fits,
+        reason=f"{placement}; {drafting}",
+        warnings=tuple(warnings),
+        n_ctx=n_ctx,
+        kv_type=kv_type,
+    )
+
+
+def plan_models(target_path, draft_path=None, *, n_ctx: int, gpu_offload: bool,
+                memory_budget: str | int | None = None, **choices) -> Plan:
+    """Read the GGUF headers, find the budget (--memory-budget or detected) and plan.
+
+    choices are plan()'s keyword arguments (kv_type, force_*, n_batch, n_outputs).
+    """
+    target = read_gguf_info(target_path)
+    draft = read_gguf_info(draft_path) if draft_path is not None else None
+    if memory_budget is None:
+        budget = detect_memory(gpu_offload=gpu_offload)
+    else:
+        size = memory_budget if isinstance(memory_budget, int) else parse_size(memory_budget)
+        budget = budget_override(size, gpu_offload=gpu_offload)
+    return plan(target, draft, n_ctx=n_ctx, budget=budget, gpu_offload=gpu_offload, **choices)
+
+
+def format_plan_table(plan: Plan) -> Table:
+    """The plan as a small table for `edgespec plan`: sizes per model, then the budget, the choice and why."""
+    device = {"cuda": "CUDA GPU", "metal": "Metal GPU"}.get(plan.device, "CPU")
+    verdict = "fits" if plan.fits else "[bold red]does not fit[/]"
+    caption = [
+        f"budget {format_size(plan.budget_bytes)} ({plan.budget_source}); "
+        f"plan needs {format_size(plan.total_bytes)}: {verdict}",
+        f"drafting: [bold]{plan.mode}[/]; {plan.reason}",
+        *(f"[yellow]warning:[/] {warning}" for warning in plan.warnings),
+    ]
+    table = Table(title=f"edgespec plan: {plan.mode} on {device}", title_justify="left",
+                  caption="\n".join(caption), caption_justify="left")
+    table.add_column("")
+    for part in plan.parts:
+        table.add_column(f"{part.role}\n{part.model}", justify="right")
+    table.add_row("GPU layers", *(_layers_text(part, plan.device) for part in plan.parts))
+    table.add_row("weights", *(format_size(part.weights_bytes) for part in plan.parts))
+    table.add_row(f"KV cache ({plan.kv_type}, {plan.n_ctx} tokens)", *(format_size(p.kv_bytes) for p in plan.parts))
+    table.add_row("compute buffers", *(format_size(part.compute_bytes) for part in plan.parts))
+    if plan.device == "cpu":
+        table.add_row("tokenizer and header", *(format_size(part.runtime_bytes) for part in plan.parts))
+    table.add_row("total", *(format_size(part.budget_bytes) for part in plan.parts), end_section=True)
+    if plan.device != "cpu":
+        table.add_row("[dim]left in RAM[/]", *(f"[dim]{format_size(part.host_bytes)}[/]" for part in plan.parts))
+    return table
+
+
+def _layers_text(part: ModelMemory, device: str) -> str:
+    if device == "cpu":
+        return "CPU"
+    if part.gpu_layers > part.n_layer:
+        return f"all {part.n_layer} + output"
+    if part.gpu_layers == part.n_layer:
+        return f"all {part.n_layer}, output on CPU"
+    return f"{part.gpu_layers} of {part.n_layer}"
+
+
+def _placement(target_part: ModelMemory, full_target: ModelMemory, budget: MemoryBudget,
+               on_gpu: bool, gpu_offload: bool) -> str:
+    if not on_gpu:
+        why = "no GPU offload in this llama.cpp build" if not gpu_offload else "no GPU memory found"
+        return f"CPU only ({why}): target needs {format_size(target_part.budget_bytes)} of RAM"
+    if target_part.gpu_layers == full_target.gpu_layers:
+        return f"whole target on the GPU ({format_size(target_part.budget_bytes)})"
+    return (
+        f"target needs {format_size(full_target.budget_bytes)} on the GPU, budget "
+        f"{format_size(budget.available_bytes)}: {min(target_part.gpu_layers, target_part.n_layer)} "
+        f"of {target_part.n_layer} layers offloaded"
+    )
+
+
+def _all_layers(requested: int, info: GGUFInfo) -> int:
+    """A user's layer count in llama.cpp terms: negative or too large means everything."""
+    return info.n_layer + 1 if requested < 0 or requested > info.n_layer else requested
+
+
+def _kv_quant_type(kv_type: str) -> GGMLQuantizationType:
+    try:
+        return GGMLQuantizationType[kv_type.upper()]
+    except KeyError:
+        raise ValueError(f"unknown KV cache type {kv_type!r}; use f16, q8_0 or q4_0") from None
