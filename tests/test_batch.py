@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -283,22 +284,40 @@ def edgespec_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "edgespec.cli"]
 
 
-def test_cli_sigint_mid_run_then_rerun_completes(models, tmp_path):
-    lines = twenty_requests()
+def line_count(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_cli_stopped_mid_run_then_rerun_completes(models, tmp_path, sig):
+    # Plain prompts, 60 tokens each: the batch runs long enough (about half a
+    # second on an idle machine) to be stopped from outside once two results are on disk.
+    lines = [json.dumps(f"Hello the cat {i}") for i in range(12)]
     source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
     command = edgespec_command() + batch_argv(models, source, out)
-    # The hook makes the process SIGINT itself while generating the 6th request.
-    env = {**os.environ, batch.STOP_AFTER_ENV: "5"}
-    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    assert first.returncode == 130, first.stderr
-    assert "rerun the same command to resume" in first.stderr and "Traceback" not in first.stderr
-    interrupted = out.read_text().splitlines()
-    assert len(interrupted) == 5
+    command[command.index("--max-tokens") + 1] = "60"
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while line_count(out) < 2:
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=60)
+    if sig == signal.SIGINT:
+        assert process.returncode == batch.EXIT_INTERRUPTED, stderr
+        assert "rerun the same command to resume" in stderr and "Traceback" not in stderr
+    else:
+        assert process.returncode == -signal.SIGKILL
+    stopped = out.read_text().splitlines()
+    assert 2 <= len(stopped) < 12
 
-    env.pop(batch.STOP_AFTER_ENV)
-    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    assert second.returncode == 0, second.stderr
-    assert "20 ok, 0 failed of 20 (5 already done)" in second.stderr
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == batch.EXIT_OK, rerun.stderr
+    assert f"12 ok, 0 failed of 12 ({len(stopped)} already done)" in rerun.stderr
     final = out.read_text().splitlines()
-    assert final[:5] == interrupted
-    assert [json.loads(line)["custom_id"] for line in final] == [json.loads(line)["custom_id"] for line in lines]
+    assert final[: len(stopped)] == stopped
+    assert [json.loads(line)["custom_id"] for line in final] == [f"line-{i}" for i in range(1, 13)]
+    for line in final:
+        assert_openai_success(json.loads(line), json.loads(line)["custom_id"])
+
