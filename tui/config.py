@@ -130,7 +130,8 @@ def _parse(data: dict, path: Path) -> ChatConfig:
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             values[name] = float(value)
         elif not isinstance(value, expected) or isinstance(value, bool):
-            raise ConfigError(f"{path}: {name} must be a {expected.__name__}, not {value!r}")
+            kind = {int: "a whole number", float: "a number", str: "a string"}[expected]
+            raise ConfigError(f"{path}: {name} must be {kind}, not {value!r}")
     return ChatConfig(**values)
 
 

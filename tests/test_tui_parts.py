@@ -1,0 +1,121 @@
+"""The chat app's pure parts: Markdown blocks with draft tint, stats texts, config."""
+
+import pytest
+from rich.style import Style
+
+from tui.config import ChatConfig, ConfigError, KEY_ACTIONS, load_config, save_defaults
+from tui.render import DEFAULT_DRAFT_TINT, BlockRenderer, split_blocks
+from tui.stats import reply_footer, stats_line, step_acceptance
+
+REPLY = (
+    "# Title\n\nSome **bold** and `code`.\n- one\n- two\n\n"
+    "```python\ndef f(x):\n    return x + 1\n```\nAfter.\n\n```js\nlet a"
+)
+
+
+def test_blocks_split_prose_and_fences_and_keep_an_open_fence_open():
+    blocks = split_blocks(REPLY)
+    assert [b.kind for b in blocks] == ["prose", "prose", "code", "prose", "code"]
+    python = blocks[2]
+    assert python.language == "python"
+    assert REPLY[python.body_start:python.body_end] == "def f(x):\n    return x + 1\n"
+    assert REPLY[blocks[4].body_start:blocks[4].body_end] == "let a"
+
+
+def test_splitting_from_the_last_block_start_matches_splitting_everything():
+    """What lets the view re-render only the last block while streaming."""
+    for cut in range(1, len(REPLY) + 1):
+        text = REPLY[:cut]
+        blocks = split_blocks(text)
+        if len(blocks) > 1:
+            assert split_blocks(text, blocks[-1].start) == blocks[-1:]
+
+
+def _tinted(text, tint=DEFAULT_DRAFT_TINT):
+    style = Style(bgcolor=tint)
+    return "".join(text.plain[span.start:span.end] for span in text.spans if span.style == style)
+
+
+def test_draft_tint_follows_source_characters_through_markup_and_highlighting():
+    renderer = BlockRenderer()
+    blocks = split_blocks(REPLY)
+    mask = bytearray(len(REPLY))
+    bold = REPLY.index("bold")
+    mask[bold - 2:bold + 6] = b"\x01" * 8  # "**bold**": the markers are not shown
+    body = REPLY.index("return")
+    mask[body:body + 6] = b"\x01" * 6
+
+    prose = renderer.render(blocks[1], REPLY, bytes(mask), True)
+    assert prose.plain.startswith("Some bold and code.\n• one")
+    assert _tinted(prose) == "bold"
+    code = renderer.render(blocks[2], REPLY, bytes(mask), True)
+    assert code.plain == "def f(x):\n    return x + 1"
+    assert _tinted(code) == "return"
+    assert any(span.style != Style(bgcolor=DEFAULT_DRAFT_TINT) for span in code.spans)  # highlighted
+    assert _tinted(renderer.render(blocks[2], REPLY, bytes(mask), False)) == ""
+
+
+def test_step_acceptance_is_per_step_not_cumulative():
+    first = {"draft_tokens_proposed": 4, "draft_tokens_accepted": 4}
+    second = {"draft_tokens_proposed": 8, "draft_tokens_accepted": 5}
+    assert step_acceptance(None, first) == 1.0
+    assert step_acceptance(first, second) == 0.25
+    assert step_acceptance(second, second) is None
+
+
+STATS = {
+    "mode": "draft-model", "tokens_generated": 120, "decode_tokens_per_second": 40.0,
+    "draft_tokens_proposed": 100, "draft_tokens_accepted": 75, "acceptance_rate": 0.75,
+    "target_passes_per_token": 0.4, "mean_draft_tokens": 3.5, "finish_reason": "stop",
+    "prompt_tokens": 30,
+}
+
+
+def test_reply_footer_gives_speedup_only_once_plain_speed_is_known():
+    assert "speedup n/a" in reply_footer(STATS, None)
+    footer = reply_footer(STATS, 16.0)
+    assert "120 tokens" in footer and "40.0 tok/s" in footer and "accepted 75% (75/100)" in footer
+    assert "2.50× vs plain 16.0 tok/s" in footer
+    assert reply_footer(dict(STATS, finish_reason="cancelled"), 16.0).startswith("stopped")
+    plain = dict(STATS, mode="none", draft_tokens_proposed=0)
+    assert "baseline" in reply_footer(plain, 16.0)
+
+
+def test_stats_line_shows_mode_models_numbers_and_context():
+    line = stats_line(mode="draft-model", target="qwen", draft="qwen-small", stats=STATS,
+                      draft_tokens=4, context_used=150, n_ctx=4096).plain
+    for part in ("draft model", "qwen ← qwen-small", "ctx 150/4,096", "40.0 tok/s", "accept 75%",
+                 "0.40 target passes/tok", "draft 4 (avg 3.5/step)"):
+        assert part in line
+
+
+def test_config_file_overrides_defaults_and_flags_override_the_file(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('model = "m.gguf"\ndraft_tokens = 6\n[sampling]\ntemperature = 0\n'
+                    '[keymap]\nregenerate = "f5"\n')
+    config = load_config(path)
+    assert (config.model, config.draft_tokens, config.temperature) == ("m.gguf", 6, 0.0)
+    assert config.bindings()["regenerate"] == "f5"
+    assert config.bindings()["new_chat"] == KEY_ACTIONS["new_chat"][0]
+    flagged = config.with_overrides(draft_tokens=2, model=None)
+    assert (flagged.model, flagged.draft_tokens) == ("m.gguf", 2)
+    assert load_config(tmp_path / "missing.toml") == ChatConfig()
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("colour = 1\n", "unknown setting colour"),
+    ("[keymap]\nfly = \"x\"\n", "unknown setting \\[keymap\\] fly"),
+    ("draft_tokens = \"four\"\n", "draft_tokens must be a whole number"),
+    ("model = [\n", "cannot read"),
+])
+def test_bad_config_names_the_problem(tmp_path, text, problem):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=problem):
+        load_config(path)
+
+
+def test_saved_defaults_read_back(tmp_path):
+    config = ChatConfig(model="x", system_prompt='say "hi"\nthen stop', temperature=0.2,
+                        keymap={"regenerate": "f5"})
+    assert load_config(save_defaults(config, tmp_path / "config.toml")) == config

@@ -1,0 +1,226 @@
+"""Modal screens: settings, chat history, model info, and loading another model."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
+from textual.widgets.option_list import Option
+
+from edgespec import SamplingParams
+from tui.history import ChatSummary
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """What the settings screen edits; kept per chat in the history."""
+
+    system_prompt: str
+    sampling: SamplingParams
+    draft_tokens: int
+
+    def as_dict(self) -> dict:
+        sampling = dataclasses.asdict(self.sampling)
+        sampling["stop"] = list(sampling["stop"])
+        return {"sampling": sampling, "draft_tokens": self.draft_tokens}
+
+    @classmethod
+    def from_dict(cls, data: dict, system_prompt: str, fallback: ChatSettings) -> ChatSettings:
+        """Settings saved with a chat; anything missing or invalid keeps the fallback's value."""
+        sampling = dict(data.get("sampling", {}))
+        if "stop" in sampling:
+            sampling["stop"] = tuple(sampling["stop"])
+        known = {f.name for f in dataclasses.fields(SamplingParams)}
+        try:
+            params = dataclasses.replace(fallback.sampling, **{k: v for k, v in sampling.items() if k in known})
+        except (TypeError, ValueError):
+            params = fallback.sampling
+        draft_tokens = data.get("draft_tokens", fallback.draft_tokens)
+        if not isinstance(draft_tokens, int) or draft_tokens < 0:
+            draft_tokens = fallback.draft_tokens
+        return cls(system_prompt, params, draft_tokens)
+
+
+class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
+    """System prompt and sampling settings; returns (settings, save as defaults) or None."""
+
+    BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
+
+    def __init__(self, settings: ChatSettings):
+        super().__init__()
+        self.settings = settings
+
+    def compose(self) -> ComposeResult:
+        sampling = self.settings.sampling
+        with Vertical(classes="dialog", id="settings"):
+            yield Label("System prompt")
+            yield TextArea(self.settings.system_prompt, id="system-prompt", soft_wrap=True)
+            with Horizontal(classes="fields"):
+                yield from _field("Temperature", "temperature", sampling.temperature)
+                yield from _field("Top-p", "top-p", sampling.top_p)
+                yield from _field("Top-k", "top-k", sampling.top_k)
+                yield from _field("Max tokens", "max-tokens", sampling.max_tokens)
+                yield from _field("Draft tokens", "draft-tokens", self.settings.draft_tokens)
+            yield Static("", id="settings-error", classes="error")
+            with Horizontal(classes="buttons"):
+                yield Button("Apply", id="apply", variant="primary")
+                yield Button("Apply and save as defaults", id="save")
+                yield Button("Cancel", id="cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "cancel":
+            self.dismiss(None)
+            return
+        try:
+            settings = self._read()
+        except ValueError as error:
+            self.query_one("#settings-error", Static).update(str(error))
+            return
+        self.dismiss((settings, event.button.id == "save"))
+
+    def _read(self) -> ChatSettings:
+        def number(field_id: str, kind):
+            text = self.query_one(f"#{field_id}", Input).value.strip()
+            try:
+                return kind(text)
+            except ValueError:
+                raise ValueError(f"{field_id.replace('-', ' ')} must be a {kind.__name__}, not {text!r}") from None
+
+        draft_tokens = number("draft-tokens", int)
+        if not 0 <= draft_tokens <= 32:
+            raise ValueError("draft tokens must be between 0 and 32")
+        sampling = dataclasses.replace(
+            self.settings.sampling,
+            temperature=number("temperature", float),
+            top_p=number("top-p", float),
+            top_k=number("top-k", int),
+            max_tokens=number("max-tokens", int),
+        )
+        system_prompt = self.query_one("#system-prompt", TextArea).text.strip()
+        return ChatSettings(system_prompt, sampling, draft_tokens)
+
+
+def _field(label: str, field_id: str, value) -> ComposeResult:
+    with Vertical(classes="field"):
+        yield Label(label)
+        yield Input(str(value), id=field_id)
+
+
+class HistoryScreen(ModalScreen[int | None]):
+    """Past chats, newest first; Enter reopens one, Delete removes it."""
+
+    BINDINGS = [
+        Binding("escape", "dismiss(None)", "Close"),
+        Binding("delete", "delete_chat", "Delete chat"),
+    ]
+
+    def __init__(self, chats: list[ChatSummary], delete):
+        super().__init__()
+        self.chats = chats
+        self._delete = delete
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog", id="history"):
+            yield Label("Past chats (Enter opens, Delete removes, Esc closes)")
+            if self.chats:
+                yield OptionList(*(self._option(chat) for chat in self.chats), id="chats")
+            else:
+                yield Static("No saved chats yet.")
+
+    @staticmethod
+    def _option(chat: ChatSummary) -> Option:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated_at))
+        label = Text.assemble((when, "dim"), "  ", chat.title, (f"  ({chat.n_messages} messages)", "dim"))
+        return Option(label, id=str(chat.id))
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(int(event.option.id))
+
+    def action_delete_chat(self) -> None:
+        chats = self.query(OptionList)
+        if not chats or chats.first().highlighted is None:
+            return
+        option_list = chats.first()
+        option = option_list.get_option_at_index(option_list.highlighted)
+        self._delete(int(option.id))
+        option_list.remove_option(option.id)
+
+
+class ModelInfoScreen(ModalScreen[None]):
+    """The memory plan and the GGUF metadata of the loaded models."""
+
+    BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
+
+    def __init__(self, renderables: list):
+        super().__init__()
+        self.renderables = renderables
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog", id="model-info"):
+            for renderable in self.renderables:
+                yield Static(renderable)
+
+
+class LoadModelScreen(ModalScreen[tuple[str, str] | None]):
+    """Ask for a target model and a drafter, to load instead of the current ones."""
+
+    BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
+
+    def __init__(self, model: str, draft: str):
+        super().__init__()
+        self.model, self.draft = model, draft
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog", id="load-model"):
+            yield Label("Target model (catalog name or .gguf path)")
+            yield Input(self.model, id="model")
+            yield Label('Draft (catalog name, .gguf path, "ngram", "none" or "auto")')
+            yield Input(self.draft, id="draft")
+            with Horizontal(classes="buttons"):
+                yield Button("Load", id="load", variant="primary")
+                yield Button("Cancel", id="cancel")
+
+    def on_input_submitted(self) -> None:
+        self._load()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "load":
+            self._load()
+        else:
+            self.dismiss(None)
+
+    def _load(self) -> None:
+        model = self.query_one("#model", Input).value.strip()
+        if model:
+            self.dismiss((model, self.query_one("#draft", Input).value.strip() or "auto"))
+
+
+def gguf_table(title: str, info) -> Table:
+    """Key facts of a GGUF header (edgespec.gguf_info.GGUFInfo)."""
+    table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2, 0, 0))
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("file", f"{info.path.name}  ({info.file_size / 2**20:,.1f} MiB)"),
+        ("name", info.name or "—"),
+        ("architecture", info.architecture),
+        ("parameters", f"{info.parameter_count / 1e6:,.1f} M"),
+        ("quantization", info.quantization),
+        ("layers", str(info.n_layer)),
+        ("embedding", str(info.n_embd)),
+        ("heads / kv heads", f"{info.n_head} / {info.n_head_kv}  (head dim {info.head_dim})"),
+        ("trained context", f"{info.context_length:,}"),
+        ("vocabulary", f"{info.vocab_size:,}  ({info.tokenizer_model or 'unknown'} tokenizer)"),
+        ("chat template", f"{len(info.chat_template):,} characters" if info.chat_template else "none"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
