@@ -1,0 +1,313 @@
+import itertools
+
+import numpy as np
+import pytest
+
+from edgespec.controller import CostModel, DraftLengthController
+
+K_MAX = 15
+
+# Seconds per target pass over n tokens, n = 1..16 (index n - 1).
+CURVES = {
+    # Measured shape of Qwen2.5-Coder-1.5B on 2 CPU threads; not smooth: 16 tokens cost
+    # little more than 8, so a long draft can beat a middling one.
+    "cpu": [1.0, 1.5, 2.2, 3.0, 3.6, 4.2, 6.5, 8.8, 9.0, 9.2, 9.4, 9.6, 9.8, 10.0, 10.2, 10.5],
+    "gpu": [1.0, 1.0, 1.01, 1.01, 1.02, 1.02, 1.03, 1.04, 1.05, 1.06, 1.07, 1.08, 1.09, 1.1, 1.11, 1.12],
+    "linear": [float(n) for n in range(1, 17)],
+}
+ACCEPTANCE = [0.0, 0.3, 0.6, 0.8, 0.95, 1.0]
+
+
+def chain_outcome(rng, alpha, proposed):
+    """How many of `proposed` drafted tokens a target with per-position acceptance alpha keeps."""
+    accepted = 0
+    while accepted < proposed and rng.random() < alpha:
+        accepted += 1
+    return accepted
+
+
+def brute_force_rates(curve, draft_cost, alphas, limit):
+    """Expected tokens per second for k = 0..limit, by enumerating how many drafts survive."""
+    rates = []
+    for k in range(limit + 1):
+        expected = 0.0
+        for survived in range(k + 1):
+            p = float(np.prod(alphas[:survived]))
+            if survived < k:
+                p *= 1.0 - alphas[survived]
+            expected += p * (survived + 1)
+        rates.append(expected / (curve[k] + k * draft_cost))
+    return rates
+
+
+def choose(ctl, drafter, signal=0):
+    """The controller's k, and whether it was a probe."""
+    probes_before = ctl.stats["probe_steps"]
+    k = ctl.choose(drafter, signal)
+    return k, ctl.stats["probe_steps"] > probes_before
+
+
+def run(ctl, drafter, outcome, steps, signal=0):
+    """Drive the controller for `steps` steps; returns chosen ks, probe flags, tokens, seconds."""
+    ks, probes, tokens, seconds = [], [], 0, 0.0
+    for _ in range(steps):
+        k, probe = choose(ctl, drafter, signal)
+        accepted = outcome(k)
+        ctl.update(drafter, k, accepted, signal)
+        ks.append(k)
+        probes.append(probe)
+        tokens += accepted + 1
+        seconds += ctl.cost.target(k + 1) + ctl.cost.draft(k)
+    return ks, probes, tokens, seconds
+
+
+def always_wrong(k):
+    return 0
+
+
+def always_right(k):
+    return k
+
+
+# -- CostModel -------------------------------------------------------------------------------
+
+
+def test_cost_model_reads_measured_widths_and_extrapolates_without_batching_gain():
+    cost = CostModel([0.1, 0.15, 0.2], draft_seconds_per_token=0.01)
+    assert cost.target(1) == 0.1
+    assert cost.target(3) == 0.2
+    # Beyond the measured range the dearest measured pass sets the per-token price.
+    assert cost.target(6) == pytest.approx(0.2 * 6 / 3)
+    assert cost.draft(4) == pytest.approx(0.04)
+    assert cost.relative() == pytest.approx((1.0, 1.5, 2.0))
+
+
+@pytest.mark.parametrize(
+    "seconds, draft", [([], 0.0), ([0.1, 0.0], 0.0), ([0.1, float("nan")], 0.0), ([0.1], -1.0)]
+)
+def test_cost_model_rejects_impossible_timings(seconds, draft):
+    with pytest.raises(ValueError):
+        CostModel(seconds, draft_seconds_per_token=draft)
+
+
+def test_cost_model_rejects_empty_pass():
+    with pytest.raises(ValueError):
+        CostModel([0.1]).target(0)
+
+
+# -- choosing k against a brute-force optimum -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "curve_name, alpha, draft_cost",
+    list(itertools.product(CURVES, ACCEPTANCE, [0.0, 0.1])),
+)
+def test_choice_is_the_brute_force_optimum(curve_name, alpha, draft_cost):
+    curve = CURVES[curve_name]
+    cost = CostModel(curve, draft_seconds_per_token=draft_cost)
+    ctl = DraftLengthController(cost, K_MAX, prior_acceptance=alpha, decay=1.0)
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        ctl.update("draft-model", K_MAX, chain_outcome(rng, alpha, K_MAX))
+    alphas = ctl.acceptance("draft-model")
+    assert alphas[0] == pytest.approx(alpha, abs=0.05)
+
+    k = ctl.choose("draft-model")
+
+    rates = brute_force_rates(curve, draft_cost, alphas, K_MAX)
+    assert rates[k] == pytest.approx(max(rates), rel=1e-9)
+
+
+def test_choice_follows_the_curve_not_a_fixed_rule():
+    # Near-perfect acceptance: the CPU curve's cheap 16-token pass makes k=15 best, the GPU's
+    # flat curve makes the longest draft best, a linear curve gains nothing over plain decoding.
+    def chosen(curve):
+        ctl = DraftLengthController(CostModel(curve), K_MAX, decay=1.0)
+        for _ in range(200):
+            ctl.update("ngram", K_MAX, K_MAX)
+        return ctl.choose("ngram")
+
+    assert chosen(CURVES["cpu"]) == 15
+    assert chosen(CURVES["gpu"]) == 15
+    assert chosen(CURVES["linear"]) == 0
+
+
+def test_untrained_drafter_starts_from_the_prior():
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, prior_acceptance=0.6)
+    alphas = ctl.acceptance("ngram")
+    assert alphas[0] == pytest.approx(0.6)
+    assert np.all(np.diff(alphas) <= 0)  # unseen positions are never assumed better
+    # At 0.6 a 2-token pass (1.5x) pays only for one drafted token.
+    assert ctl.choose("ngram") == 1
+
+
+# -- back-off and recovery ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("curve_name, draft_cost", [("cpu", 0.0), ("cpu", 0.2), ("gpu", 0.15)])
+def test_always_wrong_drafter_settles_at_k0_and_stays_near_baseline(curve_name, draft_cost):
+    ctl = DraftLengthController(CostModel(CURVES[curve_name], draft_cost), K_MAX)
+    ks, probes, tokens, seconds = run(ctl, "draft-model", always_wrong, 2000)
+
+    settled = next(i for i in range(len(ks)) if all(k == 0 or p for k, p in zip(ks[i:], probes[i:])))
+    assert settled <= 5
+    baseline_seconds = tokens * ctl.cost.target(1)
+    assert seconds <= 1.03 * baseline_seconds
+    stats = ctl.stats
+    assert stats["k0_steps"] + stats["probe_steps"] >= 2000 - settled
+    assert 0 < stats["probe_steps"] < 0.1 * 2000
+
+
+def test_recovers_through_probes_when_the_drafter_turns_right():
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
+    run(ctl, "ngram", always_wrong, 500)
+    ks, probes, _, _ = run(ctl, "ngram", always_right, 300)
+
+    first_chosen = next(i for i, (k, p) in enumerate(zip(ks, probes)) if k > 0 and not p)
+    assert first_chosen < 80
+    assert any(probes[:first_chosen])
+    assert not any(probes[first_chosen:])
+    assert min(ks[-50:]) >= 4
+
+
+def test_probe_schedule_is_deterministic():
+    def trace():
+        ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
+        return run(ctl, "ngram", always_wrong, 300)[1]
+
+    assert trace() == trace()
+
+
+# -- separation of estimates ---------------------------------------------------------------
+
+
+def test_drafters_keep_separate_estimates():
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
+    run(ctl, "ngram", always_wrong, 50)
+    run(ctl, "draft-model", always_right, 50)
+    assert ctl.acceptance("ngram")[0] < 0.1
+    assert ctl.acceptance("draft-model")[0] > 0.9
+    k, probe = choose(ctl, "ngram")
+    assert k == 0 or probe
+    assert ctl.choose("draft-model") >= 2  # more than a probe drafts
+
+
+def test_ngram_match_lengths_keep_separate_estimates():
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
+    for _ in range(100):
+        run(ctl, "ngram", always_wrong, 1, signal=1)
+        run(ctl, "ngram", always_right, 1, signal=6)
+    k, probe = choose(ctl, "ngram", signal=1)
+    assert k == 0 or probe
+    assert ctl.choose("ngram", signal=4) >= 2  # 4 and 6 share the "4 or longer" bucket
+
+
+def test_estimates_decay_towards_recent_outcomes():
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, decay=0.9)
+    for _ in range(100):
+        ctl.update("draft-model", 4, 4)
+    for _ in range(30):
+        ctl.update("draft-model", 4, 0)
+    assert ctl.acceptance("draft-model")[0] < 0.1
+
+
+# -- caps, fixed k, validation --------------------------------------------------------------
+
+
+def test_available_caps_k():
+    ctl = DraftLengthController(CostModel(CURVES["gpu"]), K_MAX)
+    for _ in range(50):
+        ctl.update("ngram", K_MAX, K_MAX)
+    assert ctl.choose("ngram", available=3) == 3
+    assert ctl.choose("ngram", available=0) == 0
+    assert ctl.choose("ngram", available=-2) == 0
+    stats = ctl.stats
+    assert stats["unavailable_steps"] == 2
+    assert stats["k0_steps"] == 0
+
+
+def test_fixed_k_ignores_estimates_but_keeps_stats():
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), 8, fixed_k=4)
+    ks, _, _, _ = run(ctl, "draft-model", always_wrong, 20)
+    assert ks == [4] * 20
+    assert ctl.choose("draft-model", available=2) == 2
+    assert ctl.stats["mean_k"] == pytest.approx((20 * 4 + 2) / 21)
+    assert ctl.stats["k0_steps"] == 0
+    assert ctl.p_min(1) == 0.0
+
+
+def test_fixed_k_zero_never_drafts():
+    ctl = DraftLengthController(CostModel(CURVES["gpu"]), 8, fixed_k=0)
+    ks, _, _, _ = run(ctl, "ngram", always_right, 10)
+    assert ks == [0] * 10
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"k_max": 0},
+        {"k_max": 4, "fixed_k": 5},
+        {"k_max": 4, "p_min": 1.5},
+        {"k_max": 4, "decay": 0.0},
+        {"k_max": 4, "probe_budget": 0.0},
+        {"k_max": 4, "probe_k": 5},
+    ],
+)
+def test_rejects_bad_settings(kwargs):
+    with pytest.raises(ValueError):
+        DraftLengthController(CostModel(CURVES["cpu"]), **kwargs)
+
+
+@pytest.mark.parametrize("proposed, accepted", [(2, 3), (2, -1), (-1, -1)])
+def test_update_rejects_impossible_outcomes(proposed, accepted):
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), 4)
+    with pytest.raises(ValueError):
+        ctl.update("ngram", proposed, accepted)
+
+
+# -- p_min -------------------------------------------------------------------------------
+
+
+def test_tuned_p_min_is_the_break_even_of_the_first_token():
+    curve = CURVES["cpu"]
+    ctl = DraftLengthController(CostModel(curve), K_MAX, prior_acceptance=0.8, decay=1.0)
+    for _ in range(20):
+        ctl.update("draft-model", 1, 1)
+        ctl.update("draft-model", 1, 1)
+        ctl.update("draft-model", 1, 1)
+        ctl.update("draft-model", 1, 0)
+    assert ctl.choose("draft-model") == 1
+    alpha = ctl.acceptance("draft-model")[0]
+    best_rate = (1 + alpha) / curve[1]
+    # Drafting the token costs T(2) - T(1) and returns q tokens: worth it above this q.
+    assert ctl.p_min(1) == pytest.approx(best_rate * (curve[1] - curve[0]))
+    assert ctl.p_min(2) == 1.0
+
+
+@pytest.mark.parametrize("curve_name", ["cpu", "gpu"])  # on the linear curve k is always 0
+@pytest.mark.parametrize("draft_cost", [0.0, 0.1])
+def test_tuned_p_min_never_exceeds_the_estimated_acceptance(curve_name, draft_cost):
+    ctl = DraftLengthController(CostModel(CURVES[curve_name], draft_cost), K_MAX)
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        ctl.update("draft-model", K_MAX, chain_outcome(rng, 0.9, K_MAX))
+    k = ctl.choose("draft-model")
+    alphas = ctl.acceptance("draft-model")
+    assert k > 0
+    for position in range(1, k + 1):
+        assert 0.0 <= ctl.p_min(position) <= alphas[position - 1] + 1e-12
+
+
+def test_fixed_p_min_replaces_the_tuned_value_but_not_for_probes():
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, p_min=0.75)
+    assert ctl.choose("draft-model") == 1
+    assert ctl.p_min(1) == 0.75
+    ctl.update("draft-model", 1, 0)
+    for _ in range(200):
+        k, probe = choose(ctl, "draft-model")
+        if probe:
+            break
+        assert k == 0
+        ctl.update("draft-model", 0, 0)
+    assert k == 1
+    assert ctl.p_min(1) == 0.0
