@@ -1,0 +1,7 @@
+"""edgespec: exact speculative decoding for local GGUF models."""
+
+from .engine import Done, Engine, GenerationResult, Step, Token
+from .errors import EdgespecError
+from .sampling import SamplingParams
+
+__all__ = ["Done", "EdgespecError", "Engine", "GenerationResult", "SamplingParams", "Step", "Token"]

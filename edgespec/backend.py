@@ -1,0 +1,277 @@
+"""The only module that talks to llama-cpp-python.
+
+It drives llama.cpp through its low-level C API (``llama_batch`` +
+``llama_decode`` + ``llama_get_logits``), which is both faster than the
+high-level ``Llama.eval`` and lets us ask for the logits of just the rows we
+verify: nothing here ever allocates an n_ctx x n_vocab logits buffer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp
+
+from .errors import ContextOverflowError, ModelFileError, ModelLoadError
+
+# The most logits rows one decode may return.  llama.cpp sizes its output
+# buffer and compute graph for n_outputs_max (n_batch by default: 512 rows x
+# 152k vocab x 4 bytes = 311 MB for Qwen); we only ever verify k+1 rows.
+MAX_OUTPUT_ROWS = 64
+
+_recent_log_lines: deque[str] = deque(maxlen=20)
+
+
+@llama_cpp.llama_log_callback
+def _capture_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp talks a lot on stderr; keep its last lines to explain a failed load instead.
+    line = text.decode("utf-8", errors="replace").strip()
+    if line:
+        _recent_log_lines.append(line)
+
+
+llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def default_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix, by bisection over C-speed slice compares."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class LlamaModel:
+    """A loaded GGUF model with one context (one sequence) and its KV cache.
+
+    ``cached`` always lists the tokens whose keys and values sit in the KV
+    cache, at positions 0..len(cached)-1.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        n_ctx: int = 4096,
+        n_gpu_layers: int = 0,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+    ):
+        self.path = Path(path)
+        self._check_file()
+        self._model = self._load_model(n_gpu_layers)
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._ctx = self._create_context(n_ctx, n_batch, n_threads or default_threads())
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_batch = n_batch
+        self.n_gpu_layers = n_gpu_layers
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._pieces: dict[int, bytes] = {}
+        self.cached: list[int] = []
+        self.forward_passes = 0
+
+    # -- loading -------------------------------------------------------------
+
+    def _check_file(self) -> None:
+        if not self.path.is_file():
+            raise ModelFileError(f"model file not found: {self.path} (check the path, or pull it with `edgespec models pull`)")
+        with open(self.path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ModelFileError(f"not a GGUF file: {self.path} (edgespec loads llama.cpp GGUF models only)")
+
+    def _load_model(self, n_gpu_layers: int):
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        # The extra CPU buffer types include llama.cpp's AMX kernels, which crash
+        # this build on AMX-capable Xeons (segfault in ggml_backend_amx_mul_mat
+        # on the first batched matmul); the plain CPU kernels are safe everywhere.
+        params.use_extra_bufts = False
+        _recent_log_lines.clear()
+        model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        if not model:
+            raise ModelLoadError(
+                f"llama.cpp could not load {self.path}: {_last_error()} (the file may be truncated or of an unsupported architecture)"
+            )
+        return model
+
+    def _create_context(self, n_ctx: int, n_batch: int, n_threads: int):
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_outputs_max = MAX_OUTPUT_ROWS
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not ctx:
+            llama_cpp.llama_model_free(self._model)
+            raise ModelLoadError(
+                f"llama.cpp could not create a {n_ctx}-token context for {self.path}: {_last_error()} (try a smaller --n-ctx)"
+            )
+        return ctx
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            llama_cpp.llama_model_free(self._model)
+            self._ctx = None
+
+    def __del__(self):
+        self.close()
+
+    # -- vocabulary ----------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 16
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes a token stands for (special tokens render as empty)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = self._pieces[token] = buf.raw[:n]
+        return piece
+
+    def token_text(self, token: int) -> bytes:
+        """The token's entry in the vocabulary, as stored (for comparing vocabularies)."""
+        return llama_cpp.llama_vocab_get_text(self._vocab, token) or b""
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    @property
+    def bos_id(self) -> int:
+        return llama_cpp.llama_vocab_bos(self._vocab)
+
+    @property
+    def eos_id(self) -> int:
+        return llama_cpp.llama_vocab_eos(self._vocab)
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    def metadata(self, key: str) -> str | None:
+        size = 1 << 16
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, size)
+        if n < 0:
+            return None
+        if n >= size:
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, n + 1)
+        return buf.value.decode("utf-8", errors="replace")
+
+    # -- the KV cache and forward passes --------------------------------------
+
+    def rewind(self, n_keep: int) -> None:
+        """Forget every cached position from n_keep on."""
+        if n_keep < len(self.cached):
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1)
+            del self.cached[n_keep:]
+
+    def decode(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray | None:
+        """Append tokens to the cache; return the logits of the last n_logits of them.
+
+        The result has shape (n_logits, n_vocab) and row i predicts the token
+        after tokens[len(tokens) - n_logits + i].  Long inputs go in chunks of
+        n_batch.
+        """
+        if not tokens:
+            return None
+        if len(self.cached) + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{len(self.cached) + len(tokens)} tokens do not fit in the {self.n_ctx}-token context (raise --n-ctx or shorten the input)"
+            )
+        if n_logits > min(MAX_OUTPUT_ROWS, self.n_batch) or n_logits > len(tokens):
+            raise ValueError(f"cannot return {n_logits} logits rows for {len(tokens)} tokens")
+        first_row = len(tokens) - n_logits
+        rows = []
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            wanted = max(0, start + len(chunk) - max(first_row, start))
+            self._decode_chunk(chunk, wanted)
+            if wanted:
+                rows.append(self._copy_logits(wanted))
+        return np.concatenate(rows) if rows else None
+
+    def _decode_chunk(self, chunk: Sequence[int], n_logits: int) -> None:
+        batch = self._batch
+        n = len(chunk)
+        pos0 = len(self.cached)
+        for i, token in enumerate(chunk):
+            batch.token[i] = token
+            batch.pos[i] = pos0 + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i >= n - n_logits
+        batch.n_tokens = n
+        status = llama_cpp.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise ModelLoadError(f"llama_decode failed with status {status} on {self.path.name}: {_last_error()}")
+        self.cached.extend(chunk)
+        self.forward_passes += 1
+
+    def _copy_logits(self, n_rows: int) -> np.ndarray:
+        # outputs are stored contiguously in batch order
+        ptr = llama_cpp.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab)).copy()
+
+    def time_forward(self, n_tokens: int, filler: int) -> float:
+        """Seconds for one forward pass over n_tokens, returning n_tokens logits rows.
+
+        Used to calibrate draft lengths; the cache is left as it was.
+        """
+        n_keep = len(self.cached)
+        start = time.perf_counter()
+        self.decode([filler] * n_tokens, n_logits=min(n_tokens, MAX_OUTPUT_ROWS))
+        elapsed = time.perf_counter() - start
+        self.forward_passes -= 1
+        self.rewind(n_keep)
+        return elapsed
+
+
+def _last_error() -> str:
+    for line in reversed(_recent_log_lines):
+        if "error" in line.lower() or "failed" in line.lower():
+            return line
+    return _recent_log_lines[-1] if _recent_log_lines else "no details from llama.cpp"

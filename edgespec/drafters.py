@@ -1,0 +1,185 @@
+"""Drafters: cheap guesses of the next tokens, verified later by the target.
+
+Every drafter answers two questions about a context (the prompt plus every
+accepted token, ending with the token the target has not seen yet):
+
+- ``peek(context)``: how good a guess it could make now (a signal, such as an
+  n-gram match length) and how many tokens it could offer at most;
+- ``propose(context, k, params, rng)``: up to k draft tokens, with the draft's
+  probability rows q when it has them (None means a deterministic proposal).
+
+Drafters keep their own state in step with the context by themselves, so the
+engine never has to tell them what was accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import LlamaModel, common_prefix_length
+from .errors import VocabMismatchError
+from .sampling import SamplingParams, sample, to_probs
+
+
+@dataclass(frozen=True)
+class Hint:
+    signal: int = 0  # drafter-specific confidence, e.g. the n-gram match length
+    available: int | None = None  # the most tokens it can propose now (None: no limit)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: list[int]
+    probs: list[np.ndarray] | None = None  # q rows, one per token; None for one-hot proposals
+    signal: int = 0
+
+
+NO_PROPOSAL = Proposal([])
+
+
+class NoDrafter:
+    """Plain decoding through the same loop: the fair baseline."""
+
+    name = "none"
+    forward_passes = 0
+
+    def peek(self, context: list[int]) -> Hint:
+        return Hint(0, 0)
+
+    def propose(self, context, k, params, rng) -> Proposal:
+        return NO_PROPOSAL
+
+
+class NgramDrafter:
+    """Prompt lookup: continue the most recent earlier occurrence of the context's tail.
+
+    The index maps every n-gram (n_min..n_max) to the position right after its
+    most recent occurrence.  It grows with the context, one position per
+    accepted token, and is rebuilt only when the context is rewritten (a new
+    conversation, an edited turn).
+    """
+
+    name = "ngram"
+    forward_passes = 0
+
+    def __init__(self, n_max: int = 4, n_min: int = 1):
+        self.n_max, self.n_min = n_max, n_min
+        self._indexed: list[int] = []
+        self._next_after: dict[tuple[int, ...], int] = {}
+
+    def peek(self, context: list[int]) -> Hint:
+        match = self._lookup(context)
+        if match is None:
+            return Hint(0, 0)
+        n, _ = match
+        return Hint(n, None)
+
+    def propose(self, context, k, params=None, rng=None) -> Proposal:
+        match = self._lookup(context)
+        if match is None or k <= 0:
+            return NO_PROPOSAL
+        n, start = match
+        period = len(context) - start
+        # Past the end of the context, assume the text keeps repeating with the
+        # period the match implies: that is what a loop or a copy looks like.
+        tokens = [context[start + i % period] for i in range(k)]
+        return Proposal(tokens, None, n)
+
+    def _lookup(self, context: list[int]) -> tuple[int, int] | None:
+        self._sync(context)
+        for n in range(min(self.n_max, len(context) - 1), self.n_min - 1, -1):
+            start = self._next_after.get(tuple(context[-n:]))
+            if start is not None:
+                return n, start
+        return None
+
+    def _sync(self, context: list[int]) -> None:
+        n_common = common_prefix_length(self._indexed, context)
+        if n_common < len(self._indexed):
+            self._indexed, self._next_after = [], {}
+            n_common = 0
+        # index the n-grams that end before the last token: those have a known successor
+        for end in range(max(n_common - 1, 0), len(context) - 1):
+            for n in range(self.n_min, min(self.n_max, end + 1) + 1):
+                self._next_after[tuple(context[end - n + 1 : end + 1])] = end + 1
+        self._indexed = list(context)
+
+
+class DraftModelDrafter:
+    """A smaller model with the target's vocabulary, sampling k tokens one at a time.
+
+    Its KV cache follows the context by common prefix: after a verification
+    the rejected tail is dropped and only the newly accepted tokens are
+    decoded on the next call.
+    """
+
+    name = "draft-model"
+
+    def __init__(self, model: LlamaModel, n_vocab: int, p_min: float = 0.0):
+        self.model = model
+        self.n_vocab = n_vocab  # the target's: q rows must line up with p rows
+        self.p_min = p_min
+
+    @property
+    def forward_passes(self) -> int:
+        return self.model.forward_passes
+
+    def peek(self, context: list[int]) -> Hint:
+        return Hint(0, None)
+
+    def propose(self, context, k, params: SamplingParams, rng: np.random.Generator) -> Proposal:
+        if k <= 0:
+            return NO_PROPOSAL
+        n_keep = min(common_prefix_length(self.model.cached, context), len(context) - 1)
+        self.model.rewind(n_keep)
+        logits = self.model.decode(context[n_keep:], 1)[0]
+        tokens, rows = [], []
+        for i in range(k):
+            logits = self._fit_vocab(logits)
+            if self.p_min > 0.0 and _top_probability(logits) < self.p_min:
+                break
+            q = to_probs(logits, params)
+            token = sample(q, rng)
+            tokens.append(token)
+            rows.append(q)
+            if i + 1 < k:
+                logits = self.model.decode([token], 1)[0]
+        return Proposal(tokens, rows)
+
+    def _fit_vocab(self, logits: np.ndarray) -> np.ndarray:
+        # A draft whose vocabulary is a little shorter or longer than the target's
+        # (padding rows) must never propose an id the target cannot emit.
+        if logits.size == self.n_vocab:
+            return logits
+        fitted = np.full(self.n_vocab, -np.inf, dtype=logits.dtype)
+        n = min(self.n_vocab, logits.size)
+        fitted[:n] = logits[:n]
+        return fitted
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    return float(1.0 / np.exp(logits - logits.max()).sum())
+
+
+# Tokenizers of one family often pad their vocabulary to a round size; allow that much.
+MAX_VOCAB_SIZE_DIFFERENCE = 128
+
+
+def check_vocab_compatible(target: LlamaModel, draft: LlamaModel) -> None:
+    """Raise VocabMismatchError, naming both files and the difference, unless the draft can draft for the target."""
+    def mismatch(what: str) -> VocabMismatchError:
+        return VocabMismatchError(
+            f"draft {draft.path.name} cannot draft for target {target.path.name}: {what} (use a draft from the target's model family, or --draft ngram)"
+        )
+
+    if abs(target.n_vocab - draft.n_vocab) > MAX_VOCAB_SIZE_DIFFERENCE:
+        raise mismatch(f"vocabulary sizes differ ({target.n_vocab} vs {draft.n_vocab})")
+    if (target.bos_id, target.eos_id) != (draft.bos_id, draft.eos_id):
+        raise mismatch(f"BOS/EOS ids differ ({target.bos_id}/{target.eos_id} vs {draft.bos_id}/{draft.eos_id})")
+    for token in range(min(target.n_vocab, draft.n_vocab)):
+        if target.token_text(token) != draft.token_text(token):
+            raise mismatch(
+                f"token {token} is {target.token_text(token)!r} in the target but {draft.token_text(token)!r} in the draft"
+            )

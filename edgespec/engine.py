@@ -1,0 +1,359 @@
+"""The speculative decoding loop: prefill -> draft -> verify -> roll back -> emit.
+
+One step drafts k tokens after the context, runs the target once over
+[last token, d1..dk], accepts a prefix by rejection sampling and appends one
+more token from the target.  The target's KV cache then keeps the accepted
+part only.  With k = 0 a step is plain decoding, so every mode (and the
+baseline) runs through this same loop.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .backend import LlamaModel, common_prefix_length
+from .chat_template import ChatTemplate
+from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter, check_vocab_compatible
+from .errors import ContextOverflowError, EdgespecError
+from .sampling import SamplingParams, to_probs
+from .verify import verify
+
+MODES = ("draft-model", "ngram", "none")
+DEFAULT_DRAFT_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str  # may be "" while a UTF-8 character or a possible stop string is incomplete
+    drafted: bool  # proposed by the drafter and accepted, rather than sampled from the target
+
+
+@dataclass(frozen=True)
+class Step:
+    tokens: list[Token]
+    stats: dict
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length" | "context" | "cancelled"
+    stats: dict
+
+
+@dataclass(frozen=True)
+class Done:
+    result: GenerationResult
+
+
+@dataclass
+class _Counters:
+    mode: str
+    prompt_tokens: int = 0
+    prompt_tokens_reused: int = 0
+    tokens_generated: int = 0
+    draft_tokens_proposed: int = 0
+    draft_tokens_accepted: int = 0
+    target_forward_passes: int = 0
+    draft_forward_passes: int = 0
+    steps: int = 0
+    k0_steps: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    finish_reason: str | None = None
+
+    def as_dict(self) -> dict:
+        def ratio(a, b):
+            return a / b if b else 0.0
+
+        return {
+            "mode": self.mode,
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens_reused": self.prompt_tokens_reused,
+            "prompt_tokens_evaluated": self.prompt_tokens - self.prompt_tokens_reused,
+            "tokens_generated": self.tokens_generated,
+            "draft_tokens_proposed": self.draft_tokens_proposed,
+            "draft_tokens_accepted": self.draft_tokens_accepted,
+            "acceptance_rate": ratio(self.draft_tokens_accepted, self.draft_tokens_proposed),
+            "target_forward_passes": self.target_forward_passes,
+            "draft_forward_passes": self.draft_forward_passes,
+            "target_passes_per_token": ratio(self.target_forward_passes, self.tokens_generated),
+            "steps": self.steps,
+            "k0_steps": self.k0_steps,
+            "mean_draft_tokens": ratio(self.draft_tokens_proposed, self.steps),
+            "prefill_seconds": self.prefill_seconds,
+            "decode_seconds": self.decode_seconds,
+            "decode_tokens_per_second": ratio(self.tokens_generated, self.decode_seconds),
+            "finish_reason": self.finish_reason,
+        }
+
+
+class _TextAssembler:
+    """Token bytes -> text that is safe to show now.
+
+    Holds back an incomplete UTF-8 sequence, and any tail that could be the
+    start of a stop string, until the next token settles it.
+    """
+
+    def __init__(self, stops: Sequence[str]):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = [s for s in stops if s]
+        self._held = ""
+        self.text = ""  # everything released so far
+        self.stopped = False
+
+    def feed(self, data: bytes) -> str:
+        text = self._held + self._decoder.decode(data)
+        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            return self._release(text[:cut], "")
+        hold = max((_overlap(text, s) for s in self._stops), default=0)
+        return self._release(text[: len(text) - hold], text[len(text) - hold :])
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        return self._release(self._held + self._decoder.decode(b"", final=True), "")
+
+    def _release(self, out: str, held: str) -> str:
+        self._held = held
+        self.text += out
+        return out
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest tail of text that is a proper prefix of stop."""
+    for n in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+class Engine:
+    def __init__(self, target: LlamaModel, draft: LlamaModel | None, mode: str, draft_tokens: int):
+        self.target = target
+        self.draft = draft
+        self.draft_tokens = draft_tokens
+        self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
+        if draft is not None:
+            self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
+        self.set_mode(mode)
+        self.chat_template = ChatTemplate(
+            target.metadata("tokenizer.chat_template"),
+            bos_token=target.token_bytes(target.bos_id).decode("utf-8", "replace") if target.bos_id >= 0 else "",
+            eos_token=target.token_bytes(target.eos_id).decode("utf-8", "replace") if target.eos_id >= 0 else "",
+        )
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(
+        cls,
+        target: str | Path,
+        draft: str | Path | None = "ngram",
+        *,
+        n_ctx: int = 4096,
+        n_gpu_layers: int = -1,
+        draft_gpu_layers: int = -1,
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+        n_threads: int | None = None,
+    ) -> "Engine":
+        """Load a target and its drafter: a draft GGUF path, "ngram", or "none"/None."""
+        target_model = LlamaModel(target, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads)
+        if draft in (None, "none", "ngram"):
+            return cls(target_model, None, draft or "none", draft_tokens)
+        draft_model = LlamaModel(draft, n_ctx=n_ctx, n_gpu_layers=draft_gpu_layers, n_threads=n_threads)
+        try:
+            check_vocab_compatible(target_model, draft_model)
+        except EdgespecError:
+            draft_model.close()
+            target_model.close()
+            raise
+        return cls(target_model, draft_model, "draft-model", draft_tokens)
+
+    def close(self) -> None:
+        self.target.close()
+        if self.draft is not None:
+            self.draft.close()
+
+    # -- settings ------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        return self._drafter.name
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in self._drafters:
+            have = ", ".join(self._drafters)
+            raise EdgespecError(f"drafting mode {mode!r} is not available (available: {have}; draft-model needs --draft FILE)")
+        self._drafter = self._drafters[mode]
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
+
+    @property
+    def target_path(self) -> Path:
+        return self.target.path
+
+    @property
+    def draft_path(self) -> Path | None:
+        return self.draft.path if self.draft is not None else None
+
+    # -- text <-> tokens -----------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        return self.target.tokenize(text, add_special=add_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return b"".join(self.target.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return self.chat_template.render(messages, add_generation_prompt)
+
+    def prompt_tokens(self, prompt: str, raw: bool = False) -> list[int]:
+        if raw:
+            return self.target.tokenize(prompt, add_special=True)
+        return self.chat_tokens([{"role": "user", "content": prompt}])
+
+    def chat_tokens(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        text = self.render_chat(messages, add_generation_prompt)
+        # a template that writes the BOS token itself must not get a second one
+        starts_with_bos = bool(self.chat_template.bos_token) and text.startswith(self.chat_template.bos_token)
+        return self.target.tokenize(text, add_special=not starts_with_bos)
+
+    # -- generation ----------------------------------------------------------
+
+    def generate(self, prompt: str, params: SamplingParams, raw: bool = False, cancel=None) -> GenerationResult:
+        return _last_result(self.stream(prompt, params, raw=raw, cancel=cancel))
+
+    def stream(self, prompt: str, params: SamplingParams, raw: bool = False, cancel=None) -> Iterator[Step | Done]:
+        return self.stream_tokens(self.prompt_tokens(prompt, raw), params, cancel=cancel)
+
+    def stream_tokens(
+        self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None
+    ) -> Iterator[Step | Done]:
+        """Generate after prompt_ids; yields one Step per verification and a final Done."""
+        if not prompt_ids:
+            raise EdgespecError("the prompt is empty (give some text to continue)")
+        if len(prompt_ids) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.n_ctx} (raise --n-ctx or shorten the prompt)"
+            )
+        with self._lock:
+            yield from self._generate(list(prompt_ids), params, cancel)
+
+    def _generate(self, context: list[int], params: SamplingParams, cancel) -> Iterator[Step | Done]:
+        drafter = self._drafter
+        counters = _Counters(mode=drafter.name, prompt_tokens=len(context))
+        rng = np.random.default_rng(params.seed)
+        text = _TextAssembler(params.stop)
+        generated: list[int] = []
+
+        start = time.perf_counter()
+        counters.prompt_tokens_reused = self._prefill(context)
+        counters.prefill_seconds = time.perf_counter() - start
+        draft_passes_before = drafter.forward_passes
+        decode_start = time.perf_counter()
+
+        while counters.finish_reason is None:
+            if cancel is not None and cancel.is_set():
+                counters.finish_reason = "cancelled"
+                break
+            room = self.n_ctx - len(context)
+            if room <= 0:
+                counters.finish_reason = "context"
+                break
+            new_tokens, n_drafted = self._step(drafter, context, params, rng, counters, room)
+            tokens = []
+            for i, token in enumerate(new_tokens):
+                if self.target.is_end_of_generation(token):
+                    counters.finish_reason = "stop"
+                    break
+                generated.append(token)
+                piece = text.feed(self.target.token_bytes(token))
+                tokens.append(Token(token, piece, i < n_drafted))
+                if text.stopped:
+                    counters.finish_reason = "stop"
+                    break
+                if len(generated) >= params.max_tokens:
+                    counters.finish_reason = "length"
+                    break
+            context.extend(new_tokens)
+            counters.tokens_generated = len(generated)
+            counters.draft_forward_passes = drafter.forward_passes - draft_passes_before
+            counters.decode_seconds = time.perf_counter() - decode_start
+            if counters.finish_reason is not None:
+                tail = text.flush()
+                if tail and tokens:
+                    tokens[-1] = Token(tokens[-1].id, tokens[-1].text + tail, tokens[-1].drafted)
+            yield Step(tokens, counters.as_dict())
+
+        counters.decode_seconds = time.perf_counter() - decode_start
+        yield Done(GenerationResult(text.text, generated, counters.finish_reason, counters.as_dict()))
+
+    def _prefill(self, context: list[int]) -> int:
+        """Put all but the last prompt token in the target's cache; return how many were cached already."""
+        reused = min(common_prefix_length(self.target.cached, context), len(context) - 1)
+        self.target.rewind(reused)
+        self.target.decode(context[reused:-1], n_logits=0)
+        return reused
+
+    def _step(self, drafter, context, params, rng, counters: _Counters, room: int) -> tuple[list[int], int]:
+        """One draft/verify step; returns the new tokens and how many of them came from the draft."""
+        remaining = params.max_tokens - counters.tokens_generated
+        hint = drafter.peek(context)
+        k = min(self.draft_tokens, remaining - 1, room - 1)
+        if hint.available is not None:
+            k = min(k, hint.available)
+        proposal = drafter.propose(context, k, params, rng) if k > 0 else None
+        drafts = proposal.tokens if proposal else []
+
+        # The cache holds context[:-1]; one pass scores the last token and every draft.
+        self.target.rewind(len(context) - 1)
+        logits = self.target.decode([context[-1], *drafts], n_logits=len(drafts) + 1)
+        p_rows = _LazyRows(logits, params)
+        verdict = verify(p_rows, drafts, proposal.probs if proposal else None, rng)
+        accepted = drafts[: verdict.n_accepted]
+        self.target.rewind(len(context) + len(accepted))
+
+        counters.steps += 1
+        counters.target_forward_passes += 1
+        counters.draft_tokens_proposed += len(drafts)
+        counters.draft_tokens_accepted += len(accepted)
+        counters.k0_steps += not drafts
+        return [*accepted, verdict.next_token], len(accepted)
+
+
+class _LazyRows:
+    """Target probability rows, computed only for the positions the verifier reaches."""
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams):
+        self._logits, self._params = logits, params
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self._logits)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        row = self._rows.get(i)
+        if row is None:
+            row = self._rows[i] = to_probs(self._logits[i], self._params)
+        return row
+
+
+def _last_result(events: Iterator[Step | Done]) -> GenerationResult:
+    result = None
+    for event in events:
+        if isinstance(event, Done):
+            result = event.result
+    return result

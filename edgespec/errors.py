@@ -1,0 +1,25 @@
+"""Errors that reach a user.
+
+Every class here carries a one-line message that names the problem and the
+fix; the CLI and the chat app print ``str(error)`` and never a traceback.
+"""
+
+
+class EdgespecError(Exception):
+    """Base class for errors meant for the user."""
+
+
+class ModelFileError(EdgespecError):
+    """A GGUF file is missing, unreadable, truncated or not GGUF at all."""
+
+
+class ModelLoadError(EdgespecError):
+    """llama.cpp refused to load a model or to create its context."""
+
+
+class VocabMismatchError(EdgespecError):
+    """The draft model's vocabulary is not the target's."""
+
+
+class ContextOverflowError(EdgespecError):
+    """The prompt (or the conversation) does not fit in the context window."""
