@@ -195,7 +195,7 @@ def run_bench(
         if any(c.drafter == "peer" for c in plan):
             from .peer import PromptLookupPeer
 
-            peer = PromptLookupPeer(model, n_ctx=engine.n_ctx, n_threads=n_threads)
+            peer = PromptLookupPeer(engine.target_path, n_ctx=engine.n_ctx, n_threads=n_threads)
         runner = _Runner(engine, peer)
         runner.warm_up(prompts[0], plan)
         runs = []
@@ -217,7 +217,7 @@ def run_bench(
             peer.close()
         engine.close()
     return {
-        "meta": _meta(model, draft, prompts, repeats, temperatures, seed, n_ctx, n_threads, started, runner.rss_scope, peer is not None),
+        "meta": _meta(engine.target_path, engine.draft_path, prompts, repeats, temperatures, seed, n_ctx, n_threads, started, runner.rss_scope, peer is not None),
         "configs": [{"name": c.name, "drafter": c.drafter, "draft_tokens": c.draft_tokens} for c in plan],
         "runs": runs,
         "summary": summarize(runs, plan),
@@ -746,10 +746,6 @@ def add_bench_parser(subparsers) -> None:
 
 
 def handle_bench(args) -> int:
-    from rich.console import Console
-    from rich.text import Text
-
-    errors = Console(stderr=True)
     try:
         if args.plot:
             _pyplot()  # fail before the long part, not after it
@@ -771,7 +767,7 @@ def handle_bench(args) -> int:
                 n_threads=args.threads,
                 max_tokens=args.max_tokens,
                 workloads_dir=args.workloads,
-                on_run=lambda run, done, total: errors.print(_progress_line(run, done, total), highlight=False, markup=False),
+                on_run=lambda run, done, total: print(_progress_line(run, done, total), file=sys.stderr, flush=True),
             )
             print_tables(results)
         if args.json:
@@ -780,10 +776,10 @@ def handle_bench(args) -> int:
             (plot_cost_curve if args.cost_curve else plot_speedups)(results, args.plot)
         return EXIT_OK
     except ExactnessError as err:
-        errors.print(Text.assemble(("edgespec bench: FAILED ", "bold red"), str(err)), highlight=False)
+        print(f"edgespec bench: FAILED: {err}", file=sys.stderr)
         return EXIT_EXACTNESS_FAILED
     except EdgespecError as err:
-        errors.print(f"edgespec bench: {err}", highlight=False, markup=False)
+        print(f"edgespec bench: {err}", file=sys.stderr)
         return EXIT_REFUSED
 
 

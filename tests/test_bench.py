@@ -1,0 +1,224 @@
+"""`edgespec bench` on tiny models: the JSON it writes, its exactness check, its command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import edgespec.engine
+from edgespec import bench
+from tinygguf import write_model_family
+
+CONFIGS = ["baseline", "ngram-k2", "ngram-k4", "draft-model-k3", "peer-k2"]
+RUN_FIELDS = {
+    "suite", "prompt_id", "config", "temperature", "repeat", "seed", "prompt_tokens", "prompt_tokens_evaluated",
+    "tokens_generated", "finish_reason", "prefill_seconds", "decode_seconds", "end_to_end_seconds",
+    "decode_tokens_per_second", "draft_tokens_proposed", "draft_tokens_accepted", "acceptance_rate",
+    "target_forward_passes", "target_passes_per_token", "mean_draft_tokens", "k0_steps", "steps", "token_ids",
+    "text", "peak_rss_mb", "matches_baseline",
+}
+SUMMARY_FIELDS = {
+    "temperature", "suite", "config", "drafter", "draft_tokens", "runs", "prompts", "decode_tps_median",
+    "decode_tps_min", "decode_tps_max", "speedup", "speedup_per_prompt_median", "speedup_per_prompt_q1",
+    "speedup_per_prompt_q3", "acceptance_rate", "target_passes_per_token", "mean_draft_tokens",
+    "prefill_seconds_median", "decode_seconds_median", "end_to_end_seconds_median", "end_to_end_speedup",
+    "baseline_prefill_share", "end_to_end_bound", "peak_rss_mb", "matches_baseline",
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    return write_model_family(tmp_path_factory.mktemp("models"))
+
+
+def quick_bench(models, **overrides) -> dict:
+    options = dict(
+        suites=["code-edit", "chat"], configs=CONFIGS, prompts_per_suite=1, repeats=1,
+        temperatures=[0.0], max_tokens=24, n_ctx=2048, n_threads=1,
+    )
+    options.update(overrides)
+    return bench.run_bench(models["target"], models["draft"], **options)
+
+
+def test_quick_bench_reports_every_field_and_passes_the_exactness_check(models):
+    results = quick_bench(models)
+
+    assert [c["name"] for c in results["configs"]] == CONFIGS
+    runs = results["runs"]
+    assert len(runs) == 2 * len(CONFIGS)  # 2 prompts x 1 repeat
+    for run in runs:
+        assert set(run) == RUN_FIELDS
+        assert run["tokens_generated"] == 24 and run["finish_reason"] == "length"
+        assert run["prompt_tokens_evaluated"] == run["prompt_tokens"]  # a cold cache every run
+        assert run["decode_tokens_per_second"] > 0 and run["peak_rss_mb"] > 0
+    for prompt_id in ("code-edit-01", "chat-01"):
+        base = next(r for r in runs if r["prompt_id"] == prompt_id and r["config"] == "baseline")
+        for run in runs:
+            if run["prompt_id"] == prompt_id and run["config"] != "peer-k2":
+                assert run["matches_baseline"] is True and run["token_ids"] == base["token_ids"]
+    assert any(r["draft_tokens_accepted"] for r in runs if r["config"].startswith("ngram"))
+
+    summary = results["summary"]
+    assert {(r["suite"], r["config"]) for r in summary} == {
+        (suite, config) for suite in ("code-edit", "chat", "all") for config in CONFIGS
+    }
+    for row in summary:
+        assert set(row) == SUMMARY_FIELDS
+        assert row["decode_tps_min"] <= row["decode_tps_median"] <= row["decode_tps_max"]
+    baseline = next(r for r in summary if r["suite"] == "all" and r["config"] == "baseline")
+    assert baseline["speedup"] == pytest.approx(1.0) and baseline["end_to_end_bound"] == pytest.approx(1.0)
+    peer = next(r for r in summary if r["suite"] == "all" and r["config"] == "peer-k2")
+    assert peer["acceptance_rate"] is None and peer["speedup"] > 0
+
+    meta = results["meta"]
+    assert meta["suites"] == {"code-edit": 1, "chat": 1} and meta["repeats"] == 1
+    assert "logits_all=True" in meta["peer_workaround"]
+    assert meta["machine"]["cores"] >= 1
+    json.dumps(results)  # everything is JSON-ready
+
+
+def test_a_mode_that_changes_tokens_fails_the_bench_loudly(models, monkeypatch):
+    real_verify = edgespec.engine.verify
+
+    def faulty_verify(p, draft_tokens, q, rng):
+        verdict = real_verify(p, draft_tokens, q, rng)
+        if not draft_tokens:
+            return verdict  # plain decoding (the baseline) stays right
+        return replace(verdict, next_token=(verdict.next_token + 1) % len(p[0]))
+
+    monkeypatch.setattr(edgespec.engine, "verify", faulty_verify)
+    with pytest.raises(bench.ExactnessError, match=r"draft-model-k3 on code-edit-01 \(T=0, repeat 0\) differs from baseline"):
+        quick_bench(models, configs=["baseline", "draft-model-k3"], suites=["code-edit"])
+
+
+def test_sampled_runs_are_not_held_to_token_equality(models):
+    results = quick_bench(models, configs=["baseline", "ngram-k4"], suites=["chat"], temperatures=[0.7], repeats=2)
+
+    assert {r["seed"] for r in results["runs"]} == {bench.DEFAULT_SEED, bench.DEFAULT_SEED + 1}
+    assert all(r["matches_baseline"] is None for r in results["runs"])
+    assert all(r["matches_baseline"] is None for r in results["summary"])
+
+
+def test_configuration_names():
+    assert bench.parse_config("baseline") == ("baseline", None)
+    assert bench.parse_config("ngram") == ("ngram", None)
+    assert bench.parse_config("ngram-k8") == ("ngram", 8)
+    assert bench.parse_config("draft-model-auto") == ("draft-model", "auto")
+    assert bench.parse_config("peer-k2") == ("peer", 2)
+    for bad in ("peer-auto", "ngram-k0", "baseline-k2", "medusa", "ngram-8"):
+        with pytest.raises(bench.BenchError):
+            bench.parse_config(bad)
+
+
+def test_configurations_resolve_to_distinct_draft_lengths():
+    names = [c.name for c in bench.resolve_configs(bench.DEFAULT_CONFIGS, 4, has_draft=False, explicit=False)]
+    assert names == ["baseline", "ngram-k4", "ngram-k2", "ngram-k8", "peer-k4"]
+    names = [c.name for c in bench.resolve_configs(bench.DEFAULT_CONFIGS, "auto", has_draft=True, explicit=False)]
+    assert names == ["baseline", "ngram-auto", "ngram-k2", "ngram-k4", "ngram-k8", "draft-model-auto", "peer-k4"]
+    assert bench.resolve_configs(["ngram-k2"], 4, False, True)[-1].name == "baseline"  # always measured
+    with pytest.raises(bench.BenchError, match="--draft"):
+        bench.resolve_configs(["draft-model"], 4, has_draft=False, explicit=True)
+
+
+def test_rotation_moves_every_configuration_through_every_slot():
+    plan = bench.resolve_configs(["baseline", "ngram-k2", "ngram-k4"], 4, False, True)
+    orders = [[c.name for c in bench.rotated(plan, i)] for i in range(3)]
+    assert [order[0] for order in orders] == ["baseline", "ngram-k2", "ngram-k4"]
+    assert all(sorted(order) == sorted(orders[0]) for order in orders)
+
+
+def test_end_to_end_bound_follows_the_prefill_share():
+    assert bench.end_to_end_bound(0.2, 2.5) == pytest.approx(1 / (0.2 + 0.8 / 2.5))
+    assert bench.end_to_end_bound(0.0, 3.0) == pytest.approx(3.0)
+    assert bench.end_to_end_bound(1.0, 3.0) == pytest.approx(1.0)
+
+
+def test_workload_suites_are_complete_and_well_formed():
+    prompts = bench.load_workloads()
+    for suite in bench.SUITES:
+        mine = [p for p in prompts if p.suite == suite]
+        assert len(mine) >= 12, suite
+        assert len({p.id for p in mine}) == len(mine)
+        assert all(p.id.startswith(suite + "-") and p.max_tokens > 0 and p.prompt.strip() for p in mine)
+    for p in prompts:
+        if p.suite in ("summarize", "qa-context"):
+            passage = max(p.prompt.split("\n\n"), key=len)
+            assert 150 <= len(passage.split()) <= 300, p.id
+        if p.suite == "code-edit":
+            code = p.prompt.split("```")[1]
+            assert 10 <= len(code.strip().splitlines()) <= 31, p.id
+
+
+def test_batch_file_is_thirty_openai_batch_requests():
+    lines = (bench.WORKLOADS_DIR.parent / "batch-30.jsonl").read_text(encoding="utf-8").splitlines()
+    requests = [json.loads(line) for line in lines]
+    assert len(requests) == 30 and len({r["custom_id"] for r in requests}) == 30
+    for r in requests:
+        assert r["method"] == "POST" and r["url"] == "/v1/chat/completions"
+        assert r["body"]["messages"][-1]["role"] == "user" and r["body"]["max_tokens"] > 0
+
+
+def test_bad_workload_line_names_the_file_and_line(tmp_path):
+    (tmp_path / "chat.jsonl").write_text('{"id": "chat-01", "prompt": "hi"}\n{"prompt": "no id"}\n')
+    with pytest.raises(bench.BenchError, match=r"chat.jsonl:2"):
+        bench.load_workloads(["chat"], directory=tmp_path)
+    with pytest.raises(bench.BenchError, match="no workload file"):
+        bench.load_workloads(["poetry"], directory=tmp_path)
+
+
+def bench_cli(*argv) -> int:
+    parser = argparse.ArgumentParser(prog="edgespec")
+    bench.add_bench_parser(parser.add_subparsers())
+    args = parser.parse_args(["bench", *map(str, argv)])
+    return args.handler(args)
+
+
+def test_command_writes_json_and_prints_the_table(models, tmp_path, capsys):
+    out = tmp_path / "results.json"
+    code = bench_cli("--model", models["target"], "--suites", "creative", "--configs", "baseline,ngram-k2",
+                     "--prompts", "1", "--repeats", "1", "--temperature", "0", "--max-tokens", "12",
+                     "--threads", "1", "--json", out)
+    assert code == bench.EXIT_OK
+    results = json.loads(out.read_text())
+    assert [c["name"] for c in results["configs"]] == ["baseline", "ngram-k2"]
+    captured = capsys.readouterr()
+    assert "ngram-k2" in captured.out and "creative" in captured.out
+    assert "[2/2]" in captured.err  # progress
+
+
+def test_command_exits_non_zero_on_an_exactness_failure(models, monkeypatch, capsys):
+    real_verify = edgespec.engine.verify
+
+    def faulty_verify(p, draft_tokens, q, rng):
+        verdict = real_verify(p, draft_tokens, q, rng)
+        return replace(verdict, next_token=(verdict.next_token + 1) % len(p[0])) if draft_tokens else verdict
+
+    monkeypatch.setattr(edgespec.engine, "verify", faulty_verify)
+    code = bench_cli("--model", models["target"], "--draft", models["draft"], "--suites", "chat",
+                     "--configs", "baseline,draft-model-k2", "--prompts", "1", "--repeats", "1",
+                     "--temperature", "0", "--max-tokens", "12", "--threads", "1")
+    assert code == bench.EXIT_EXACTNESS_FAILED
+    err = capsys.readouterr().err
+    assert "FAILED" in err and "draft-model-k2 on chat-01" in err and "Traceback" not in err
+
+
+def test_plot_without_matplotlib_is_refused_before_running(models, monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    code = bench_cli("--model", models["target"], "--plot", tmp_path / "speedup.png")
+    assert code == bench.EXIT_REFUSED
+    assert "pip install 'edgespec[bench]'" in capsys.readouterr().err
+    assert not (tmp_path / "speedup.png").exists()
+
+
+def test_cost_curve_times_every_width(models):
+    results = bench.run_cost_curve(models["target"], max_tokens=6, repeats=2, n_threads=1)
+    points = results["cost_curve"]
+    assert [p["tokens"] for p in points] == [1, 2, 3, 4, 5, 6]
+    assert points[0]["relative_to_one"] == pytest.approx(1.0)
+    assert all(p["min_ms"] <= p["median_ms"] <= p["max_ms"] for p in points)
+    assert results["meta"]["context_tokens"] > 100
