@@ -1,0 +1,260 @@
+"""Times one target pass over n tokens, n = 1..max_width, and caches the curve per model and machine.
+
+The engine supplies `measure(n) -> seconds`: one forward pass over n tokens that returns n rows
+of logits (as verification does), with the KV cache restored afterwards. Widths are measured in
+the order the controller needs them most, within a time budget, and the rest is interpolated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import platformdirs
+
+# Every width up to 4 (where drafts usually land on a CPU), then sizes around which llama.cpp's
+# batched kernels change; widths in between are interpolated. On Qwen2.5-Coder-1.5B with 2 CPU
+# threads (T(1) ~ 90 ms) one pass over 1..16 takes ~1.9 s, inside the default budget.
+PLANNED_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Widths measured even past the budget: without them the controller has nothing to choose from.
+ALWAYS_MEASURED = 4
+MAX_AGE_DAYS = 30.0
+CACHE_VERSION = 1
+
+
+def measure_curve(
+    measure: Callable[[int], float],
+    max_width: int,
+    *,
+    repeats: int = 3,
+    budget_seconds: float = 2.0,
+) -> tuple[float, ...]:
+    """Seconds per target pass for n = 1..N, N <= max_width, from the medians of `measure`.
+
+    One pass over all planned widths comes first, narrowest first, then up to `repeats - 1`
+    more; the next measurement is skipped once the time measured so far plus its expected
+    time would pass `budget_seconds`, except that widths up to ALWAYS_MEASURED are always
+    measured once. Narrow widths, the ones that matter most, get the repeats. A spike in a
+    width measured once makes it look dearer, never cheaper, so the controller shuns it rather
+    than over-drafting. The curve ends at the widest width measured; CostModel extrapolates
+    beyond it.
+    """
+    if max_width < 1 or repeats < 1:
+        raise ValueError(f"need max_width >= 1 and repeats >= 1, got {max_width}, {repeats}")
+    widths = sorted({w for w in PLANNED_WIDTHS if w < max_width} | {max_width})
+    # The first pass after loading pages the weights in; it would say nothing about later ones.
+    spent = _checked(measure(1), 1)
+    samples: dict[int, list[float]] = {}
+    for round_ in range(repeats):
+        for width in widths:
+            if round_ > 0 and width not in samples:
+                break  # a width skipped in the first round stays skipped
+            required = round_ == 0 and width <= ALWAYS_MEASURED
+            if not required and spent + _expected_seconds(samples, width) > budget_seconds:
+                break
+            seconds = _checked(measure(width), width)
+            samples.setdefault(width, []).append(seconds)
+            spent += seconds
+    medians = {w: statistics.median(s) for w, s in samples.items()}
+    measured = sorted(medians)
+    dense = np.interp(np.arange(1, measured[-1] + 1), measured, [medians[w] for w in measured])
+    return tuple(float(s) for s in dense)
+
+
+def _expected_seconds(samples: dict[int, list[float]], width: int) -> float:
+    if width in samples:
+        return statistics.median(samples[width])
+    widest = max(samples)
+    return statistics.median(samples[widest]) * width / widest
+
+
+def _checked(seconds: float, width: int) -> float:
+    seconds = float(seconds)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"measure({width}) returned {seconds!r}; it must return elapsed seconds > 0")
+    return seconds
+
+
+# -- cache ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CalibrationKey:
+    """What a measured curve depends on: the model file, how it runs, and the machine."""
+
+    model_path: str
+    model_size: int
+    model_mtime_ns: int
+    n_gpu_layers: int
+    n_threads: int
+    machine: str
+    cpu_model: str
+    cpu_count: int
+    runtime: str = ""  # e.g. the llama.cpp build: new kernels change the curve
+
+    @classmethod
+    def for_model(cls, model_path: str | os.PathLike, n_gpu_layers: int, n_threads: int, runtime: str = ""):
+        path = Path(model_path).resolve()
+        stat = path.stat()
+        return cls(
+            model_path=str(path),
+            model_size=stat.st_size,
+            model_mtime_ns=stat.st_mtime_ns,
+            n_gpu_layers=n_gpu_layers,
+            n_threads=n_threads,
+            machine=platform.machine(),
+            cpu_model=cpu_model(),
+            cpu_count=os.cpu_count() or 0,
+            runtime=runtime,
+        )
+
+    def digest(self) -> str:
+        text = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                # x86 says "model name"; many ARM kernels say "Hardware" or "Processor".
+                if name.strip() in ("model name", "Hardware", "Processor") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def cache_dir() -> Path:
+    override = os.environ.get("EDGESPEC_CACHE_DIR")
+    return Path(override) if override else Path(platformdirs.user_cache_dir("edgespec"))
+
+
+class CalibrationCache:
+    """Measured curves in one JSON file, keyed by CalibrationKey.
+
+    The cache only saves time: an unreadable or unwritable file means measuring again, never an
+    error. Writes go through a temporary file and a rename, so a reader never sees half a file.
+    """
+
+    def __init__(self, path: Path | None = None, max_age_days: float = MAX_AGE_DAYS) -> None:
+        self.path = path if path is not None else cache_dir() / "calibration.json"
+        self.max_age_seconds = max_age_days * 86400.0
+
+    def load(self, key: CalibrationKey, max_width: int, now: float | None = None) -> tuple[float, ...] | None:
+        """The cached curve, or None when missing, marked stale, too old, or measured for a
+        narrower max_width than asked for."""
+        now = time.time() if now is None else now
+        entry = self._read().get(key.digest())
+        try:
+            age = now - float(entry["measured_at"])
+            fresh = not entry["stale"] and 0 <= age <= self.max_age_seconds
+            if fresh and int(entry["max_width"]) >= max_width:
+                return tuple(float(s) for s in entry["forward_seconds"])
+        except (TypeError, KeyError, ValueError):
+            pass  # missing or hand-edited entry: measure again
+        return None
+
+    def store(self, key: CalibrationKey, max_width: int, forward_seconds: tuple[float, ...], now: float | None = None) -> None:
+        entries = self._read()
+        entries[key.digest()] = {
+            "key": asdict(key),
+            "max_width": max_width,
+            "forward_seconds": list(forward_seconds),
+            "measured_at": time.time() if now is None else now,
+            "stale": False,
+        }
+        self._write(entries)
+
+    def mark_stale(self, key: CalibrationKey) -> None:
+        entries = self._read()
+        if key.digest() in entries:
+            entries[key.digest()]["stale"] = True
+            self._write(entries)
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+            return {}
+        entries = data.get("entries")
+        return entries if isinstance(entries, dict) else {}
+
+    def _write(self, entries: dict) -> None:
+        text = json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1)
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+
+
+def load_or_measure(
+    key: CalibrationKey,
+    measure: Callable[[int], float],
+    max_width: int,
+    cache: CalibrationCache | None = None,
+    now: float | None = None,
+) -> tuple[float, ...]:
+    """The cached curve for `key`, or a fresh measurement that is then cached."""
+    cache = cache if cache is not None else CalibrationCache()
+    curve = cache.load(key, max_width, now)
+    if curve is None:
+        curve = measure_curve(measure, max_width)
+        cache.store(key, max_width, curve, now)
+    return curve
+
+
+class StepTimeWatch:
+    """Compares target pass times seen during generation with the cached curve, and marks the
+    cache entry stale when they disagree, so the next load measures again.
+
+    Disagreement is the median of observed / cached over the last `window` passes leaving
+    [1 / (1 + tolerance), 1 + tolerance]. The default 0.5 tolerates what longer contexts and
+    a busy machine do to a pass (tens of percent) but catches a changed machine, thread count
+    or offload, which move it by more.
+    """
+
+    def __init__(
+        self,
+        cache: CalibrationCache,
+        key: CalibrationKey,
+        forward_seconds: tuple[float, ...],
+        tolerance: float = 0.5,
+        min_samples: int = 16,
+        window: int = 64,
+    ) -> None:
+        self.cache = cache
+        self.key = key
+        self.forward_seconds = forward_seconds
+        self.tolerance = tolerance
+        self.min_samples = min_samples
+        self.window = window
+        self.drifted = False
+        self._ratios: list[float] = []
+
+    def observe(self, width: int, seconds: float) -> None:
+        if self.drifted or not 1 <= width <= len(self.forward_seconds):
+            return
+        self._ratios.append(seconds / self.forward_seconds[width - 1])
+        del self._ratios[: -self.window]
+        if len(self._ratios) < self.min_samples:
+            return
+        ratio = statistics.median(self._ratios)
+        if not 1 / (1 + self.tolerance) <= ratio <= 1 + self.tolerance:
+            self.drifted = True
+            self.cache.mark_stale(self.key)
