@@ -18,6 +18,7 @@ forces is kept, with a warning when it exceeds the budget.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -179,55 +180,40 @@ def plan(
     n_ctx = n_ctx if n_ctx > 0 else target.context_length
     on_gpu = gpu_offload and budget.kind != "cpu"
     available = budget.available_bytes
-
-    def size(info: GGUFInfo, role: str, gpu_layers: int) -> ModelMemory:
-        return model_memory(info, role, gpu_layers=gpu_layers, on_gpu=on_gpu, n_ctx=n_ctx,
-                            kv_type=kv_type, n_batch=n_batch, n_outputs=n_outputs)
-
-    def largest_fit(info: GGUFInfo, role: str, room: int) -> ModelMemory:
-        for layers in range(info.n_layer + 1, -1, -1):
-            part = size(info, role, layers)
-            if part.budget_bytes <= room:
-                return part
-        return size(info, role, 0)
+    size = functools.partial(model_memory, on_gpu=on_gpu, n_ctx=n_ctx, kv_type=kv_type,
+                             n_batch=n_batch, n_outputs=n_outputs)
 
     warnings = []
     if not on_gpu and (force_gpu_layers or force_draft_gpu_layers):
         warnings.append("no GPU offload here, so --gpu-layers and --draft-gpu-layers are ignored")
 
-    full_target = size(target, "target", target.n_layer + 1)
-    if not on_gpu or force_gpu_layers is None:
-        target_part = largest_fit(target, "target", available) if on_gpu else full_target
+    full_target = size(target, "target", gpu_layers=target.n_layer + 1)
+    if not on_gpu:
+        target_part = full_target
+    elif force_gpu_layers is None:
+        target_part = _largest_fit(size, target, "target", available)
     else:
-        target_part = size(target, "target", _all_layers(force_gpu_layers, target))
+        target_part = size(target, "target", gpu_layers=_requested_layers(force_gpu_layers, target))
     target_partial = on_gpu and force_gpu_layers is None and target_part.gpu_layers < full_target.gpu_layers
     placement = _placement(target_part, full_target, budget, on_gpu, gpu_offload)
 
     room = available - target_part.budget_bytes
-    draft_part = None
     if force_mode in ("ngram", "none"):
-        mode, drafting = force_mode, f"{'n-gram drafting' if force_mode == 'ngram' else 'no drafting'} as asked"
+        mode, draft_part = force_mode, None
+        drafting = f"{'n-gram drafting' if force_mode == 'ngram' else 'no drafting'} as asked"
     elif draft is None:
-        mode, drafting = "ngram", "no draft model given, so n-gram drafting (it needs no memory)"
+        mode, draft_part, drafting = "ngram", None, "no draft model given, so n-gram drafting (it needs no memory)"
     elif force_mode == "draft-model" or (on_gpu and force_draft_gpu_layers is not None):
         if on_gpu and force_draft_gpu_layers is not None:
-            draft_part = size(draft, "draft", _all_layers(force_draft_gpu_layers, draft))
+            draft_part = size(draft, "draft", gpu_layers=_requested_layers(force_draft_gpu_layers, draft))
         else:
-            draft_part = largest_fit(draft, "draft", room) if on_gpu else size(draft, "draft", 0)
+            draft_part = _largest_fit(size, draft, "draft", room) if on_gpu else size(draft, "draft", gpu_layers=0)
         mode, drafting = "draft-model", "the draft model as asked"
     elif target_partial:
-        mode, drafting = "ngram", "no room for the draft model, so n-gram drafting"
+        mode, draft_part, drafting = "ngram", None, "no room for the draft model, so n-gram drafting"
     else:
-        full_draft = size(draft, "draft", draft.n_layer + 1)
-        both = target_part.budget_bytes + full_draft.budget_bytes
-        if full_draft.budget_bytes <= room:
-            draft_part = full_draft
-            mode, drafting = "draft-model", f"the draft model fits next to it ({format_size(both)} in all)"
-        else:
-            mode, drafting = "ngram", (
-                f"target + draft need {format_size(both)}, more than {format_size(available)}, "
-                "so n-gram drafting instead of the draft model"
-            )
+        mode, draft_part, drafting = _draft_if_it_fits(size(draft, "draft", gpu_layers=draft.n_layer + 1),
+                                                       target_part, available)
 
     parts = (target_part,) if draft_part is None else (target_part, draft_part)
     total = sum(part.budget_bytes for part in parts)
@@ -235,7 +221,8 @@ def plan(
     if not fits:
         # The automatic choices never add a draft that does not fit, so an
         # unforced plan can only miss the budget through the target alone.
-        forced = force_gpu_layers is not None or force_draft_gpu_layers is not None or force_mode == "draft-model"
+        forced = force_mode == "draft-model" or (
+            on_gpu and (force_gpu_layers is not None or force_draft_gpu_layers is not None))
         where = "GPU memory" if on_gpu else "RAM"
         warnings.append(
             f"{'the forced plan' if forced else 'the target alone'} needs {format_size(total)} but "
@@ -311,6 +298,26 @@ def _layers_text(part: ModelMemory, device: str) -> str:
     return f"{part.gpu_layers} of {part.n_layer}"
 
 
+def _largest_fit(size, info: GGUFInfo, role: str, room: int) -> ModelMemory:
+    """The model with as many GPU layers as fit in room (none, if not even one does)."""
+    for layers in range(info.n_layer + 1, 0, -1):
+        part = size(info, role, gpu_layers=layers)
+        if part.budget_bytes <= room:
+            return part
+    return size(info, role, gpu_layers=0)
+
+
+def _draft_if_it_fits(full_draft: ModelMemory, target_part: ModelMemory,
+                      available: int) -> tuple[str, ModelMemory | None, str]:
+    both = target_part.budget_bytes + full_draft.budget_bytes
+    if both <= available:
+        return "draft-model", full_draft, f"the draft model fits next to it ({format_size(both)} in all)"
+    return "ngram", None, (
+        f"target + draft need {format_size(both)}, more than {format_size(available)}, "
+        "so n-gram drafting instead of the draft model"
+    )
+
+
 def _placement(target_part: ModelMemory, full_target: ModelMemory, budget: MemoryBudget,
                on_gpu: bool, gpu_offload: bool) -> str:
     if not on_gpu:
@@ -325,7 +332,7 @@ def _placement(target_part: ModelMemory, full_target: ModelMemory, budget: Memor
     )
 
 
-def _all_layers(requested: int, info: GGUFInfo) -> int:
+def _requested_layers(requested: int, info: GGUFInfo) -> int:
     """A user's layer count in llama.cpp terms: negative or too large means everything."""
     return info.n_layer + 1 if requested < 0 or requested > info.n_layer else requested
 

@@ -26,7 +26,6 @@ from edgespec.planner import (
 from tinygguf import write_model_family
 
 MiB = 1024**2
-GiB = 1024**3
 
 # Header of qwen2.5-coder-1.5b-instruct-q4_k_m.gguf (1,117,320,768 bytes, the
 # catalog's qwen2.5-coder-1.5b-instruct), read with edgespec.gguf_info on the
