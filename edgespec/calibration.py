@@ -200,7 +200,10 @@ class CalibrationCache:
             tmp.write_text(text, encoding="utf-8")
             os.replace(tmp, self.path)
         except OSError:
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 def load_or_measure(
