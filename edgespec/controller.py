@@ -149,11 +149,7 @@ class DraftLengthController:
         self._schedules: dict[tuple[str, int], _ProbeSchedule] = {}
         self._probing: tuple[str, int] | None = None
         self._thresholds: tuple[float, ...] = ()
-        self._steps = 0
-        self._k_total = 0
-        self._k0_steps = 0
-        self._probe_steps = 0
-        self._unavailable_steps = 0
+        self.reset_stats()
 
     # -- acceptance estimates -------------------------------------------------------------
 
@@ -285,8 +281,19 @@ class DraftLengthController:
         if probing and accepted == proposed:
             self._schedules[key].due = True
 
+    def reset_stats(self) -> None:
+        """Start counting steps afresh (e.g. per generation); the estimates are kept."""
+        self._steps = 0
+        self._k_total = 0
+        self._k0_steps = 0
+        self._probe_steps = 0
+        self._unavailable_steps = 0
+
     @property
     def stats(self) -> dict:
+        """steps: choose() calls; mean_k: mean chosen k over them; k0_steps: steps that fell
+        back to plain decoding although drafting was possible; probe_steps: probes;
+        unavailable_steps: steps with nothing to draft (available == 0)."""
         return {
             "steps": self._steps,
             "mean_k": self._k_total / self._steps if self._steps else 0.0,

@@ -311,3 +311,12 @@ def test_fixed_p_min_replaces_the_tuned_value_but_not_for_probes():
         ctl.update("draft-model", 0, 0)
     assert k == 1
     assert ctl.p_min(1) == 0.0
+
+
+def test_reset_stats_keeps_what_was_learned():
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
+    run(ctl, "ngram", always_wrong, 30)
+    assert ctl.stats["k0_steps"] > 0
+    ctl.reset_stats()
+    assert ctl.stats == {"steps": 0, "mean_k": 0.0, "k0_steps": 0, "probe_steps": 0, "unavailable_steps": 0}
+    assert ctl.acceptance("ngram")[0] < 0.3
