@@ -1,5 +1,7 @@
 """edgespec: exact speculative decoding for local GGUF models."""
 
+__version__ = "0.1.0"
+
 from .engine import Done, Engine, GenerationResult, Step, Token
 from .errors import EdgespecError
 from .sampling import SamplingParams

@@ -41,6 +41,10 @@ llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
 
 
+# What a calibrated cost curve depends on besides the model and the machine.
+RUNTIME = f"llama-cpp-python {llama_cpp.__version__}"
+
+
 def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
@@ -85,7 +89,8 @@ class LlamaModel:
         self._model = self._load_model(n_gpu_layers)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self._ctx = self._create_context(n_ctx, n_batch, n_threads or default_threads())
+        self.n_threads = n_threads or default_threads()
+        self._ctx = self._create_context(n_ctx, n_batch, self.n_threads)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = n_batch
         self.n_gpu_layers = n_gpu_layers

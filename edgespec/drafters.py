@@ -15,6 +15,7 @@ engine never has to tell them what was accepted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -117,10 +118,12 @@ class DraftModelDrafter:
 
     name = "draft-model"
 
-    def __init__(self, model: LlamaModel, n_vocab: int, p_min: float = 0.0):
+    def __init__(self, model: LlamaModel, n_vocab: int):
         self.model = model
         self.n_vocab = n_vocab  # the target's: q rows must line up with p rows
-        self.p_min = p_min
+        # Like llama.cpp's p_min: stop drafting before position i (1-based) when
+        # the draft's own top probability is below stop_threshold(i).
+        self.stop_threshold: Callable[[int], float] = lambda position: 0.0
 
     @property
     def forward_passes(self) -> int:
@@ -138,7 +141,8 @@ class DraftModelDrafter:
         tokens, rows = [], []
         for i in range(k):
             logits = self._fit_vocab(logits)
-            if self.p_min > 0.0 and _top_probability(logits) < self.p_min:
+            threshold = self.stop_threshold(i + 1)
+            if threshold > 0.0 and _top_probability(logits) < threshold:
                 break
             q = to_probs(logits, params)
             token = sample(q, rng)

