@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from edgespec.cli import add_engine_options, add_sampling_options, load_engine, sampling_params
 from edgespec.engine import Done
 from edgespec.errors import ContextOverflowError, EdgespecError
 
@@ -571,21 +572,9 @@ def add_batch_parser(subparsers) -> None:
     parser.add_argument("input", type=Path, metavar="IN", help="batch input, JSONL")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="OUT", help="batch output, JSONL (appended)")
     parser.add_argument("--summary", type=Path, metavar="FILE", help="also write the summary as JSON to FILE")
-    _add_model_flags(parser)
-    parser.set_defaults(handler=handle_batch)
-
-
-def _add_model_flags(parser) -> None:
-    parser.add_argument("--model", required=True, help="target model, a GGUF file")
-    parser.add_argument("--draft", default=None, help='draft model GGUF, "ngram" or "none" (default: none)')
-    parser.add_argument("--draft-tokens", type=int, default=4, help="tokens drafted per step (default: 4)")
-    parser.add_argument("--n-ctx", type=int, default=4096, help="context length (default: 4096)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="default max_tokens per request (default: 256)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="default temperature; 0 is greedy")
-    parser.add_argument("--top-k", type=int, default=40, help="top-k filter; 0 is off (default: 40)")
-    parser.add_argument("--top-p", type=float, default=0.95, help="default top-p; 1.0 is off (default: 0.95)")
-    parser.add_argument("--min-p", type=float, default=0.05, help="min-p filter; 0 is off (default: 0.05)")
-    parser.add_argument("--seed", type=int, default=None, help="default sampling seed")
+    add_engine_options(parser)
+    add_sampling_options(parser, max_tokens=256)
+    parser.set_defaults(func=handle_batch)
 
 
 def handle_batch(args) -> int:
@@ -604,6 +593,8 @@ def _resume_hint(args) -> str:
 
 
 def _batch_command(args) -> int:
+    if args.output.exists() and args.output.resolve() == args.input.resolve():
+        raise BatchInputError(f"the output file is the input file ({args.input}); give -o a new path")
     entries = read_requests(args.input)
     if not entries:
         raise BatchInputError(f"{args.input} holds no requests; put one request per line")
@@ -635,17 +626,8 @@ def _warn_foreign_records(entries, finished: dict[str, dict], out_path: Path) ->
 
 
 def _run_with_engine(args, entries, finished, resumed) -> RunTally:
-    from edgespec import Engine, SamplingParams
-
-    params = SamplingParams(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-    )
-    engine = Engine.load(target=args.model, draft=args.draft, n_ctx=args.n_ctx, draft_tokens=args.draft_tokens)
+    params = sampling_params(args)
+    engine = load_engine(args)
     writer = RecordWriter(args.output)
     interrupt = Interrupt()
     try:

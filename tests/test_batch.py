@@ -55,12 +55,14 @@ def run_cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="edgespec")
     batch.add_batch_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.handler(args)
+    return args.func(args)
 
 
 def batch_argv(models, source: Path, out: Path, *extra: str) -> list[str]:
     return ["batch", str(source), "-o", str(out), "--model", str(models["target"]),
-            "--draft", str(models["draft"]), "--temperature", "0", "--max-tokens", "8", *extra]
+            "--draft", str(models["draft"]), "--draft-tokens", "4", "--temperature", "0", "--max-tokens", "8",
+            # One thread: a tiny model gains nothing from more, and spinning threads crawl on a busy machine.
+            "--threads", "1", *extra]
 
 
 def assert_openai_success(record: dict, custom_id: str) -> None:
@@ -290,12 +292,12 @@ def line_count(path: Path) -> int:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_cli_stopped_mid_run_then_rerun_completes(models, tmp_path, sig):
-    # Plain prompts, 60 tokens each: the batch runs long enough (about half a
+    # Plain prompts, 80 tokens each: the batch runs long enough (about half a
     # second on an idle machine) to be stopped from outside once two results are on disk.
     lines = [json.dumps(f"Hello the cat {i}") for i in range(12)]
     source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
     command = edgespec_command() + batch_argv(models, source, out)
-    command[command.index("--max-tokens") + 1] = "60"
+    command[command.index("--max-tokens") + 1] = "80"
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while line_count(out) < 2:
