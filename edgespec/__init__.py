@@ -5,5 +5,6 @@ __version__ = "0.1.0"
 from .engine import Done, Engine, GenerationResult, Step, Token
 from .errors import EdgespecError
 from .sampling import SamplingParams
+from .session import ChatSession, Notice
 
-__all__ = ["Done", "EdgespecError", "Engine", "GenerationResult", "SamplingParams", "Step", "Token"]
+__all__ = ["ChatSession", "Done", "Notice", "EdgespecError", "Engine", "GenerationResult", "SamplingParams", "Step", "Token"]

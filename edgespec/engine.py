@@ -329,7 +329,7 @@ class Engine:
     # -- generation ----------------------------------------------------------
 
     def generate(self, prompt: str, params: SamplingParams, raw: bool = False, cancel=None) -> GenerationResult:
-        return _last_result(self.stream(prompt, params, raw=raw, cancel=cancel))
+        return result_of(self.stream(prompt, params, raw=raw, cancel=cancel))
 
     def stream(self, prompt: str, params: SamplingParams, raw: bool = False, cancel=None) -> Iterator[Step | Done]:
         return self.stream_tokens(self.prompt_tokens(prompt, raw), params, cancel=cancel)
@@ -463,7 +463,8 @@ class _LazyRows:
         return row
 
 
-def _last_result(events: Iterator[Step | Done]) -> GenerationResult:
+def result_of(events: Iterator) -> GenerationResult:
+    """Run a stream of events to its end and return the result it finished with."""
     result = None
     for event in events:
         if isinstance(event, Done):

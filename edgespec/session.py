@@ -1,0 +1,182 @@
+"""Multi-turn chat over one engine, reusing the KV caches between turns.
+
+Each turn renders the whole conversation with the model's chat template and
+tokenizes it afresh, so the prompt is a function of the messages alone: a
+resumed, edited or reloaded conversation gives exactly the tokens a fresh
+session would.  The engine keeps what its caches share with that prompt (the
+longest common token prefix, target and draft alike) and decodes only the
+rest; an edit anywhere rolls the caches back to the first changed token.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from dataclasses import asdict, dataclass, replace
+from typing import Iterator
+
+from .engine import Done, Engine, GenerationResult, Step, result_of
+from .errors import ContextOverflowError, EdgespecError
+from .sampling import SamplingParams
+
+CONTEXT_POLICIES = ("drop-oldest", "error")
+SESSION_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should know about this turn, e.g. turns dropped to fit the context."""
+
+    text: str
+
+
+class ChatSession:
+    """A conversation: messages in, streamed replies out.
+
+    Context policy when the next turn would not fit in n_ctx:
+    - "drop-oldest": leave the oldest user/assistant turns out of what the
+      model sees (the system prompt always stays), and say so in a Notice.
+      They stay in ``messages``; a message is never cut in the middle.
+    - "error": raise ContextOverflowError and change nothing.
+    Either way a turn needs room for its reply: the prompt must leave at least
+    min(max_tokens, n_ctx // 4) tokens free.
+    """
+
+    def __init__(self, engine: Engine, system_prompt: str | None = None, context_policy: str = "drop-oldest"):
+        if context_policy not in CONTEXT_POLICIES:
+            raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}")
+        self.engine = engine
+        self.system_prompt = system_prompt
+        self.context_policy = context_policy
+        self.messages: list[dict] = []
+        self.turn_stats: list[dict] = []
+        self.params: SamplingParams | None = None
+        self.first_visible = 0  # messages before this index were dropped from the model's view
+        self._cancel = threading.Event()
+
+    # -- turns ---------------------------------------------------------------
+
+    def send(self, text: str, params: SamplingParams) -> GenerationResult:
+        return result_of(self.stream(text, params))
+
+    def stream(self, text: str, params: SamplingParams) -> Iterator[Step | Done | Notice]:
+        self.messages.append({"role": "user", "content": text})
+        try:
+            prompt_ids, notice = self._prompt_for_reply(params)
+        except EdgespecError:
+            self.messages.pop()
+            raise
+        return self._reply(prompt_ids, notice, params)
+
+    def regenerate(self, params: SamplingParams) -> GenerationResult:
+        return result_of(self.stream_regenerate(params))
+
+    def stream_regenerate(self, params: SamplingParams) -> Iterator[Step | Done | Notice]:
+        """Drop the last reply and sample a new one with a new seed."""
+        if not self.messages or self.messages[-1]["role"] != "assistant":
+            raise EdgespecError("there is no reply to regenerate (send a message first)")
+        self.messages.pop()
+        self.turn_stats.pop()
+        return self.stream_reply(replace(params, seed=secrets.randbits(32)))
+
+    def stream_reply(self, params: SamplingParams) -> Iterator[Step | Done | Notice]:
+        """Reply to the conversation as it stands (after an edit, say)."""
+        if not self.messages or self.messages[-1]["role"] != "user":
+            raise EdgespecError("the conversation does not end with a user message")
+        prompt_ids, notice = self._prompt_for_reply(params)
+        return self._reply(prompt_ids, notice, params)
+
+    def cancel(self) -> None:
+        """Stop the reply being generated (from any thread) after the current step."""
+        self._cancel.set()
+
+    # -- edits ---------------------------------------------------------------
+
+    def set_system_prompt(self, text: str | None) -> None:
+        self.system_prompt = text or None
+
+    def edit_user_message(self, index: int, text: str) -> None:
+        """Replace message `index` (a user message) and forget everything after it."""
+        if not 0 <= index < len(self.messages) or self.messages[index]["role"] != "user":
+            raise EdgespecError(f"message {index} is not a user message")
+        self.messages[index] = {"role": "user", "content": text}
+        del self.messages[index + 1 :]
+        self.turn_stats = [s for s in self.turn_stats if s["message_index"] < index]
+        self.first_visible = min(self.first_visible, index)
+
+    def reset(self) -> None:
+        self.messages, self.turn_stats, self.first_visible = [], [], 0
+
+    # -- rendering and the context window ---------------------------------------
+
+    def visible_messages(self) -> list[dict]:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        turns = [{"role": m["role"], "content": m["content"]} for m in self.messages[self.first_visible :]]
+        return system + turns
+
+    def _prompt_for_reply(self, params: SamplingParams) -> tuple[list[int], Notice | None]:
+        reserve = min(params.max_tokens, self.engine.n_ctx // 4)
+        dropped = 0
+        while True:
+            prompt_ids = self.engine.chat_tokens(self.visible_messages())
+            if len(prompt_ids) + reserve <= self.engine.n_ctx:
+                break
+            next_turn = self._next_turn_start()
+            if self.context_policy == "error" or next_turn is None:
+                self.first_visible -= dropped
+                raise ContextOverflowError(
+                    f"the conversation needs {len(prompt_ids)} tokens plus {reserve} for the reply, "
+                    f"but the context holds {self.engine.n_ctx} (start a new chat, shorten the message, or raise --n-ctx)"
+                )
+            dropped += next_turn - self.first_visible
+            self.first_visible = next_turn
+        notice = None
+        if dropped:
+            notice = Notice(f"left the oldest {dropped} message(s) out of the model's view to fit the {self.engine.n_ctx}-token context")
+        return prompt_ids, notice
+
+    def _next_turn_start(self) -> int | None:
+        """Index of the second visible user message: dropping up to it drops one whole turn."""
+        users = [i for i in range(self.first_visible, len(self.messages)) if self.messages[i]["role"] == "user"]
+        return users[1] if len(users) > 1 else None
+
+    def _reply(self, prompt_ids, notice, params) -> Iterator[Step | Done | Notice]:
+        self.params = params
+        self._cancel.clear()
+        if notice is not None:
+            yield notice
+        for event in self.engine.stream_tokens(prompt_ids, params, cancel=self._cancel):
+            if isinstance(event, Done):
+                self._record(event.result)
+            yield event
+
+    def _record(self, result: GenerationResult) -> None:
+        message = {"role": "assistant", "content": result.text}
+        if result.finish_reason == "cancelled":
+            message["cancelled"] = True
+        self.messages.append(message)
+        self.turn_stats.append({"message_index": len(self.messages) - 1, **result.stats})
+
+    # -- persistence ---------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {
+            "format": SESSION_FORMAT,
+            "system_prompt": self.system_prompt,
+            "context_policy": self.context_policy,
+            "messages": [dict(m) for m in self.messages],
+            "first_visible": self.first_visible,
+            "turn_stats": [dict(s) for s in self.turn_stats],
+            "params": asdict(self.params) if self.params else None,
+            "mode": self.engine.mode,
+        }
+
+    @classmethod
+    def from_dict(cls, engine: Engine, data: dict) -> "ChatSession":
+        session = cls(engine, data.get("system_prompt"), data.get("context_policy", "drop-oldest"))
+        session.messages = [dict(m) for m in data.get("messages", [])]
+        session.first_visible = data.get("first_visible", 0)
+        session.turn_stats = [dict(s) for s in data.get("turn_stats", [])]
+        if data.get("params"):
+            session.params = SamplingParams(**{**data["params"], "stop": tuple(data["params"].get("stop", ()))})
+        return session

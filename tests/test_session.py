@@ -1,0 +1,134 @@
+"""Multi-turn chat: KV reuse that never changes the output, cancel, context policy, persistence."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from edgespec import ChatSession, Done, Engine, Notice, SamplingParams, Step
+from edgespec.errors import ContextOverflowError
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+TURNS = ["the cat sat on the mat", "and then the dog came in", "tell me about the cat again"]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_models):
+    """One engine for the sessions under test, one kept apart for fresh reference sessions."""
+    reused = Engine.load(tiny_models["target"], tiny_models["draft"], n_ctx=512, draft_tokens=3)
+    fresh = Engine.load(tiny_models["target"], "none", n_ctx=512, draft_tokens=0)
+    yield reused, fresh
+    reused.close()
+    fresh.close()
+
+
+def fresh_reply(engine, session: ChatSession, params=GREEDY):
+    """What a brand-new session would answer to the same history (nothing cached)."""
+    engine.target.rewind(0)
+    reference = ChatSession(engine, session.system_prompt)
+    reference.messages = [m for m in session.messages]
+    return reference.stream_reply(params)
+
+
+def reply_ids(events):
+    return next(e.result for e in events if isinstance(e, Done)).token_ids
+
+
+@pytest.mark.parametrize("mode", ["draft-model", "ngram", "none"])
+def test_three_turns_with_reuse_equal_fresh_sessions(engines, mode):
+    engine, fresh = engines
+    engine.set_mode(mode)
+    session = ChatSession(engine, system_prompt="be brief")
+    for turn, text in enumerate(TURNS):
+        session.messages.append({"role": "user", "content": text})
+        expected = reply_ids(fresh_reply(fresh, session))
+        session.messages.pop()
+        result = session.send(text, GREEDY)
+        assert result.token_ids == expected, f"turn {turn + 1}"
+        if turn > 0:
+            # only the new user message and the template around it were decoded
+            new_tokens = len(engine.tokenize(text))
+            assert result.stats["prompt_tokens_reused"] > 0
+            assert result.stats["prompt_tokens_evaluated"] <= new_tokens + 12
+    assert [m["role"] for m in session.messages] == ["user", "assistant"] * 3
+
+
+def test_cancel_keeps_the_partial_reply_and_the_next_turn_is_exact(engines):
+    engine, fresh = engines
+    engine.set_mode("ngram")
+    session = ChatSession(engine)
+    long = SamplingParams(temperature=0.0, max_tokens=400)
+    steps = []
+    started = threading.Event()
+
+    def cancel_soon():
+        started.wait(5)
+        session.cancel()
+
+    canceller = threading.Thread(target=cancel_soon)
+    canceller.start()
+    for event in session.stream(TURNS[0], long):
+        if isinstance(event, Step):
+            steps.append(event)
+            started.set()
+    canceller.join()
+    last = session.messages[-1]
+    assert last["role"] == "assistant" and last.get("cancelled") is True
+    assert 0 < len(steps) < 400 and session.turn_stats[-1]["finish_reason"] == "cancelled"
+
+    session.messages.append({"role": "user", "content": TURNS[1]})
+    expected = reply_ids(fresh_reply(fresh, session))
+    session.messages.pop()
+    assert session.send(TURNS[1], GREEDY).token_ids == expected
+
+
+def test_regenerate_and_edit_roll_back(engines):
+    engine, fresh = engines
+    engine.set_mode("draft-model")
+    session = ChatSession(engine)
+    session.send(TURNS[0], GREEDY)
+    session.send(TURNS[1], GREEDY)
+    sampled = SamplingParams(temperature=1.0, max_tokens=12, seed=1)
+    session.regenerate(sampled)
+    assert len(session.messages) == 4 and len(session.turn_stats) == 2
+
+    session.edit_user_message(0, "a different first question")
+    assert len(session.messages) == 1
+    reference = ChatSession(fresh)
+    reference.messages = list(session.messages)
+    expected = reply_ids(fresh_reply(fresh, reference))
+    assert reply_ids(session.stream_reply(GREEDY)) == expected
+
+
+def test_context_overflow_drops_oldest_turns_or_raises(tiny_models):
+    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=256, draft_tokens=2)
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    session = ChatSession(engine, system_prompt="system")
+    notices = []
+    for i in range(8):
+        for event in session.stream(f"turn {i}: " + "the cat sat on the mat " * 3, params):
+            if isinstance(event, Notice):
+                notices.append(event.text)
+    assert notices, "some turns must have been dropped"
+    assert session.first_visible > 0 and session.visible_messages()[0]["role"] == "system"
+    assert len(session.messages) == 16  # the transcript keeps everything
+
+    strict = ChatSession(engine, context_policy="error")
+    with pytest.raises(ContextOverflowError):
+        for i in range(8):
+            strict.send(f"turn {i}: " + "the cat sat on the mat " * 3, params)
+    assert strict.messages[-1]["role"] == "assistant", "a refused turn leaves the conversation as it was"
+    with pytest.raises(ContextOverflowError):
+        strict.send("word " * 400, params)
+    engine.close()
+
+
+def test_to_dict_round_trip(engines):
+    engine, _ = engines
+    session = ChatSession(engine, system_prompt="sys")
+    session.send(TURNS[0], GREEDY)
+    restored = ChatSession.from_dict(engine, session.to_dict())
+    assert restored.messages == session.messages
+    assert restored.turn_stats == session.turn_stats
+    assert restored.params == GREEDY and restored.system_prompt == "sys"
