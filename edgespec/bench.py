@@ -195,7 +195,9 @@ def run_bench(
         if any(c.drafter == "peer" for c in plan):
             from .peer import PromptLookupPeer
 
-            peer = PromptLookupPeer(engine.target_path, n_ctx=engine.n_ctx, n_threads=n_threads)
+            peer = PromptLookupPeer(
+                engine.target_path, n_ctx=engine.n_ctx, n_threads=n_threads, n_gpu_layers=engine.target.n_gpu_layers
+            )
         runner = _Runner(engine, peer)
         runner.warm_up(prompts[0], plan)
         runs = []

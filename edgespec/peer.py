@@ -18,15 +18,23 @@ buffer.  So the peer is built with ``logits_all=True`` (PEER_WORKAROUND): it
 computes nothing the library was not already computing, and costs an
 n_ctx x n_vocab float32 buffer (virtual; resident only for the rows a run
 writes).  Reports must say so.
+
+Like edgespec's backend, the peer loads with llama.cpp's extra CPU buffer
+types off (``use_extra_bufts = False``): their AMX kernels segfault this build
+on AMX-capable Xeons, and both sides must run the same matmul kernels to be
+compared.  ``Llama()`` has no flag for it, so the default model parameters are
+adjusted while the peer is being constructed (``_plain_cpu_kernels``).
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import llama_cpp.llama_cpp as llama_c_api
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from .errors import ModelLoadError
@@ -51,19 +59,23 @@ class PeerResult:
 class PromptLookupPeer:
     """One loaded ``llama_cpp.Llama`` with prompt-lookup drafting, reused across runs."""
 
-    def __init__(self, model_path: str | Path, *, n_ctx: int, n_threads: int, n_batch: int = 512, num_pred_tokens: int = 4):
+    def __init__(
+        self, model_path: str | Path, *, n_ctx: int, n_threads: int, n_gpu_layers: int = 0, n_batch: int = 512,
+        num_pred_tokens: int = 4,
+    ):
         try:
-            self._llm = llama_cpp.Llama(
-                model_path=str(model_path),
-                n_ctx=n_ctx,
-                n_batch=n_batch,
-                n_threads=n_threads,
-                n_threads_batch=n_threads,
-                n_gpu_layers=0,
-                logits_all=True,  # PEER_WORKAROUND
-                draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens),
-                verbose=False,
-            )
+            with _plain_cpu_kernels():
+                self._llm = llama_cpp.Llama(
+                    model_path=str(model_path),
+                    n_ctx=n_ctx,
+                    n_batch=n_batch,
+                    n_threads=n_threads,
+                    n_threads_batch=n_threads,
+                    n_gpu_layers=n_gpu_layers,
+                    logits_all=True,  # PEER_WORKAROUND
+                    draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens),
+                    verbose=False,
+                )
         except ValueError as err:  # llama-cpp-python reports a failed load as ValueError
             raise ModelLoadError(f"llama-cpp-python could not load {model_path} for the peer: {err} (run the bench without the peer config)") from err
 
@@ -109,3 +121,19 @@ class PromptLookupPeer:
 
     def close(self) -> None:
         self._llm.close()
+
+
+@contextmanager
+def _plain_cpu_kernels():
+    original = llama_c_api.llama_model_default_params
+
+    def defaults_without_extra_buffer_types():
+        params = original()
+        params.use_extra_bufts = False
+        return params
+
+    llama_c_api.llama_model_default_params = defaults_without_extra_buffer_types
+    try:
+        yield
+    finally:
+        llama_c_api.llama_model_default_params = original

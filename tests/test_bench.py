@@ -82,18 +82,27 @@ def test_quick_bench_reports_every_field_and_passes_the_exactness_check(models):
     json.dumps(results)  # everything is JSON-ready
 
 
-def test_a_mode_that_changes_tokens_fails_the_bench_loudly(models, monkeypatch):
+def install_faulty_verifier(monkeypatch) -> list[int]:
+    """Verification that picks the wrong token after every step that had drafts; plain decoding stays right."""
     real_verify = edgespec.engine.verify
+    corrupted: list[int] = []
 
     def faulty_verify(p, draft_tokens, q, rng):
         verdict = real_verify(p, draft_tokens, q, rng)
         if not draft_tokens:
-            return verdict  # plain decoding (the baseline) stays right
+            return verdict
+        corrupted.append(verdict.next_token)
         return replace(verdict, next_token=(verdict.next_token + 1) % len(p[0]))
 
     monkeypatch.setattr(edgespec.engine, "verify", faulty_verify)
-    with pytest.raises(bench.ExactnessError, match=r"draft-model-k3 on code-edit-01 \(T=0, repeat 0\) differs from baseline"):
-        quick_bench(models, configs=["baseline", "draft-model-k3"], suites=["code-edit"])
+    return corrupted
+
+
+def test_a_mode_that_changes_tokens_fails_the_bench_loudly(models, monkeypatch):
+    corrupted = install_faulty_verifier(monkeypatch)
+    with pytest.raises(bench.ExactnessError, match=r"ngram-k4 on code-edit-01 \(T=0, repeat 0\) differs from baseline at generated token \d+"):
+        quick_bench(models, configs=["baseline", "ngram-k4"], suites=["code-edit"])
+    assert corrupted
 
 
 def test_sampled_runs_are_not_held_to_token_equality(models):
@@ -192,19 +201,12 @@ def test_command_writes_json_and_prints_the_table(models, tmp_path, capsys):
 
 
 def test_command_exits_non_zero_on_an_exactness_failure(models, monkeypatch, capsys):
-    real_verify = edgespec.engine.verify
-
-    def faulty_verify(p, draft_tokens, q, rng):
-        verdict = real_verify(p, draft_tokens, q, rng)
-        return replace(verdict, next_token=(verdict.next_token + 1) % len(p[0])) if draft_tokens else verdict
-
-    monkeypatch.setattr(edgespec.engine, "verify", faulty_verify)
-    code = bench_cli("--model", models["target"], "--draft", models["draft"], "--suites", "chat",
-                     "--configs", "baseline,draft-model-k2", "--prompts", "1", "--repeats", "1",
-                     "--temperature", "0", "--max-tokens", "12", "--threads", "1")
+    install_faulty_verifier(monkeypatch)
+    code = bench_cli("--model", models["target"], "--suites", "code-edit", "--configs", "baseline,ngram-k2",
+                     "--prompts", "1", "--repeats", "1", "--temperature", "0", "--max-tokens", "24", "--threads", "1")
     assert code == bench.EXIT_EXACTNESS_FAILED
     err = capsys.readouterr().err
-    assert "FAILED" in err and "draft-model-k2 on chat-01" in err and "Traceback" not in err
+    assert "FAILED" in err and "ngram-k2 on code-edit-01" in err and "Traceback" not in err
 
 
 def test_plot_without_matplotlib_is_refused_before_running(models, monkeypatch, tmp_path, capsys):
