@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from edgespec.cli import add_engine_options, add_sampling_options, load_engine, sampling_params
-from edgespec.engine import Done
+from edgespec.engine import Done, Step
 from edgespec.errors import ContextOverflowError, EdgespecError
+from edgespec.session import ChatSession
 
 EXIT_OK = 0
 EXIT_REQUESTS_FAILED = 1
@@ -473,14 +474,14 @@ def _run_request(engine, request, base_params, model_name, interrupt, tally, on_
     params = dataclasses.replace(base_params, **dict(request.overrides))
     result = None
     try:
-        for event in _stream(engine, request, params, interrupt.requested):
+        for event in _events(engine, request, params, interrupt):
             if isinstance(event, Done):
                 result = event.result
-                break
-            if stop_after is not None and tally.written >= stop_after:
-                stop_after = None
-                os.kill(os.getpid(), signal.SIGINT)
-            on_progress(tally, event.stats)
+            elif isinstance(event, Step):
+                if stop_after is not None and tally.written >= stop_after:
+                    stop_after = None
+                    os.kill(os.getpid(), signal.SIGINT)
+                on_progress(tally, event.stats)
     except ContextOverflowError as err:
         return error_record(request.custom_id, "context_length_exceeded", str(err))
     except EdgespecError as err:
@@ -491,10 +492,29 @@ def _run_request(engine, request, base_params, model_name, interrupt, tally, on_
     return success_record(request, result, model_name)
 
 
-def _stream(engine, request: BatchRequest, params, cancel: threading.Event):
-    if request.url == CHAT_URL:
-        return engine.stream_tokens(engine.chat_tokens(list(request.messages)), params, cancel=cancel)
-    return engine.stream(request.prompt, params, raw=True, cancel=cancel)
+def _events(engine, request: BatchRequest, params, interrupt: Interrupt) -> Iterator:
+    """The generation's events; once interrupted it stops after the current step."""
+    if request.url == COMPLETIONS_URL:
+        yield from engine.stream(request.prompt, params, raw=True, cancel=interrupt.requested)
+        return
+    session = _chat_session(engine, request.messages)
+    for event in session.stream(request.messages[-1]["content"], params):
+        if interrupt.requested.is_set():
+            session.cancel()
+        yield event
+
+
+def _chat_session(engine, messages: tuple[dict, ...]) -> ChatSession:
+    """A session holding the request's conversation up to its last user message.
+
+    Every request gets a fresh session; requests that share a system prompt
+    still share KV cache, as the engine keeps the longest common token prefix.
+    A conversation too long for the context is an error, never silently cut.
+    """
+    has_system = messages[0]["role"] == "system"
+    session = ChatSession(engine, messages[0]["content"] if has_system else None, context_policy="error")
+    session.messages = [dict(m) for m in messages[1 if has_system else 0 : -1]]
+    return session
 
 
 # ---------------------------------------------------------------- summary

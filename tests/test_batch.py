@@ -241,6 +241,7 @@ def test_bad_lines_get_error_records_and_the_rest_succeed(models, tmp_path, caps
         json.dumps({"custom_id": "no-body", "method": "POST", "url": "/v1/chat/completions"}),
         json.dumps({"custom_id": "embed", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}),
         completion_line("too-long", too_long),
+        chat_line("chat-too-long", too_long),
         '"a plain prompt"',
         json.dumps({"prompt": "another plain prompt"}),
         completion_line("ok-2", "The cat", max_tokens=4),
@@ -250,9 +251,10 @@ def test_bad_lines_get_error_records_and_the_rest_succeed(models, tmp_path, caps
     argv = batch_argv(models, source, out, "--n-ctx", "256", "--summary", str(summary_path))
     assert run_cli(argv) == batch.EXIT_REQUESTS_FAILED
     by_id = {r["custom_id"]: r for r in read_records(out)}
-    assert list(by_id) == ["ok-1", "line-2", "no-body", "embed", "too-long", "line-6", "line-7", "ok-2"]
+    assert list(by_id) == ["ok-1", "line-2", "no-body", "embed", "too-long", "chat-too-long",
+                           "line-7", "line-8", "ok-2"]
     expected_errors = {"line-2": "invalid_json", "no-body": "missing_field", "embed": "unknown_url",
-                       "too-long": "context_length_exceeded"}
+                       "too-long": "context_length_exceeded", "chat-too-long": "context_length_exceeded"}
     for custom_id, record in by_id.items():
         if custom_id in expected_errors:
             assert record["response"] is None
@@ -260,8 +262,8 @@ def test_bad_lines_get_error_records_and_the_rest_succeed(models, tmp_path, caps
         else:
             assert_openai_success(record, custom_id)
     summary = json.loads(summary_path.read_text())
-    assert (summary["requests_ok"], summary["requests_failed"]) == (4, 4)
-    assert "4 ok, 4 failed of 8" in capsys.readouterr().err
+    assert (summary["requests_ok"], summary["requests_failed"]) == (4, 5)
+    assert "4 ok, 5 failed of 9" in capsys.readouterr().err
 
     # Finished error records count as done: a rerun redoes nothing and still reports the failures.
     before = out.read_text()
