@@ -52,8 +52,8 @@ COMPLETIONS_URL = "/v1/completions"
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
 
 
-class BatchInputError(EdgespecError):
-    """The batch cannot start: bad input file, duplicate ids, corrupt output."""
+class BatchError(EdgespecError):
+    """The batch cannot run: unreadable input, duplicate ids, corrupt or unwritable output."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def read_requests(path: Path) -> list[BatchRequest | InvalidRequest]:
     try:
         data = path.read_bytes()
     except OSError as err:
-        raise BatchInputError(f"cannot read batch input {path}: {err.strerror}; check the path") from None
+        raise BatchError(f"cannot read batch input {path}: {err.strerror}; check the path") from None
     entries = []
     for line_no, raw in enumerate(data.split(b"\n"), start=1):
         if raw.strip():
@@ -240,7 +240,7 @@ def check_unique_ids(entries: list[BatchRequest | InvalidRequest]) -> None:
             first_line[entry.custom_id] = entry.line
     if clashes:
         shown = ", ".join(clashes[:5]) + (f" and {len(clashes) - 5} more" if len(clashes) > 5 else "")
-        raise BatchInputError(f"duplicate custom_id {shown}; give every request its own custom_id")
+        raise BatchError(f"duplicate custom_id {shown}; give every request its own custom_id")
 
 
 # ---------------------------------------------------------------- output file
@@ -258,7 +258,7 @@ def load_finished(out_path: Path) -> tuple[dict[str, dict], bool]:
     except FileNotFoundError:
         return {}, False
     except OSError as err:
-        raise BatchInputError(f"cannot read batch output {out_path}: {err.strerror}; check the path") from None
+        raise BatchError(f"cannot read batch output {out_path}: {err.strerror}; check the path") from None
     finished: dict[str, dict] = {}
     offset, bad_at = 0, None
     for raw in data.split(b"\n"):
@@ -269,7 +269,7 @@ def load_finished(out_path: Path) -> tuple[dict[str, dict], bool]:
             finished[record["custom_id"]] = record
         elif record is not None:
             line_no = data[:bad_at].count(b"\n") + 1
-            raise BatchInputError(
+            raise BatchError(
                 f"{out_path} line {line_no} is not a batch output record; remove that line, then rerun"
             )
         elif raw.strip(b" \t\r\0") and bad_at is None:
@@ -302,19 +302,26 @@ class RecordWriter:
     """Appends one JSON line per record; each is on disk before append() returns."""
 
     def __init__(self, path: Path):
+        self._path = path
         created = not path.exists()
         try:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as err:
-            raise BatchInputError(f"cannot write batch output {path}: {err.strerror}; check the path") from None
+            raise BatchError(f"cannot write batch output {path}: {err.strerror}; check the path") from None
         if created:
             _fsync_dir(path.parent)
 
     def append(self, record: dict) -> None:
         data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-        while data:
-            data = data[os.write(self._fd, data) :]
-        os.fsync(self._fd)
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+            os.fsync(self._fd)
+        except OSError as err:
+            # A part-written line is a torn tail, which the rerun cuts off.
+            raise BatchError(
+                f"cannot write batch output {self._path}: {err.strerror}; fix that, then rerun to resume"
+            ) from None
 
     def close(self) -> None:
         os.close(self._fd)
@@ -571,7 +578,7 @@ def write_summary(path: Path, summary: dict) -> None:
         tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, path)
     except OSError as err:
-        raise BatchInputError(f"cannot write summary {path}: {err.strerror}; check the path") from None
+        raise BatchError(f"cannot write summary {path}: {err.strerror}; check the path") from None
 
 
 # ---------------------------------------------------------------- command line
@@ -614,10 +621,10 @@ def _resume_hint(args) -> str:
 
 def _batch_command(args) -> int:
     if args.output.exists() and args.output.resolve() == args.input.resolve():
-        raise BatchInputError(f"the output file is the input file ({args.input}); give -o a new path")
+        raise BatchError(f"the output file is the input file ({args.input}); give -o a new path")
     entries = read_requests(args.input)
     if not entries:
-        raise BatchInputError(f"{args.input} holds no requests; put one request per line")
+        raise BatchError(f"{args.input} holds no requests; put one request per line")
     check_unique_ids(entries)
     finished, torn = load_finished(args.output)
     if torn:

@@ -143,7 +143,7 @@ def test_bad_lines_become_invalid_requests(value, code):
 def test_duplicate_custom_ids_are_refused_before_the_run(tmp_path):
     source = write_lines(tmp_path / "in.jsonl", [chat_line("a", "x"), completion_line("b", "y"),
                                                  '"plain"', chat_line("a", "z"), completion_line("line-3", "w")])
-    with pytest.raises(batch.BatchInputError) as caught:
+    with pytest.raises(batch.BatchError) as caught:
         batch.check_unique_ids(batch.read_requests(source))
     assert "'a' (lines 1 and 4)" in str(caught.value) and "'line-3' (lines 3 and 5)" in str(caught.value)
 
@@ -171,8 +171,18 @@ def test_load_finished_refuses_a_bad_line_before_good_records(tmp_path):
     out = tmp_path / "out.jsonl"
     good = json.dumps(batch.error_record("r0", "x", "y"))
     out.write_text(f"{good}\nnot a record\n{good}\n")
-    with pytest.raises(batch.BatchInputError, match="line 2"):
+    with pytest.raises(batch.BatchError, match="line 2"):
         batch.load_finished(out)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_failed_write_is_a_clear_error():
+    writer = batch.RecordWriter(Path("/dev/full"))
+    try:
+        with pytest.raises(batch.BatchError, match="No space left on device.*rerun to resume"):
+            writer.append(batch.error_record("r0", "x", "y"))
+    finally:
+        writer.close()
 
 
 # ---------------------------------------------------------------- runs on a tiny model
