@@ -527,7 +527,7 @@ def _chat_session(engine, messages: tuple[dict, ...]) -> ChatSession:
 # ---------------------------------------------------------------- summary
 
 
-def summarize(entries, finished: dict[str, dict], tally: RunTally, resumed: int) -> dict:
+def summarize(entries, finished: dict[str, dict], tally: RunTally, resumed: int, wall_seconds: float) -> dict:
     """Figures for the whole batch as it now stands in OUT (earlier runs included)."""
     records = [finished[e.custom_id] for e in entries if e.custom_id in finished]
     ok = [r for r in records if is_success(r)]
@@ -548,7 +548,7 @@ def summarize(entries, finished: dict[str, dict], tally: RunTally, resumed: int)
         "prompt_tokens": sum(int(u.get("prompt_tokens", 0)) for u in usage),
         "completion_tokens": sum(int(u.get("completion_tokens", 0)) for u in usage),
         "total_tokens": sum(int(u.get("total_tokens", 0)) for u in usage),
-        "wall_seconds": round(time.monotonic() - tally.started, 3),
+        "wall_seconds": round(wall_seconds, 3),  # this run only, model loading included
         "decode_tokens_per_second": round(generated / decode_seconds, 2) if decode_seconds else None,
         # Token-weighted: all accepted draft tokens over all proposed ones.
         "mean_acceptance_rate": round(accepted / proposed, 4) if proposed else None,
@@ -620,6 +620,7 @@ def _resume_hint(args) -> str:
 
 
 def _batch_command(args) -> int:
+    started = time.monotonic()
     if args.output.exists() and args.output.resolve() == args.input.resolve():
         raise BatchError(f"the output file is the input file ({args.input}); give -o a new path")
     entries = read_requests(args.input)
@@ -634,7 +635,7 @@ def _batch_command(args) -> int:
     tally = RunTally()
     if resumed < len(entries):
         tally = _run_with_engine(args, entries, finished, resumed)
-    summary = summarize(entries, finished, tally, resumed)
+    summary = summarize(entries, finished, tally, resumed, time.monotonic() - started)
     print(summary_line(summary), file=sys.stderr)
     if args.summary:
         write_summary(args.summary, summary)
