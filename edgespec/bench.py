@@ -188,6 +188,7 @@ def run_bench(
         prompts = [BenchPrompt(p.suite, p.id, p.prompt, max_tokens) for p in prompts]
     n_threads = n_threads or default_threads()
     started = time.time()
+    load_at_start = _load_average()
     engine = Engine.load(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads)
     peer = None
     try:
@@ -219,7 +220,13 @@ def run_bench(
             peer.close()
         engine.close()
     return {
-        "meta": _meta(engine.target_path, engine.draft_path, prompts, repeats, temperatures, seed, n_ctx, n_threads, started, runner.rss_scope, peer is not None),
+        "meta": {
+            **_meta(engine.target_path, engine.draft_path, prompts, repeats, temperatures, seed, n_ctx, n_threads, started,
+                    runner.rss_scope, peer is not None),
+            # other work on the machine distorts every figure; a quiet machine shows ~0 next to its core count
+            "load_average_start": load_at_start,
+            "load_average_end": _load_average(),
+        },
         "configs": [{"name": c.name, "drafter": c.drafter, "draft_tokens": c.draft_tokens} for c in plan],
         "runs": runs,
         "summary": summarize(runs, plan),
@@ -495,6 +502,13 @@ def _meta(model, draft, prompts, repeats, temperatures, seed, n_ctx, n_threads, 
     }
 
 
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def machine_description() -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -537,7 +551,7 @@ def run_cost_curve(
 
     n_threads = n_threads or default_threads()
     prompt = load_workloads(["code-edit"], 1, workloads_dir)[0]
-    engine = Engine.load(model, "none", n_ctx=n_ctx, n_threads=n_threads)
+    engine = Engine.load(model, "none", n_ctx=n_ctx, n_threads=n_threads, draft_tokens=0)  # no calibration needed
     try:
         ids = engine.prompt_tokens(prompt.prompt)
         # A realistic KV length: attention cost grows with it.

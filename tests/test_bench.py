@@ -12,7 +12,6 @@ import pytest
 
 import edgespec.engine
 from edgespec import bench
-from tinygguf import write_model_family
 
 CONFIGS = ["baseline", "ngram-k2", "ngram-k4", "draft-model-k3", "peer-k2"]
 RUN_FIELDS = {
@@ -31,9 +30,9 @@ SUMMARY_FIELDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
-    return write_model_family(tmp_path_factory.mktemp("models"))
+@pytest.fixture
+def models(tiny_models) -> dict[str, Path]:
+    return tiny_models
 
 
 def quick_bench(models, **overrides) -> dict:
