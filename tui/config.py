@@ -5,9 +5,11 @@ $EDGESPEC_CONFIG_DIR).  Every key is optional:
 
     model = "smollm2-135m-instruct"   # catalog name or path to a .gguf
     draft = "auto"                    # path, catalog name, "ngram", "none" or "auto"
-    draft_tokens = 4
+    draft_tokens = "auto"             # tokens drafted per step, or "auto"
     n_ctx = 4096
-    gpu_layers = -1
+    gpu_layers = -1                   # these three default to the memory plan
+    draft_gpu_layers = -1
+    memory_budget = "6GiB"
     system_prompt = "You are a concise assistant."
     draft_tint = "#24513a"            # background of characters the draft guessed
 
@@ -33,6 +35,7 @@ from pathlib import Path
 import platformdirs
 
 from edgespec.errors import EdgespecError
+from edgespec.sampling import SamplingParams
 
 CONFIG_FILE = "config.toml"
 
@@ -58,11 +61,13 @@ class ConfigError(EdgespecError):
 
 @dataclass(frozen=True)
 class ChatConfig:
-    model: str | None = None
+    model: str | None = None  # None: the catalog's default model
     draft: str = "auto"
-    draft_tokens: int = 4
+    draft_tokens: int | str = "auto"
     n_ctx: int = 4096
-    gpu_layers: int = -1
+    gpu_layers: int | None = None
+    draft_gpu_layers: int | None = None
+    memory_budget: str | None = None
     system_prompt: str = ""
     draft_tint: str = "#24513a"
     temperature: float = 0.7
@@ -76,13 +81,24 @@ class ChatConfig:
         """Replace the fields given a value other than None (as command-line flags do)."""
         return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
 
+    def sampling(self) -> SamplingParams:
+        try:
+            return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                                  min_p=self.min_p, max_tokens=self.max_tokens)
+        except ValueError as error:
+            raise ConfigError(f"bad sampling setting in {config_path()} or the flags: {error}") from None
+
     def bindings(self) -> dict[str, str]:
         """Action -> keys, defaults merged with the keymap."""
         return {action: self.keymap.get(action, keys) for action, (keys, _) in KEY_ACTIONS.items()}
 
 
-_TOP_LEVEL = ("model", "draft", "draft_tokens", "n_ctx", "gpu_layers", "system_prompt", "draft_tint")
+_TOP_LEVEL = ("model", "draft", "draft_tokens", "n_ctx", "gpu_layers", "draft_gpu_layers", "memory_budget",
+              "system_prompt", "draft_tint")
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "max_tokens")
+_STRINGS = ("model", "draft", "memory_budget", "system_prompt", "draft_tint")
+_INTEGERS = ("n_ctx", "gpu_layers", "draft_gpu_layers", "top_k", "max_tokens")
+_NUMBERS = ("temperature", "top_p", "min_p")
 
 
 def config_dir() -> Path:
@@ -122,17 +138,28 @@ def _parse(data: dict, path: Path) -> ChatConfig:
         else:
             _check_key(key, _TOP_LEVEL, path, "")
             values[key] = value
-    defaults = ChatConfig()
     for name, value in values.items():
-        if name == "keymap":
-            continue
-        expected = type(getattr(defaults, name)) if name != "model" else str
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            values[name] = float(value)
-        elif not isinstance(value, expected) or isinstance(value, bool):
-            kind = {int: "a whole number", float: "a number", str: "a string"}[expected]
-            raise ConfigError(f"{path}: {name} must be {kind}, not {value!r}")
+        if name != "keymap":
+            values[name] = _checked(name, value, path)
     return ChatConfig(**values)
+
+
+def _checked(name: str, value, path: Path):
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if name == "draft_tokens":
+        if value == "auto" or (is_int(value) and 0 <= value <= 32):
+            return value
+        raise ConfigError(f'{path}: draft_tokens must be "auto" or a whole number from 0 to 32, not {value!r}')
+    if name in _STRINGS and isinstance(value, str):
+        return value
+    if name in _INTEGERS and is_int(value):
+        return value
+    if name in _NUMBERS and (is_int(value) or isinstance(value, float)):
+        return float(value)
+    kind = "a string" if name in _STRINGS else "a whole number" if name in _INTEGERS else "a number"
+    raise ConfigError(f"{path}: {name} must be {kind}, not {value!r}")
 
 
 def _check_key(key: str, known: tuple[str, ...], path: Path, section: str) -> None:

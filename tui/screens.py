@@ -25,7 +25,7 @@ class ChatSettings:
 
     system_prompt: str
     sampling: SamplingParams
-    draft_tokens: int
+    draft_tokens: int | str  # or "auto"
 
     def as_dict(self) -> dict:
         sampling = dataclasses.asdict(self.sampling)
@@ -44,7 +44,7 @@ class ChatSettings:
         except (TypeError, ValueError):
             params = fallback.sampling
         draft_tokens = data.get("draft_tokens", fallback.draft_tokens)
-        if not isinstance(draft_tokens, int) or draft_tokens < 0:
+        if draft_tokens != "auto" and not (isinstance(draft_tokens, int) and 0 <= draft_tokens <= 32):
             draft_tokens = fallback.draft_tokens
         return cls(system_prompt, params, draft_tokens)
 
@@ -94,9 +94,10 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
             except ValueError:
                 raise ValueError(f"{field_id.replace('-', ' ')} must be a {kind.__name__}, not {text!r}") from None
 
-        draft_tokens = number("draft-tokens", int)
-        if not 0 <= draft_tokens <= 32:
-            raise ValueError("draft tokens must be between 0 and 32")
+        draft_text = self.query_one("#draft-tokens", Input).value.strip()
+        draft_tokens = draft_text if draft_text == "auto" else number("draft-tokens", int)
+        if draft_tokens != "auto" and not 0 <= draft_tokens <= 32:
+            raise ValueError('draft tokens must be "auto" or between 0 and 32')
         sampling = dataclasses.replace(
             self.settings.sampling,
             temperature=number("temperature", float),

@@ -141,7 +141,12 @@ class ReplyView(Vertical):
         for view in self.query_children(BlockView):
             view.show(view.block, self._renderer.render(view.block, self.text, bytes(self.drafted), mark))
 
+    def on_mount(self) -> None:
+        self._render_tail()
+
     def _render_tail(self) -> None:
+        if not self.is_attached:  # on_mount renders what arrived before
+            return
         blocks = split_blocks(self.text, self._open_from)
         views = list(self.query_children(BlockView))
         mask = bytes(self.drafted)
@@ -178,7 +183,7 @@ class AssistantMessage(Vertical):
         yield self.footer
 
 
-class Notice(Static):
+class Note(Static):
     """An error or a note in the conversation; the chat goes on."""
 
     def __init__(self, text: str, kind: str = "error"):

@@ -1,0 +1,283 @@
+"""Pilot tests of the chat app with tiny real GGUF models (tests/tinygguf.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import time
+
+import pytest
+from rich.table import Table
+
+from tinygguf import write_model_family
+from tui.app import ChatApp
+from tui.config import ChatConfig, config_path
+from tui.history import ChatStore
+from tui.screens import HistoryScreen, ModelInfoScreen, SettingsScreen
+from tui.widgets import AssistantMessage, Note, PromptInput, UserMessage
+
+SIZE = (120, 40)
+
+
+def pilot_test(test):
+    """Run an async test body in its own event loop (no pytest async plugin needed)."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return write_model_family(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(autouse=True)
+def user_dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("EDGESPEC_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def make_app(models, **settings) -> ChatApp:
+    values = dict(model=str(models["target"]), draft=str(models["draft"]), temperature=0.0, max_tokens=40,
+                  draft_tokens=4)
+    values.update(settings)
+    return ChatApp(ChatConfig(**values), ChatStore())
+
+
+async def wait_for(pilot, condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the app")
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
+async def loaded(pilot) -> None:
+    await wait_for(pilot, lambda: pilot.app.session is not None or pilot.app.query(Note))
+
+
+async def send(pilot, text: str) -> None:
+    """Type and send a prompt, and wait for the reply to end."""
+    app = pilot.app
+    before = len(app.query(AssistantMessage)), len(app.query(Note))
+    await pilot.click(PromptInput)
+    await pilot.press(*text)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: app.generation is None and (
+        len(app.query(AssistantMessage)), len(app.query(Note))) != before)
+
+
+def replies(app) -> list[AssistantMessage]:
+    return list(app.query(AssistantMessage))
+
+
+@pilot_test
+async def test_prompt_streams_a_reply_with_draft_marks_stats_and_footer(models):
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello world")
+        [reply] = replies(app)
+        assert app.session.messages[-1] == {"role": "assistant", "content": reply.reply.text} or \
+            app.session.messages[-1]["content"] == reply.reply.text
+        assert reply.reply.text
+        assert reply.reply.drafted_ranges(), "the tiny draft agrees with its target often"
+        assert list(app.query(UserMessage))[0].render().plain == "Hello world"
+        footer = str(reply.footer.render())
+        assert "40 tokens" in footer and "tok/s" in footer and "speedup n/a" in footer
+        await pilot.pause(0.3)  # the stats bar refreshes a few times a second
+        bar = str(app.query_one("#stats-line").render())
+        assert "draft model" in bar and "target ← draft" in bar
+        assert "accept" in bar and "– tok/s" not in bar
+        assert app.query_one("#acceptance").data, "per-step acceptance sparkline"
+        assert app.prompt_input.text == ""
+
+
+@pilot_test
+async def test_escape_stops_the_reply_and_keeps_what_arrived(models):
+    app = make_app(models, max_tokens=3000, n_ctx=4096)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.click(PromptInput)
+        await pilot.press(*"Tell me everything")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.generation is None)
+        [reply] = replies(app)
+        last = app.session.messages[-1]
+        assert last["role"] == "assistant" and last.get("cancelled")
+        assert last["content"] == reply.reply.text != ""
+        assert app.shown_stats["finish_reason"] == "cancelled"
+        assert app.shown_stats["tokens_generated"] < 3000
+        assert str(reply.footer.render()).startswith("stopped")
+        app.settings = dataclasses.replace(
+            app.settings, sampling=dataclasses.replace(app.settings.sampling, max_tokens=20))
+        await send(pilot, "Go on")  # the chat goes on after a stop
+        assert app.session.messages[-1]["role"] == "assistant"
+        assert not app.session.messages[-1].get("cancelled")
+
+
+@pilot_test
+async def test_regenerate_mode_switch_and_new_chat(models):
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello world")
+        first = app.session.messages[-1]["content"]
+
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app.generation is None)
+        assert [m["role"] for m in app.session.messages] == ["user", "assistant"]
+        assert len(replies(app)) == 1
+        assert app.session.messages[-1]["content"] == first  # T=0 samples the same reply
+
+        await pilot.press("ctrl+g")
+        assert app.engine.mode == "ngram"
+        await send(pilot, "and the cat")
+        assert app.shown_stats["mode"] == "ngram"
+        await pilot.press("ctrl+g")
+        assert app.engine.mode == "none"
+        await send(pilot, "sat on the")
+        assert app.shown_stats["mode"] == "none" and app.shown_stats["draft_tokens_proposed"] == 0
+        assert app.plain_speed() is not None, "a plain reply measures the baseline"
+        await send(pilot, "world")
+        await pilot.press("ctrl+g")
+        assert app.engine.mode == "draft-model"
+        await send(pilot, "hello")
+        assert "× vs plain" in str(replies(app)[-1].footer.render())
+
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert app.session.messages == [] and not replies(app) and app.chat_id is None
+
+
+@pilot_test
+async def test_history_and_settings_survive_a_restart(models):
+    app = make_app(models, draft_tokens=3)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("ctrl+g")  # ngram
+        await send(pilot, "Hello world")
+        saved = [dict(m) for m in app.session.messages]
+        marks = replies(app)[0].reply.drafted_ranges()
+
+    app = make_app(models, draft_tokens=5)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        assert app.engine.draft_tokens == 5 and app.engine.mode == "draft-model"
+        await pilot.press("ctrl+o")
+        assert isinstance(app.screen, HistoryScreen)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert [m["content"] for m in app.session.messages] == [m["content"] for m in saved]
+        assert app.settings.draft_tokens == 3 and app.engine.draft_tokens == 3
+        assert app.engine.mode == "ngram"
+        [reply] = replies(app)
+        assert reply.reply.text == saved[-1]["content"]
+        assert reply.reply.drafted_ranges() == marks
+        assert "tokens" in str(reply.footer.render())
+        await send(pilot, "and again")  # the reopened chat continues
+        assert len(app.session.messages) == 4
+
+
+@pilot_test
+async def test_up_recalls_prompts_and_ctrl_j_adds_a_line(models):
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "first prompt")
+        await pilot.press(*"two", "ctrl+j", *"lines")
+        assert app.prompt_input.text == "two\nlines"
+        await pilot.press("up")  # moves within the text first
+        await pilot.press("up")
+        assert app.prompt_input.text == "first prompt"
+        await pilot.press("down")
+        assert app.prompt_input.text == "two\nlines"
+
+
+@pilot_test
+async def test_settings_apply_to_the_chat_and_save_as_defaults(models):
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, SettingsScreen)
+        app.screen.query_one("#temperature").value = "0.5"
+        app.screen.query_one("#draft-tokens").value = "6"
+        app.screen.query_one("#system-prompt").load_text("Be brief.")
+        await pilot.click("#save")
+        await pilot.pause()
+        assert app.settings.sampling.temperature == 0.5
+        assert app.engine.draft_tokens == 6
+        text = config_path().read_text()
+        assert "temperature = 0.5" in text and "draft_tokens = 6" in text and 'system_prompt = "Be brief."' in text
+
+        await pilot.press("ctrl+s")
+        app.screen.query_one("#top-p").value = "2"
+        await pilot.click("#apply")
+        await pilot.pause()
+        assert isinstance(app.screen, SettingsScreen), "an invalid value keeps the dialog open"
+        assert "top_p" in str(app.screen.query_one("#settings-error").render())
+        await pilot.press("escape")
+
+
+@pilot_test
+async def test_model_info_shows_both_models(models):
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("f2")
+        assert isinstance(app.screen, ModelInfoScreen)
+        tables = [item.title for item in app.screen.renderables if isinstance(item, Table)]
+        assert tables[0].startswith("edgespec plan: draft-model")
+        assert tables[1:] == ["Target model", "Draft model"]
+        assert "target.gguf" in app.screen.renderables[0]
+
+
+@pytest.mark.parametrize("which, message", [
+    ("broken", "Could not load the model"),
+    ("mismatch", "cannot draft for target"),
+])
+@pilot_test
+async def test_load_errors_show_a_message_and_the_app_keeps_running(models, tmp_path, which, message):
+    if which == "broken":
+        broken = tmp_path / "broken.gguf"
+        broken.write_bytes(b"not a gguf file at all")
+        app = make_app(models, model=str(broken))
+    else:
+        app = make_app(models, draft=str(models["mismatch"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        [notice] = app.query(Note)
+        assert message in str(notice.render())
+        assert app.session is None
+        await pilot.click(PromptInput)
+        await pilot.press(*"hi", "enter")
+        assert not app.query(UserMessage)
+        # Load a working pair from the command that the message points to.
+        app.load_models(str(models["target"]), "ngram")
+        await wait_for(pilot, lambda: app.session is not None)
+        await send(pilot, "Hello")
+        assert replies(app)
+
+
+@pilot_test
+async def test_context_overflow_is_a_message_not_a_crash(models):
+    app = make_app(models, n_ctx=256)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.prompt_input.load_text("the cat sat " * 100)
+        await pilot.click(PromptInput)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.query(Note))
+        await wait_for(pilot, lambda: app.generation is None)
+        assert "context" in str(app.query(Note).last().render())
+        await send(pilot, "hi")  # still usable
+        assert replies(app)
