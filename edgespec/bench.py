@@ -135,7 +135,9 @@ def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_d
         drafter, k = parse_config(name)
         if drafter == "draft-model" and not has_draft:
             if explicit:
-                raise BenchError(f"configuration {name!r} needs a draft model (pass --draft FILE)")
+                raise BenchError(
+                    f"configuration {name!r} needs a draft model and none is loaded (pass --draft FILE, or drop {name})"
+                )
             continue
         if drafter == "baseline":
             config = BenchConfig("baseline", "baseline", None)
@@ -192,7 +194,7 @@ def run_bench(
     engine = Engine.load(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads)
     peer = None
     try:
-        plan = resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, draft is not None, configs is not None)
+        plan = resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft is not None, configs is not None)
         if any(c.drafter == "peer" for c in plan):
             from .peer import PromptLookupPeer
 

@@ -216,6 +216,15 @@ def test_plot_without_matplotlib_is_refused_before_running(models, monkeypatch, 
     assert not (tmp_path / "speedup.png").exists()
 
 
+def test_plots_are_written_when_matplotlib_is_installed(models, tmp_path):
+    pytest.importorskip("matplotlib")
+    results = quick_bench(models, configs=["baseline", "ngram-k2"], suites=["chat"])
+    bench.plot_speedups(results, tmp_path / "speedup.png")
+    bench.plot_cost_curve(bench.run_cost_curve(models["target"], max_tokens=3, repeats=1, n_threads=1), tmp_path / "cost.png")
+    for name in ("speedup.png", "cost.png"):
+        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
+
+
 def test_cost_curve_times_every_width(models):
     results = bench.run_cost_curve(models["target"], max_tokens=6, repeats=2, n_threads=1)
     points = results["cost_curve"]
