@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import statistics
 import sys
 import time
@@ -203,20 +204,7 @@ def run_bench(
             )
         runner = _Runner(engine, peer)
         runner.warm_up(prompts[0], plan)
-        runs = []
-        total = len(temperatures) * len(prompts) * repeats * len(plan)
-        for temperature in temperatures:
-            for index, prompt in enumerate(prompts):
-                prompt_runs = []
-                for repeat in range(repeats):
-                    for config in rotated(plan, index + repeat):
-                        run = runner.run(prompt, config, temperature, repeat, seed + repeat)
-                        prompt_runs.append(run)
-                        if on_run:
-                            on_run(run, len(runs) + len(prompt_runs), total)
-                if temperature == 0:
-                    check_exactness(prompt_runs)
-                runs.extend(prompt_runs)
+        runs = _measure(runner, plan, prompts, temperatures, repeats, seed, on_run)
     finally:
         if peer is not None:
             peer.close()
@@ -233,6 +221,24 @@ def run_bench(
         "runs": runs,
         "summary": summarize(runs, plan),
     }
+
+
+def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> list[dict]:
+    """Every prompt x repeat x configuration, the order rotated per prompt and repeat."""
+    runs: list[dict] = []
+    total = len(temperatures) * len(prompts) * repeats * len(plan)
+    for temperature in temperatures:
+        for index, prompt in enumerate(prompts):
+            prompt_runs = []
+            for repeat in range(repeats):
+                for config in rotated(plan, index + repeat):
+                    prompt_runs.append(runner.run(prompt, config, temperature, repeat, seed + repeat))
+                    if on_run:
+                        on_run(prompt_runs[-1], len(runs) + len(prompt_runs), total)
+            if temperature == 0:
+                check_exactness(prompt_runs)
+            runs.extend(prompt_runs)
+    return runs
 
 
 class _Runner:
@@ -788,6 +794,7 @@ def handle_bench(args) -> int:
                 on_run=lambda run, done, total: print(_progress_line(run, done, total), file=sys.stderr, flush=True),
             )
             print_tables(results)
+        results["meta"]["command"] = shlex.join(["edgespec", *sys.argv[1:]])
         if args.json:
             args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
         if args.plot:
