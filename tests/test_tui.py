@@ -46,7 +46,7 @@ def make_app(models, **settings) -> ChatApp:
     values = dict(model=str(models["target"]), draft=str(models["draft"]), temperature=0.0, max_tokens=40,
                   draft_tokens=4)
     values.update(settings)
-    return ChatApp(ChatConfig(**values), ChatStore())
+    return ChatApp(ChatConfig(**values), ChatStore(), n_threads=1)
 
 
 async def wait_for(pilot, condition, timeout: float = 30.0) -> None:

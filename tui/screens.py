@@ -60,7 +60,8 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
 
     def compose(self) -> ComposeResult:
         sampling = self.settings.sampling
-        with Vertical(classes="dialog", id="settings"):
+        with Vertical(classes="dialog", id="settings") as dialog:
+            dialog.border_title = "Chat settings (Esc cancels)"
             yield Label("System prompt")
             yield TextArea(self.settings.system_prompt, id="system-prompt", soft_wrap=True)
             with Horizontal(classes="fields"):
@@ -129,8 +130,8 @@ class HistoryScreen(ModalScreen[int | None]):
         self._delete = delete
 
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog", id="history"):
-            yield Label("Past chats (Enter opens, Delete removes, Esc closes)")
+        with Vertical(classes="dialog", id="history") as dialog:
+            dialog.border_title = "Past chats (Enter opens, Delete removes, Esc closes)"
             if self.chats:
                 yield OptionList(*(self._option(chat) for chat in self.chats), id="chats")
             else:
@@ -165,7 +166,8 @@ class ModelInfoScreen(ModalScreen[None]):
         self.renderables = renderables
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(classes="dialog", id="model-info"):
+        with VerticalScroll(classes="dialog", id="model-info") as dialog:
+            dialog.border_title = "Model info (Esc closes)"
             for renderable in self.renderables:
                 yield Static(renderable)
 
@@ -180,7 +182,8 @@ class LoadModelScreen(ModalScreen[tuple[str, str] | None]):
         self.model, self.draft = model, draft
 
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog", id="load-model"):
+        with Vertical(classes="dialog", id="load-model") as dialog:
+            dialog.border_title = "Load model (Esc cancels)"
             yield Label("Target model (catalog name or .gguf path)")
             yield Input(self.model, id="model")
             yield Label('Draft (catalog name, .gguf path, "ngram", "none" or "auto")')

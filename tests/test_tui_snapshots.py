@@ -1,0 +1,79 @@
+"""Snapshots of the chat app (pytest-textual-snapshot), kept deterministic.
+
+Greedy decoding (T=0) on the tiny models with one thread and a fixed draft
+length makes the reply and its draft marks repeatable; the engine's clock is
+replaced by one that advances 10 ms per reading, so tok/s figures repeat too.
+Model paths show relative to the working directory, which is the models'.
+Update with: pytest tests/test_tui_snapshots.py --snapshot-update
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import edgespec.engine
+from tinygguf import write_model_family
+from tui.app import ChatApp
+from tui.config import ChatConfig
+from tui.history import ChatStore
+from tui.widgets import AssistantMessage
+
+SIZE = (120, 36)
+
+
+class SteppingClock:
+    """time.perf_counter stand-in: every reading is 10 ms after the previous one."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.01
+        return self.now
+
+
+@pytest.fixture
+def app(tmp_path, monkeypatch):
+    models = write_model_family(tmp_path / "models")
+    monkeypatch.chdir(tmp_path / "models")
+    monkeypatch.setenv("EDGESPEC_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("EDGESPEC_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(edgespec.engine, "time", SteppingClock())
+    config = ChatConfig(model=str(models["target"]), draft=str(models["draft"]), draft_tokens=4,
+                        temperature=0.0, max_tokens=48, memory_budget="8GiB")
+    app = ChatApp(config, ChatStore(), n_threads=1)
+    yield app
+    app.close_engine()
+
+
+async def _until(pilot, condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the app"
+        await pilot.pause(0.02)
+
+
+async def _ready(pilot) -> None:
+    await _until(pilot, lambda: pilot.app.session is not None)
+    pilot.app.prompt_input.cursor_blink = False
+
+
+def test_main_screen_with_a_finished_reply_and_draft_marks(app, snap_compare):
+    async def chat(pilot):
+        await _ready(pilot)
+        await pilot.press(*"Hello world", "enter")
+        await _until(pilot, lambda: app.generation is None and app.query(AssistantMessage))
+        await pilot.pause(0.4)  # the stats bar refreshes every 0.25 s
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=chat)
+
+
+def test_model_info_screen(app, snap_compare):
+    async def open_info(pilot):
+        await _ready(pilot)
+        await pilot.press("f2")
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=open_info)
