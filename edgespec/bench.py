@@ -734,6 +734,8 @@ def plot_cost_curve(results: dict, path: Path) -> None:
 
 
 def add_bench_parser(subparsers) -> None:
+    from .cli import DEFAULT_MODEL
+
     parser = subparsers.add_parser(
         "bench",
         help="measure edgespec's drafting modes against plain decoding and llama-cpp-python's prompt lookup",
@@ -744,8 +746,8 @@ def add_bench_parser(subparsers) -> None:
             "Exit codes: 0 done, 1 exactness check failed, 2 refused (bad options, model failed to load)."
         ),
     )
-    parser.add_argument("--model", required=True, help="target model, a GGUF file")
-    parser.add_argument("--draft", default=None, help="draft model GGUF for the draft-model configurations")
+    parser.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
+    parser.add_argument("--draft", default=None, help="draft GGUF (path or catalog name) for the draft-model configurations")
     parser.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated suites (default: {','.join(SUITES)})")
     parser.add_argument(
         "--configs",
@@ -766,7 +768,7 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG", help="plot speedups (or the cost curve); needs edgespec[bench]")
     parser.add_argument("--cost-curve", action="store_true",
                         help=f"only measure the target's time per forward pass over 1..{COST_CURVE_MAX_TOKENS} tokens")
-    parser.set_defaults(handler=handle_bench)
+    parser.set_defaults(func=handle_bench)
 
 
 def handle_bench(args) -> int:

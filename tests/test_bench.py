@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import replace
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import edgespec.engine
-from edgespec import bench
+from edgespec import bench, cli
 
 CONFIGS = ["baseline", "ngram-k2", "ngram-k4", "draft-model-k3", "peer-k2"]
 RUN_FIELDS = {
@@ -180,10 +179,7 @@ def test_bad_workload_line_names_the_file_and_line(tmp_path):
 
 
 def bench_cli(*argv) -> int:
-    parser = argparse.ArgumentParser(prog="edgespec")
-    bench.add_bench_parser(parser.add_subparsers())
-    args = parser.parse_args(["bench", *map(str, argv)])
-    return args.handler(args)
+    return cli.main(["bench", *map(str, argv)])
 
 
 def test_command_writes_json_and_prints_the_table(models, tmp_path, capsys):
