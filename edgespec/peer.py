@@ -43,7 +43,8 @@ from .sampling import SamplingParams
 PEER_WORKAROUND = (
     "llama-cpp-python 0.3.36 peer built with logits_all=True: with a draft_model it sizes its logits "
     "buffer to n_batch rows unless logits_all=True and crashes once prompt+generation passes n_batch "
-    "(n_batch >= prompt length is not enough); the peer only, edgespec itself is unaffected"
+    "(n_batch >= prompt length is not enough); the peer only, edgespec itself is unaffected. Like edgespec's backend, "
+    "the peer loads with use_extra_bufts=False (llama.cpp's AMX kernels segfault this build)"
 )
 
 
