@@ -8,14 +8,15 @@ import functools
 import time
 
 import pytest
+from rich.style import Style
 from rich.table import Table
 
 from tinygguf import write_model_family
 from tui.app import ChatApp
-from tui.config import ChatConfig, config_path
+from tui.config import KEY_ACTIONS, ChatConfig, config_path
 from tui.history import ChatStore
 from tui.screens import HistoryScreen, ModelInfoScreen, SettingsScreen
-from tui.widgets import AssistantMessage, Note, PromptInput, UserMessage
+from tui.widgets import AssistantMessage, BlockView, Note, PromptInput, UserMessage
 
 SIZE = (120, 40)
 
@@ -54,7 +55,7 @@ async def wait_for(pilot, condition, timeout: float = 30.0) -> None:
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting for the app")
-        await pilot.pause(0.02)
+        await asyncio.sleep(0.02)  # not pilot.pause: that waits for every widget to go idle
     await pilot.pause()
 
 
@@ -98,16 +99,41 @@ async def test_prompt_streams_a_reply_with_draft_marks_stats_and_footer(models):
         assert app.query_one("#acceptance").data, "per-step acceptance sparkline"
         assert app.prompt_input.text == ""
 
+        tint = Style(bgcolor=app.config.draft_tint)
+        def tinted_spans():
+            return [s for view in reply.query(BlockView) for s in view.rendered.spans if s.style == tint]
+        assert tinted_spans()
+        await pilot.press("ctrl+t")
+        assert not app.mark_drafts and not tinted_spans()
+        await pilot.press("ctrl+t")
+        assert tinted_spans()
+
+        await pilot.press("ctrl+l")
+        assert app.clipboard == reply.reply.text
+
+        titles = {command.title for command in app.get_system_commands(app.screen)}
+        assert {description for _, description in KEY_ACTIONS.values()} <= titles
+        assert {"Drafting: n-gram", "Drafting: no drafting", "Load model…"} <= titles
+
 
 @pilot_test
 async def test_escape_stops_the_reply_and_keeps_what_arrived(models):
     app = make_app(models, max_tokens=3000, n_ctx=4096)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(80, 24)) as pilot:
         await loaded(pilot)
-        await pilot.click(PromptInput)
-        await pilot.press(*"Tell me everything")
+        app.prompt_input.load_text("Tell me everything")
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
+        stored = app.store.load_chat(app.chat_id)  # saved before the reply: a kill now loses only the reply
+        assert stored.extras["pending_prompt"] == "Tell me everything" and stored.session["messages"] == []
+
+        reply_view = app.generation.view.reply
+        await wait_for(pilot, lambda: app.conversation.max_scroll_y > 5)
+        assert app.conversation.scroll_y == app.conversation.max_scroll_y  # following the stream
+        app.conversation.scroll_home(animate=False)
+        shown = len(reply_view.text)
+        await wait_for(pilot, lambda: len(reply_view.text) > shown + 200)
+        assert app.conversation.scroll_y == 0, "scrolled up: the view stays put"
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.generation is None)
         [reply] = replies(app)
@@ -126,13 +152,13 @@ async def test_escape_stops_the_reply_and_keeps_what_arrived(models):
 
 @pilot_test
 async def test_regenerate_mode_switch_and_new_chat(models):
-    app = make_app(models)
+    app = make_app(models, keymap={"regenerate": "f5"})
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Hello world")
         first = app.session.messages[-1]["content"]
 
-        await pilot.press("ctrl+r")
+        await pilot.press("f5")  # rebound in the keymap
         await wait_for(pilot, lambda: app.generation is None)
         assert [m["role"] for m in app.session.messages] == ["user", "assistant"]
         assert len(replies(app)) == 1

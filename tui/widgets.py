@@ -91,12 +91,14 @@ class BlockView(Static):
     def __init__(self, block: Block):
         super().__init__(classes=block.kind)
         self.block = block
+        self.rendered = Text()
 
     def show(self, block: Block, text: Text) -> None:
         if block.kind != self.block.kind:
             self.set_class(block.kind == "code", "code")
             self.set_class(block.kind == "prose", "prose")
         self.block = block
+        self.rendered = text
         self.border_title = (block.language or None) if block.kind == "code" else None
         self.update(text)
 
@@ -221,4 +223,4 @@ class StatsBar(Horizontal):
 
     def show(self, line: Text, acceptance: list[float]) -> None:
         self.line.update(line)
-        self.sparkline.data = acceptance or [0.0]
+        self.sparkline.data = acceptance
