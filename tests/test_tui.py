@@ -111,6 +111,11 @@ async def test_prompt_streams_a_reply_with_draft_marks_stats_and_footer(models):
         await pilot.press("ctrl+l")
         assert app.clipboard == reply.reply.text
 
+        await pilot.press("f1")
+        assert app.screen.query("HelpPanel")
+        await pilot.press("f1")
+        assert not app.screen.query("HelpPanel")
+
         titles = {command.title for command in app.get_system_commands(app.screen)}
         assert {description for _, description in KEY_ACTIONS.values()} <= titles
         assert {"Drafting: n-gram", "Drafting: no drafting", "Load model…"} <= titles
@@ -193,6 +198,7 @@ async def test_history_and_settings_survive_a_restart(models):
         await send(pilot, "Hello world")
         saved = [dict(m) for m in app.session.messages]
         marks = replies(app)[0].reply.drafted_ranges()
+        app._save(pending_prompt="never answered")  # as sending does, just before a reply that a kill cut off
 
     app = make_app(models, draft_tokens=5)
     async with app.run_test(size=SIZE) as pilot:
@@ -209,6 +215,9 @@ async def test_history_and_settings_survive_a_restart(models):
         assert reply.reply.text == saved[-1]["content"]
         assert reply.reply.drafted_ranges() == marks
         assert "tokens" in str(reply.footer.render())
+        assert app.prompt_input.text == "never answered"
+        assert "no reply" in str(app.query(Note).last().render())
+        app.prompt_input.load_text("")
         await send(pilot, "and again")  # the reopened chat continues
         assert len(app.session.messages) == 4
 
@@ -307,3 +316,16 @@ async def test_context_overflow_is_a_message_not_a_crash(models):
         assert "context" in str(app.query(Note).last().render())
         await send(pilot, "hi")  # still usable
         assert replies(app)
+
+
+@pilot_test
+async def test_a_full_context_drops_the_oldest_turns_with_a_note(models):
+    app = make_app(models, n_ctx=256)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        for turn in range(4):
+            app.prompt_input.load_text(f"turn {turn}: " + "the cat sat on the mat " * 8)
+            await send(pilot, "")
+        notes = [str(note.render()) for note in app.query(Note)]
+        assert any("left the oldest" in note for note in notes), notes
+        assert len(replies(app)) == 4 and app.session.messages[-1]["role"] == "assistant"
