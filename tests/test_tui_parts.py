@@ -73,12 +73,12 @@ STATS = {
 
 def test_reply_footer_gives_speedup_only_once_plain_speed_is_known():
     assert "speedup n/a" in reply_footer(STATS, None)
-    footer = reply_footer(STATS, 16.0)
+    footer = reply_footer(STATS, (16.0, "measured"))
     assert "120 tokens" in footer and "40.0 tok/s" in footer and "accepted 75% (75/100)" in footer
-    assert "2.50× vs plain 16.0 tok/s" in footer
-    assert reply_footer(dict(STATS, finish_reason="cancelled"), 16.0).startswith("stopped")
+    assert "2.50× vs plain 16.0 tok/s (measured)" in footer
+    assert reply_footer(dict(STATS, finish_reason="cancelled"), (16.0, "measured")).startswith("stopped")
     plain = dict(STATS, mode="none", draft_tokens_proposed=0)
-    assert "baseline" in reply_footer(plain, 16.0)
+    assert "baseline" in reply_footer(plain, (16.0, "measured"))
 
 
 def test_stats_line_shows_mode_models_numbers_and_context():

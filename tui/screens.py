@@ -70,7 +70,7 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
                 yield from _field("Top-k", "top-k", sampling.top_k)
                 yield from _field("Max tokens", "max-tokens", sampling.max_tokens)
                 yield from _field("Draft tokens", "draft-tokens", self.settings.draft_tokens)
-            yield Static("", id="settings-error", classes="error")
+            yield Static("", id="settings-error")
             with Horizontal(classes="buttons"):
                 yield Button("Apply", id="apply", variant="primary")
                 yield Button("Apply and save as defaults", id="save")

@@ -58,8 +58,11 @@ def context_used(stats: dict) -> int:
     return stats["prompt_tokens"] + stats["tokens_generated"]
 
 
-def reply_footer(stats: dict, plain_tokens_per_second: float | None) -> str:
-    """One line under a finished reply: tokens, speed, acceptance and speedup over plain decoding."""
+def reply_footer(stats: dict, plain: tuple[float, str] | None) -> str:
+    """One line under a finished reply: tokens, speed, acceptance and speedup over plain decoding.
+
+    plain is (tok/s, where it comes from) of this model decoding without drafting, or None.
+    """
     tokens = stats["tokens_generated"]
     parts = []
     if stats.get("finish_reason") == "cancelled":
@@ -77,8 +80,9 @@ def reply_footer(stats: dict, plain_tokens_per_second: float | None) -> str:
         )
     if mode == "none":
         parts.append("plain decoding (the speedup baseline)")
-    elif plain_tokens_per_second and tokens:
-        parts.append(f"{speed / plain_tokens_per_second:.2f}× vs plain {plain_tokens_per_second:.1f} tok/s")
+    elif plain and tokens:
+        plain_speed, source = plain
+        parts.append(f"{speed / plain_speed:.2f}× vs plain {plain_speed:.1f} tok/s ({source})")
     else:
-        parts.append("speedup n/a (no plain-decoding reply measured yet)")
+        parts.append("speedup n/a (no plain-decoding speed known yet)")
     return " · ".join(parts)
