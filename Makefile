@@ -1,13 +1,21 @@
 # Both entry points build what they need on a fresh machine: the virtualenv,
-# the packages (llama-cpp-python compiles llama.cpp: ~10 minutes the first
-# time, then pip's wheel cache makes it quick) and the models.
+# the packages and the models.
+#
+# llama-cpp-python is compiled from source with llamafile's tinyBLAS kernels
+# off: with them, a token's logits depend on how many tokens share its forward
+# pass, and speculative decoding would no longer reproduce plain decoding bit
+# for bit.  The wheel is kept in a per-user wheelhouse keyed by the CMake flags,
+# so the ~10-minute compile happens once per machine, not once per clone.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CMAKE_ARGS := -DGGML_LLAMAFILE=OFF $(CMAKE_ARGS)
+WHEELHOUSE := $(HOME)/.cache/edgespec/wheels/$(shell echo "$(LLAMA_CPP_VERSION) $(LLAMA_CMAKE_ARGS)" | md5sum | cut -c1-12)
 
-.PHONY: chat test models
+.PHONY: chat test
 
 chat: $(INSTALLED)
 	$(BIN)/edgespec models pull qwen2.5-coder-1.5b-instruct
@@ -20,5 +28,9 @@ test: $(INSTALLED)
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	ls $(WHEELHOUSE)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip wheel --no-cache-dir --no-deps \
+		llama-cpp-python==$(LLAMA_CPP_VERSION) --wheel-dir $(WHEELHOUSE)
+	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps $(WHEELHOUSE)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $@

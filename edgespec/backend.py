@@ -45,6 +45,17 @@ llama_cpp.llama_backend_init()
 RUNTIME = f"llama-cpp-python {llama_cpp.__version__}"
 
 
+def width_independent_kernels() -> bool:
+    """False when llama.cpp was built with llamafile's tinyBLAS kernels.
+
+    Those take over matrix products of two or more tokens but not of one, and
+    round differently, so a token's logits would depend on how many tokens
+    share its forward pass.  `make` builds llama-cpp-python with
+    -DGGML_LLAMAFILE=OFF for that reason.
+    """
+    return b"LLAMAFILE = 1" not in llama_cpp.llama_print_system_info()
+
+
 def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
@@ -133,6 +144,9 @@ class LlamaModel:
         params.n_outputs_max = MAX_OUTPUT_ROWS
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
+        # Flash attention tiles its reductions by the number of tokens in the
+        # pass, so a verified row would differ from the same row decoded alone.
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not ctx:
             llama_cpp.llama_model_free(self._model)

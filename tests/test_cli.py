@@ -1,0 +1,56 @@
+"""`edgespec run` as a user runs it: streamed text, --json, stdin, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+EDGESPEC = [sys.executable, "-m", "edgespec.cli"]
+
+
+def run_cli(*args, stdin=None):
+    return subprocess.run([*EDGESPEC, *args], input=stdin, capture_output=True, text=True, timeout=300)
+
+
+def test_run_json_is_one_object_and_modes_agree(tiny_models):
+    outputs = {}
+    for draft in ("none", "ngram", str(tiny_models["draft"])):
+        done = run_cli("run", "the cat sat on the mat", "--raw", "--json", "--model", str(tiny_models["target"]),
+                       "--draft", draft, "--temperature", "0", "--max-tokens", "32", "--threads", "1", "--n-ctx", "512")
+        assert done.returncode == 0, done.stderr
+        outputs[draft] = json.loads(done.stdout)
+    assert {o["stats"]["mode"] for o in outputs.values()} == {"none", "ngram", "draft-model"}
+    ids = [o["token_ids"] for o in outputs.values()]
+    assert ids[0] == ids[1] == ids[2] and len(ids[0]) == 32
+
+
+def test_run_streams_text_and_reads_the_prompt_from_stdin(tiny_models):
+    done = run_cli("run", "-", "--raw", "--model", str(tiny_models["target"]), "--draft", "ngram",
+                   "--temperature", "0", "--max-tokens", "16", "--threads", "1", "--n-ctx", "512",
+                   stdin="hello world, hello world")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
+    assert "tokens" in done.stderr and "acceptance" in done.stderr and "target passes/token" in done.stderr
+
+
+@pytest.mark.parametrize("make_bad, expected", [
+    (lambda tmp, models: ["--model", str(tmp / "missing.gguf")], "does not exist"),
+    (lambda tmp, models: ["--model", str(_write(tmp / "notes.gguf", b"hello"))], "GGUF"),
+    (lambda tmp, models: ["--model", str(models["target"]), "--draft", str(models["mismatch"])], "cannot draft for"),
+    (lambda tmp, models: ["--model", str(models["target"]), "--n-ctx", "256"], "context"),
+])
+def test_bad_input_gets_one_line_and_no_traceback(tmp_path, tiny_models, make_bad, expected):
+    prompt = "word " * 400 if expected == "context" else "hello"
+    done = run_cli("run", prompt, "--raw", "--draft", "none", "--threads", "1", *make_bad(tmp_path, tiny_models))
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("edgespec:")]
+    assert len(lines) == 1 and expected in lines[0], done.stderr
+
+
+def _write(path, data):
+    path.write_bytes(data)
+    return path

@@ -1,0 +1,95 @@
+"""The engine on a real model: SmolLM2-135M-Instruct Q4_1 (pulled from PyPI by `make test`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from edgespec import ChatSession, Engine, SamplingParams
+
+CODE = '''def mean(values):
+    total = 0
+    for value in values:
+        total = total + value
+    return total / len(values)
+'''
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm2_path):
+    engine = Engine.load(smollm2_path, "ngram", n_ctx=2048, draft_tokens=4, n_threads=2)
+    yield engine
+    engine.close()
+
+
+def test_greedy_ngram_equals_greedy_plain(smollm):
+    params = SamplingParams(temperature=0.0, max_tokens=128)
+    prompt = f"Rewrite this function with type hints and a docstring. Then explain, line by line, what it does and when it fails:\n\n{CODE}"
+    smollm.set_mode("none")
+    plain = smollm.generate(prompt, params)
+    smollm.set_mode("ngram")
+    spec = smollm.generate(prompt, params)
+    assert len(plain.token_ids) >= 64
+    assert spec.token_ids == plain.token_ids and spec.text == plain.text
+
+    stats = spec.stats
+    assert stats["mode"] == "ngram" and plain.stats["mode"] == "none"
+    assert 0 < stats["draft_tokens_accepted"] <= stats["draft_tokens_proposed"]
+    assert stats["acceptance_rate"] == stats["draft_tokens_accepted"] / stats["draft_tokens_proposed"]
+    # one target pass per step; each step emits its accepted drafts plus one target token
+    assert stats["target_forward_passes"] == stats["steps"]
+    emitted = stats["tokens_generated"] + (stats["finish_reason"] == "stop")
+    assert emitted == stats["steps"] + stats["draft_tokens_accepted"]
+    assert stats["target_passes_per_token"] < plain.stats["target_passes_per_token"]
+    assert plain.stats["target_forward_passes"] == plain.stats["steps"]
+
+
+def test_two_turn_chat_with_reuse_equals_a_fresh_session(smollm):
+    smollm.set_mode("ngram")
+    params = SamplingParams(temperature=0.0, max_tokens=80)
+    code_only = SamplingParams(temperature=0.0, max_tokens=80, stop=("\n```\n",))
+    session = ChatSession(smollm)
+    first = session.send(f"Here is a function:\n\n```python\n{CODE}```\n\nWhat does it do?", params)
+    second = session.send("Repeat the function exactly as I wrote it, in a code block.", code_only)
+    assert "def mean(values):" in second.text
+    assert second.stats["prompt_tokens_reused"] > second.stats["prompt_tokens_evaluated"]
+    # the n-gram drafter copies the function from the first turn
+    assert second.stats["acceptance_rate"] >= 0.4, second.stats
+    assert second.stats["acceptance_rate"] > 2 * first.stats["acceptance_rate"]
+    assert second.stats["target_passes_per_token"] < 0.6
+
+    smollm.target.rewind(0)  # nothing cached: a truly fresh session
+    smollm.set_mode("none")
+    fresh = ChatSession(smollm)
+    fresh.messages = session.messages[:3]
+    reference = list(fresh.stream_reply(code_only))[-1].result
+    assert reference.token_ids == second.token_ids
+
+
+LOAD_AND_MEASURE = textwrap.dedent('''
+    import json, sys
+    def rss():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    from edgespec.backend import LlamaModel
+    before = rss()
+    model = LlamaModel(sys.argv[1], n_ctx=32768, n_threads=2)
+    ids = model.tokenize("Hello there, how are you today?", add_special=True)
+    model.decode(ids, n_logits=len(ids))
+    print(json.dumps({"growth": rss() - before, "n_vocab": model.n_vocab, "n_ctx": model.n_ctx}))
+''')
+
+
+def test_a_32k_context_allocates_no_full_logits_buffer(smollm2_path):
+    out = subprocess.run([sys.executable, "-c", LOAD_AND_MEASURE, str(smollm2_path)],
+                         capture_output=True, text=True, check=True, timeout=300)
+    measured = json.loads(out.stdout)
+    full_logits = measured["n_ctx"] * measured["n_vocab"] * 4  # what logits_all=True would allocate
+    assert measured["n_ctx"] == 32768
+    # weights (~92 MiB) + a 32k KV cache (~720 MiB) + buffers; the logits buffer alone would be 6 GiB
+    assert measured["growth"] < full_logits / 4, measured
