@@ -88,10 +88,6 @@ class ChatConfig:
         except ValueError as error:
             raise ConfigError(f"bad sampling setting in {config_path()} or the flags: {error}") from None
 
-    def bindings(self) -> dict[str, str]:
-        """Action -> keys, defaults merged with the keymap."""
-        return {action: self.keymap.get(action, keys) for action, (keys, _) in KEY_ACTIONS.items()}
-
 
 _TOP_LEVEL = ("model", "draft", "draft_tokens", "n_ctx", "gpu_layers", "draft_gpu_layers", "memory_budget",
               "system_prompt", "draft_tint")
