@@ -329,3 +329,19 @@ async def test_a_full_context_drops_the_oldest_turns_with_a_note(models):
         notes = [str(note.render()) for note in app.query(Note)]
         assert any("left the oldest" in note for note in notes), notes
         assert len(replies(app)) == 4 and app.session.messages[-1]["role"] == "assistant"
+
+
+@pilot_test
+async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
+    app = make_app(models, max_tokens=3000)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.prompt_input.load_text("Tell me everything")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
+        stream = app.generation.stream
+        await pilot.press("ctrl+q")
+    started = time.monotonic()
+    app.close_engine()
+    assert stream.finished.is_set() and stream.result.finish_reason == "cancelled"
+    assert app.engine is None and time.monotonic() - started < 5
