@@ -26,6 +26,12 @@ from .errors import ContextOverflowError, ModelFileError, ModelLoadError
 # 152k vocab x 4 bytes = 311 MB for Qwen); we only ever verify k+1 rows.
 MAX_OUTPUT_ROWS = 64
 
+# Tokens per physical pass during prefill.  Without flash attention the
+# attention scores of one layer take n_ubatch x n_ctx x n_head floats, so a
+# smaller ubatch keeps long contexts affordable; verification passes (at most
+# MAX_DRAFT_TOKENS + 1 wide) always fit in one.
+N_UBATCH = 128
+
 _recent_log_lines: deque[str] = deque(maxlen=20)
 
 
@@ -39,6 +45,7 @@ def _capture_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 
 llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
+_SYSTEM_INFO: bytes = llama_cpp.llama_print_system_info()
 
 
 # What a calibrated cost curve depends on besides the model and the machine.
@@ -53,7 +60,7 @@ def width_independent_kernels() -> bool:
     share its forward pass.  `make` builds llama-cpp-python with
     -DGGML_LLAMAFILE=OFF for that reason.
     """
-    return b"LLAMAFILE = 1" not in llama_cpp.llama_print_system_info()
+    return b"LLAMAFILE = 1" not in _SYSTEM_INFO
 
 
 def supports_gpu_offload() -> bool:
@@ -103,7 +110,7 @@ class LlamaModel:
         self.n_threads = n_threads or default_threads()
         self._ctx = self._create_context(n_ctx, n_batch, self.n_threads)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
-        self.n_batch = n_batch
+        self.n_batch = llama_cpp.llama_n_batch(self._ctx)  # llama.cpp caps it at n_ctx
         self.n_gpu_layers = n_gpu_layers
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
@@ -123,10 +130,11 @@ class LlamaModel:
     def _load_model(self, n_gpu_layers: int):
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
-        # The extra CPU buffer types include llama.cpp's AMX kernels, which crash
-        # this build on AMX-capable Xeons (segfault in ggml_backend_amx_mul_mat
-        # on the first batched matmul); the plain CPU kernels are safe everywhere.
-        params.use_extra_bufts = False
+        # The extra CPU buffer types hold weights repacked for faster kernels,
+        # but in a build with AMX they include llama.cpp's AMX kernels, which
+        # segfault on some Xeons (in ggml_backend_amx_mul_mat); `make` builds
+        # without AMX.
+        params.use_extra_bufts = b"AMX_INT8 = 1" not in _SYSTEM_INFO
         _recent_log_lines.clear()
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
@@ -139,7 +147,7 @@ class LlamaModel:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
-        params.n_ubatch = n_batch
+        params.n_ubatch = min(n_batch, N_UBATCH)
         params.n_seq_max = 1
         params.n_outputs_max = MAX_OUTPUT_ROWS
         params.n_threads = n_threads

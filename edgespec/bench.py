@@ -284,7 +284,7 @@ class _Runner:
         engine.set_mode("none" if config.drafter == "baseline" else config.drafter)
         if config.draft_tokens is not None:
             engine.draft_tokens = config.draft_tokens
-        _forget_kv_cache(engine)
+        engine.forget_cache()  # a bench run must pay (and time) its prefill in full
         result = None
         for event in engine.stream_tokens(ids, params):
             if isinstance(event, Done):
@@ -334,13 +334,6 @@ class _Runner:
             "token_ids": None,  # llama-cpp-python's stream gives text only
             "text": result.text,
         }
-
-
-def _forget_kv_cache(engine) -> None:
-    # The engine reuses a cached prompt prefix; a bench run must pay (and time) its prefill in full.
-    engine.target.rewind(0)
-    if engine.draft is not None:
-        engine.draft.rewind(0)
 
 
 def check_exactness(prompt_runs: list[dict]) -> None:

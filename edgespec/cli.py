@@ -153,7 +153,9 @@ def _add_chat_parser(subparsers) -> None:
     parser = subparsers.add_parser("chat", help="the terminal chat app")
     add_engine_options(parser)
     add_sampling_options(parser, max_tokens=1024)
-    parser.set_defaults(func=_chat)
+    # flags the user leaves out fall back to config.toml, whose own defaults match the ones above
+    parser.set_defaults(func=_chat, model=None, draft=None, draft_tokens=None, n_ctx=None, temperature=None,
+                        top_k=None, top_p=None, min_p=None, max_tokens=None)
 
 
 def _chat(args: argparse.Namespace) -> int:

@@ -13,13 +13,13 @@ import codecs
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import RUNTIME, LlamaModel, common_prefix_length, supports_gpu_offload
+from .backend import RUNTIME, LlamaModel, common_prefix_length, supports_gpu_offload, width_independent_kernels
 from .calibration import CalibrationCache, CalibrationKey, StepTimeWatch, load_or_measure
 from .controller import CostModel, DraftLengthController
 from .chat_template import ChatTemplate
@@ -152,14 +152,14 @@ def _print_notice(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _resolve_draft(target, draft, notice) -> Path | None:
+def _resolve_draft(target, draft, pull: bool, notice) -> Path | None:
     """The draft GGUF to consider, or None for n-gram / plain decoding."""
     if draft in (None, "none", "ngram"):
         return None
     if draft == "auto":
         name = _catalog_draft_for(target)
-        return resolve_draft(name, notice=notice) if name else None
-    return resolve_model(draft, notice=notice)
+        return resolve_draft(name, pull=pull, notice=notice) if name else None
+    return resolve_model(draft, pull=pull, notice=notice)
 
 
 def _catalog_draft_for(target) -> str | None:
@@ -174,11 +174,14 @@ def _catalog_draft_for(target) -> str | None:
 
 def plan_load(
     target, draft="auto", *, n_ctx: int, n_gpu_layers=None, draft_gpu_layers=None,
-    memory_budget=None, notice: Callable[[str], None] = _print_notice,
+    memory_budget=None, pull: bool = True, notice: Callable[[str], None] = _print_notice,
 ) -> tuple[Path, Path | None, Plan]:
-    """Resolve the model names to files and plan their memory: what Engine.load will do."""
-    target_path = resolve_model(target, notice=notice)
-    draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, notice)
+    """Resolve the model names to files and plan their memory: what Engine.load will do.
+
+    pull=False never downloads: a missing target is an error, a missing draft means n-grams.
+    """
+    target_path = resolve_model(target, pull=pull, notice=notice)
+    draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, pull, notice)
     # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
     forced_mode = (draft or "none") if draft in (None, "none", "ngram") else None
     plan = plan_models(
@@ -211,6 +214,7 @@ class Engine:
         self.plan = plan
         self.draft_tokens = draft_tokens
         self._controllers: dict[str, DraftLengthController] = {}  # filled by calibrate()
+        self.plain_step_seconds: float | None = None  # one-token target pass, once calibrated
         self._step_watch: StepTimeWatch | None = None
         self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft is not None:
@@ -235,6 +239,7 @@ class Engine:
         draft_tokens: int | str = "auto",
         n_threads: int | None = None,
         memory_budget: str | int | None = None,
+        pull: bool = True,
         notice: Callable[[str], None] = _print_notice,
     ) -> "Engine":
         """Load a target and its drafter.
@@ -248,8 +253,11 @@ class Engine:
         """
         target_path, draft_path, plan = plan_load(
             target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
-            memory_budget=memory_budget, notice=notice,
+            memory_budget=memory_budget, pull=pull, notice=notice,
         )
+        if not width_independent_kernels():
+            notice("this llama.cpp build has llamafile kernels, so greedy output may differ from plain decoding "
+                   "where two tokens nearly tie; rebuild llama-cpp-python with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF (make does)")
         target_model = LlamaModel(target_path, n_ctx=n_ctx, n_gpu_layers=plan.target_gpu_layers, n_threads=n_threads)
         draft_model = None
         if plan.mode == "draft-model":
@@ -270,6 +278,7 @@ class Engine:
         key = CalibrationKey.for_model(self.target.path, self.target.n_gpu_layers, self.target.n_threads, RUNTIME)
         filler = max(self.target.bos_id, 0)
         curve = load_or_measure(key, lambda n: self.target.time_forward(n, filler), MAX_DRAFT_TOKENS + 1, cache)
+        self.plain_step_seconds = curve[0]
         self._step_watch = StepTimeWatch(cache, key, curve)
         # one controller per drafter: only the draft model charges time per drafted token
         self._controllers = {"ngram": DraftLengthController(CostModel(curve), k_max=MAX_DRAFT_TOKENS)}
@@ -279,6 +288,12 @@ class Engine:
             controller = DraftLengthController(CostModel(curve, draft_seconds), k_max=MAX_DRAFT_TOKENS)
             drafter.stop_threshold = controller.p_min
             self._controllers["draft-model"] = controller
+
+    def forget_cache(self) -> None:
+        """Empty the KV caches, so the next prompt is evaluated in full."""
+        self.target.rewind(0)
+        if self.draft is not None:
+            self.draft.rewind(0)
 
     # -- settings ------------------------------------------------------------
 

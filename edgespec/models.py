@@ -259,14 +259,14 @@ def resolve_model(name_or_path: str | os.PathLike, *, pull: bool = True,
     return _pull_entry(entry, progress=True, before_fetch=announce)
 
 
-def resolve_draft(name_or_path: str | os.PathLike, *,
+def resolve_draft(name_or_path: str | os.PathLike, *, pull: bool = True,
                   notice: Callable[[str], None] = _print_notice) -> Path | None:
-    """Like resolve_model, but a draft that cannot be fetched is not fatal.
+    """Like resolve_model, but a draft that is missing or cannot be fetched is not fatal.
 
     Returns None after a one-line notice; the caller then drafts with n-grams.
     """
     try:
-        return resolve_model(name_or_path, notice=notice)
+        return resolve_model(name_or_path, pull=pull, notice=notice)
     except ModelUnavailableError as error:
         notice(draft_fallback_message(str(name_or_path), error))
         return None

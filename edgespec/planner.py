@@ -30,9 +30,9 @@ from edgespec.memory import MemoryBudget, budget_override, detect_memory, format
 
 MODES = ("draft-model", "ngram", "none")
 
-# What edgespec.backend.LlamaModel asks llama.cpp for (n_batch == n_ubatch,
+# What edgespec.backend.LlamaModel asks llama.cpp for (n_ubatch = N_UBATCH,
 # n_outputs_max = MAX_OUTPUT_ROWS); the compute buffer scales with both.
-DEFAULT_N_BATCH = 512
+DEFAULT_N_BATCH = 128
 DEFAULT_N_OUTPUTS = 64
 
 # llama.cpp keeps the tokenizer (token strings, merge table, lookup maps) and a
@@ -106,22 +106,28 @@ def compute_bytes(info: GGUFInfo, n_ctx: int, n_batch: int = DEFAULT_N_BATCH,
                   n_outputs: int = DEFAULT_N_OUTPUTS) -> int:
     """Allowance for llama.cpp's compute buffer, which it sizes for the worst batch.
 
-    Three terms, all f32 activations except the f16 attention mask:
+    All f32 activations except the f16 attention mask:
     - the logits rows: n_outputs x n_vocab;
+    - one layer's attention scores, n_ubatch x n_ctx x n_head: the backend
+      turns flash attention off (its results depend on the pass width), so the
+      scores exist.  They and the logits are never alive at once, so the
+      allocator needs only the larger of the two;
     - one layer's activations for a whole ubatch: the FFN's gate and up
       projections (n_ff wide each) and two n_embd-wide tensors (the residual
       and the attention output), as ggml's allocator reuses memory across layers;
-    - the attention mask, n_ubatch x n_ctx in f16 (flash attention, which
-      llama.cpp turns on by itself, never materialises the n_ctx x n_head scores).
-    It bounds what llama.cpp 0.3.36 reported on CPU for SmolLM2-135M
-    (14.0-35.0 MiB for n_ctx 512-8192, n_ubatch 256-1024) and Qwen2.5-1.5B
-    (68.5 MiB at n_ctx 4096; the formula gives 82.1), 0-40% above them.
+    - the attention mask, n_ubatch x n_ctx in f16.
+    It bounds what llama.cpp 0.3.36 reported on CPU with n_ubatch 128 and 64
+    output rows: SmolLM2-135M 12.4 / 21.6 / 41.6 MiB at n_ctx 512 / 4096 / 8192
+    (formula 16.1 / 23.2 / 45.6), Qwen2.5-1.5B 38.6 / 38.6 / 56.0 MiB
+    (formula 55.3 / 55.8 / 68.9).
     """
     n_ff = int(info.metadata.get(f"{info.architecture}.feed_forward_length", 4 * info.n_embd))
     logits = 4 * min(n_outputs, n_batch) * info.vocab_size
+    scores = 4 * n_batch * n_ctx * info.n_head
     layer = 4 * n_batch * (2 * n_ff + 2 * info.n_embd)
     mask = 2 * n_batch * n_ctx
-    return logits + layer + mask
+    # +10% for what the terms leave out: alignment and the small per-op tensors
+    return (max(logits, scores) + layer + mask) * 11 // 10
 
 
 def runtime_bytes(info: GGUFInfo) -> int:

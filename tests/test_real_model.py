@@ -62,7 +62,7 @@ def test_two_turn_chat_with_reuse_equals_a_fresh_session(smollm):
     assert second.stats["acceptance_rate"] > 2 * first.stats["acceptance_rate"]
     assert second.stats["target_passes_per_token"] < 0.6
 
-    smollm.target.rewind(0)  # nothing cached: a truly fresh session
+    smollm.forget_cache()  # nothing cached: a truly fresh session
     smollm.set_mode("none")
     fresh = ChatSession(smollm)
     fresh.messages = session.messages[:3]

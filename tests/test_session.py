@@ -25,7 +25,7 @@ def engines(tiny_models):
 
 def fresh_reply(engine, session: ChatSession, params=GREEDY):
     """What a brand-new session would answer to the same history (nothing cached)."""
-    engine.target.rewind(0)
+    engine.forget_cache()
     reference = ChatSession(engine, session.system_prompt)
     reference.messages = [m for m in session.messages]
     return reference.stream_reply(params)

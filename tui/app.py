@@ -9,7 +9,6 @@ the UI.  Entry point: `run_chat`.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 import time
 import traceback
@@ -27,9 +26,6 @@ from textual.message import Message
 from textual.widgets import Footer, Header
 
 from edgespec import ChatSession, Done, EdgespecError, Engine, Notice, Step, models
-from edgespec.backend import RUNTIME
-from edgespec.calibration import CalibrationCache, CalibrationKey
-from edgespec.engine import MAX_DRAFT_TOKENS
 from edgespec.gguf_info import read_gguf_info
 from edgespec.planner import format_plan_table
 from tui import stats as stats_text
@@ -156,9 +152,8 @@ class ChatApp(App):
     def _load_worker(self, model: str, draft: str) -> None:
         notices: list[str] = []
         try:
-            target, drafter = resolve_offline(model, draft, notices.append)
             engine = Engine.load(
-                target, drafter, n_ctx=self.config.n_ctx, n_gpu_layers=self.config.gpu_layers,
+                model or models.default_pair()[0], draft, pull=False, n_ctx=self.config.n_ctx, n_gpu_layers=self.config.gpu_layers,
                 draft_gpu_layers=self.config.draft_gpu_layers, draft_tokens=self.settings.draft_tokens,
                 n_threads=self.n_threads, memory_budget=self.config.memory_budget, notice=notices.append)
         except EdgespecError as error:
@@ -307,10 +302,8 @@ class ChatApp(App):
         measured = self.store.plain_speed(self._model_key())
         if measured is not None and measured[1] > 0:
             return measured[0] / measured[1], "measured"
-        target = self.engine.target
-        key = CalibrationKey.for_model(target.path, target.n_gpu_layers, target.n_threads, RUNTIME)
-        curve = CalibrationCache().load(key, MAX_DRAFT_TOKENS + 1)
-        return (1 / curve[0], "calibrated") if curve else None
+        seconds = self.engine.plain_step_seconds
+        return (1 / seconds, "calibrated") if seconds else None
 
     def _model_key(self) -> str:
         path = Path(self.engine.target_path).resolve()
@@ -595,40 +588,6 @@ def _content_key(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
 
 
-def resolve_offline(model: str, draft: str, notice: Callable[[str], None]) -> tuple[Path, str | Path]:
-    """(target, drafter) for Engine.load, from files already on disk: the app never downloads.
-
-    "auto" becomes the catalog's draft for the target when that is present,
-    else "ngram"; the memory plan may still drop a draft that does not fit.
-    """
-    catalog = models.load_catalog()
-    if not model:
-        model = models.default_pair()[0]
-    target = models.resolve_model(model, pull=False, notice=notice)
-    if draft in ("ngram", "none"):
-        return target, draft
-    if draft == "auto":
-        names = {model} | {e.name for e in catalog.models.values() if models.local_path(e) == target}
-        draft = next((pair.draft for pair in catalog.pairs if pair.target in names), None)
-        if draft is None:
-            return target, "ngram"
-    try:
-        return target, models.resolve_model(draft, pull=False, notice=notice)
-    except models.ModelUnavailableError as error:
-        notice(models.draft_fallback_message(draft, error))
-        return target, "ngram"
-
-
-def chat_threads() -> int:
-    """CPU threads for inference: all cores but one, up to 8.
-
-    llama.cpp's threads spin while they wait for each other, so when they take
-    every core, the UI thread's slices stall each pass (measured: Qwen2.5-Coder
-    1.5B on 2 busy cores, 0.8 tok/s with 2 threads, 5.9 tok/s with 1).
-    """
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
-
-
 def run_chat(args=None, **overrides) -> int:
     """Run the chat app; returns the exit code.
 
@@ -636,7 +595,7 @@ def run_chat(args=None, **overrides) -> int:
     both may give model, draft, draft_tokens, n_ctx, gpu_layers,
     draft_gpu_layers, memory_budget, temperature, top_p, top_k, min_p,
     max_tokens, system and threads.  A value of None leaves the setting to
-    config.toml (threads: to chat_threads()).  Raises EdgespecError for a bad config file or history
+    config.toml (threads: to llama.cpp's default).  Raises EdgespecError for a bad config file or history
     database.
     """
     values = dict(vars(args)) if args is not None else {}
@@ -646,7 +605,7 @@ def run_chat(args=None, **overrides) -> int:
     config = load_config().with_overrides(
         system_prompt=values.get("system"), **{name: values.get(name) for name in fields})
     store = ChatStore()
-    app = ChatApp(config, store, n_threads=values.get("threads") or chat_threads())
+    app = ChatApp(config, store, n_threads=values.get("threads"))
     try:
         app.run()
     finally:
