@@ -3,7 +3,7 @@
 The target is loaded once; every configuration runs on that same model, with
 drafting switched between runs (``Engine.set_mode`` and the draft length).
 The only exception is the peer, llama-cpp-python's own prompt lookup, which
-needs its own ``llama_cpp.Llama`` (see ``edgespec/peer.py``), loaded once too.
+needs its own ``llama_cpp.Llama`` (``backend.PromptLookupPeer``), loaded once too.
 For each prompt the configuration order is rotated, so drift (thermal, page
 cache, other load) hits every configuration alike.  Every run starts with a
 cold KV cache, so prefill is always paid in full and measured.
@@ -197,7 +197,7 @@ def run_bench(
     try:
         plan = resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft is not None, configs is not None)
         if any(c.drafter == "peer" for c in plan):
-            from .peer import PromptLookupPeer
+            from .backend import PromptLookupPeer
 
             peer = PromptLookupPeer(
                 engine.target_path, n_ctx=engine.n_ctx, n_threads=n_threads, n_gpu_layers=engine.target.n_gpu_layers
@@ -477,7 +477,7 @@ def _quantile(values: list[float], q: float) -> float | None:
 
 def _meta(model, draft, prompts, repeats, temperatures, seed, n_ctx, n_threads, started, rss_scope, with_peer) -> dict:
     if with_peer:
-        from .peer import PEER_WORKAROUND
+        from .backend import PEER_WORKAROUND
     return {
         "model": str(model),
         "draft": str(draft) if draft else None,
