@@ -24,6 +24,10 @@ from .errors import VocabMismatchError
 from .sampling import SamplingParams, sample, to_probs
 
 
+# Drafting modes by drafter name, best first; "none" is plain decoding.
+MODES = ("draft-model", "ngram", "none")
+
+
 @dataclass(frozen=True)
 class Hint:
     signal: int = 0  # drafter-specific confidence, e.g. the n-gram match length

@@ -30,7 +30,6 @@ from .planner import Plan, plan_models
 from .sampling import SamplingParams, to_probs
 from .verify import verify
 
-MODES = ("draft-model", "ngram", "none")
 # The longest draft the adaptive controller may choose; on a 2-core CPU a pass
 # over 33 tokens still costs only ~18 single steps, so copying long spans pays.
 MAX_DRAFT_TOKENS = 32
@@ -197,11 +196,14 @@ def plan_load(
 
 
 def _load_draft(target: LlamaModel, path: Path, n_ctx: int, gpu_layers: int, n_threads) -> LlamaModel:
-    draft = LlamaModel(path, n_ctx=n_ctx, n_gpu_layers=gpu_layers, n_threads=n_threads)
+    """Load the draft and check it against the target; on failure free both."""
+    draft = None
     try:
+        draft = LlamaModel(path, n_ctx=n_ctx, n_gpu_layers=gpu_layers, n_threads=n_threads)
         check_vocab_compatible(target, draft)
     except EdgespecError:
-        draft.close()
+        if draft is not None:
+            draft.close()
         target.close()
         raise
     return draft
@@ -294,6 +296,14 @@ class Engine:
         self.target.rewind(0)
         if self.draft is not None:
             self.draft.rewind(0)
+
+    def plain_logits(self, ids: list[int]) -> np.ndarray:
+        """The target's logits after ids as plain decoding computes them: the last token in a pass of its own."""
+        self.forget_cache()
+        self.target.decode(ids[:-1], n_logits=0)
+        logits = self.target.decode(ids[-1:], n_logits=1)[0]
+        self.forget_cache()
+        return logits
 
     # -- settings ------------------------------------------------------------
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from rich.table import Table
 
+from edgespec.drafters import MODES
 from edgespec.gguf_info import GGUFInfo, read_gguf_info
 from edgespec.memory import MemoryBudget, budget_override, detect_memory, format_size, parse_size
 
-MODES = ("draft-model", "ngram", "none")
 
 # What edgespec.backend.LlamaModel asks llama.cpp for (n_ubatch = N_UBATCH,
 # n_outputs_max = MAX_OUTPUT_ROWS); the compute buffer scales with both.

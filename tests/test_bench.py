@@ -18,7 +18,7 @@ RUN_FIELDS = {
     "tokens_generated", "finish_reason", "prefill_seconds", "decode_seconds", "end_to_end_seconds",
     "decode_tokens_per_second", "draft_tokens_proposed", "draft_tokens_accepted", "acceptance_rate",
     "target_forward_passes", "target_passes_per_token", "mean_draft_tokens", "k0_steps", "steps", "token_ids",
-    "text", "peak_rss_mb", "matches_baseline",
+    "text", "peak_rss_mb", "matches_baseline", "prompt_ids",
 }
 SUMMARY_FIELDS = {
     "temperature", "suite", "config", "drafter", "draft_tokens", "runs", "prompts", "decode_tps_median",
@@ -228,3 +228,14 @@ def test_cost_curve_times_every_width(models):
     assert points[0]["relative_to_one"] == pytest.approx(1.0)
     assert all(p["min_ms"] <= p["median_ms"] <= p["max_ms"] for p in points)
     assert results["meta"]["context_tokens"] > 100
+
+
+def test_a_near_tie_of_the_target_is_reported_not_failed():
+    baseline = {"config": "baseline", "prompt_id": "p", "repeat": 0, "prompt_ids": [1, 2], "token_ids": [5, 6, 7], "text": ""}
+    other = {"config": "ngram-k4", "prompt_id": "p", "repeat": 0, "prompt_ids": [1, 2], "token_ids": [5, 8, 7], "text": ""}
+    close = lambda ids: [0.0] * 6 + [3.0, 0.0, 2.9]  # tokens 6 and 8 are 0.1 apart after [1, 2, 5]
+    far = lambda ids: [0.0] * 6 + [3.0, 0.0, 0.5]
+    ties = bench.check_exactness([baseline, other], close)
+    assert ties == [{"config": "ngram-k4", "prompt_id": "p", "repeat": 0, "position": 1, "logit_gap": pytest.approx(0.1)}]
+    with pytest.raises(bench.ExactnessError, match="2.50 logits apart"):
+        bench.check_exactness([baseline, other], far)

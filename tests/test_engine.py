@@ -35,7 +35,7 @@ def generate_ids(engine, mode, prompt, params, draft_tokens):
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-@pytest.mark.parametrize("draft_tokens", [1, 3, 8])
+@pytest.mark.parametrize("draft_tokens", [1, 3, 8, "auto"])
 def test_greedy_output_is_identical_in_every_mode(engine, prompt, draft_tokens):
     params = SamplingParams(temperature=0.0, max_tokens=48)
     plain = generate_ids(engine, "none", prompt, params, draft_tokens)
@@ -184,3 +184,91 @@ def test_a_possible_stop_string_is_held_back_until_settled():
     assert text.feed(b" EN") == " "
     assert text.feed(b"D tail") == "" and text.stopped
     assert text.text == "abc ENx "
+
+
+# -- the adaptive draft length (auto k) in the real loop ------------------------------------
+
+# A CPU-like cost per pass width (in single steps), so the controller's choices do
+# not depend on how busy the test machine is.
+CPU_LIKE_COST = (1.0, 1.5, 2.2, 3.0, 3.6, 4.2, 6.5, 8.8, 9.0, 9.2, 9.4, 9.6, 9.8, 10.0, 10.2, 10.4, 10.5)
+
+
+class ScriptedDrafter:
+    """Test-only drafter: proposes the target's own greedy continuation, or a token it never emits."""
+
+    name = "ngram"
+    forward_passes = 0
+
+    def __init__(self, reference: list[int], prompt_len: int, wrong_token: int):
+        self.reference, self.prompt_len, self.wrong_token = reference, prompt_len, wrong_token
+        self.right = False
+
+    def peek(self, context):
+        from edgespec.drafters import Hint
+
+        return Hint(0, None)
+
+    def propose(self, context, k, params, rng):
+        from edgespec.drafters import Proposal
+
+        done = len(context) - self.prompt_len
+        if self.right:
+            return Proposal(self.reference[done : done + k])
+        return Proposal([self.wrong_token] * k)
+
+
+def drive(engine, prompt_ids, steps):
+    """Proposed draft tokens per step, and the tokens each step emitted."""
+    proposed, emitted, before = [], [], 0
+    events = engine.stream_tokens(prompt_ids, SamplingParams(temperature=0.0, max_tokens=steps * 40))
+    for event in events:
+        if isinstance(event, Step):
+            proposed.append(event.stats["draft_tokens_proposed"] - before)
+            before = event.stats["draft_tokens_proposed"]
+            emitted.append(len(event.tokens))
+            if len(proposed) == steps:
+                break
+    events.close()  # releases the engine for the next generation
+    return proposed, emitted
+
+
+@pytest.fixture
+def auto_engine(tiny_models):
+    from edgespec.controller import CostModel, DraftLengthController
+
+    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=4096, draft_tokens="auto", n_threads=1)
+    engine._controllers["ngram"] = DraftLengthController(CostModel(CPU_LIKE_COST), k_max=16)
+    prompt_ids = engine.prompt_tokens(PROMPTS[0], raw=True)
+    engine.set_mode("none")
+    reference = engine.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=3000), raw=True).token_ids
+    wrong = engine.tokenize("<|user|>")[0]  # a control token: its output row is zero, so never the argmax
+    drafter = ScriptedDrafter(reference, len(prompt_ids), wrong)
+    engine._drafters["ngram"] = drafter
+    engine.set_mode("ngram")
+    yield engine, prompt_ids, drafter, reference
+    engine.close()
+
+
+def test_auto_k_keeps_greedy_output_exact(auto_engine):
+    engine, prompt_ids, drafter, reference = auto_engine
+    for right in (True, False):
+        drafter.right = right
+        result = engine.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=200), raw=True)
+        assert result.token_ids == reference[:200]
+
+
+def test_auto_k_backs_off_from_a_drafter_that_is_always_wrong_then_recovers(auto_engine):
+    engine, prompt_ids, drafter, _ = auto_engine
+    proposed, emitted = drive(engine, prompt_ids, 400)
+    assert all(n == 1 for n in emitted), "every draft token must be rejected"
+    settled = next(i for i, k in enumerate(proposed) if k == 0)
+    assert settled <= 10, f"still drafting after {settled} steps"
+    # after settling, the cost per token stays within 5% of plain decoding's
+    tail = proposed[settled:]
+    cost = sum(CPU_LIKE_COST[k] for k in tail)
+    assert len(tail) * CPU_LIKE_COST[0] / cost >= 0.95, (sum(tail), len(tail))
+
+    drafter.right = True
+    proposed, emitted = drive(engine, prompt_ids, 300)
+    assert max(proposed[-50:]) >= 4, "k did not come back once the drafter was right"
+    assert sum(emitted[-50:]) / 50 >= 4

@@ -26,6 +26,7 @@ from textual.message import Message
 from textual.widgets import Footer, Header
 
 from edgespec import ChatSession, Done, EdgespecError, Engine, Notice, Step, models
+from edgespec.drafters import MODES
 from edgespec.gguf_info import read_gguf_info
 from edgespec.planner import format_plan_table
 from tui import stats as stats_text
@@ -39,7 +40,6 @@ from tui.widgets import AssistantMessage, LoadingPanel, Note, PromptInput, Stats
 DRAIN_INTERVAL_S = 1 / 12
 STATS_INTERVAL_S = 0.25
 SPARKLINE_STEPS = 80
-MODES = ("draft-model", "ngram", "none")
 FOOTER_ACTIONS = ("cancel", "regenerate", "new_chat", "cycle_mode", "toggle_marks", "settings", "help")
 
 
