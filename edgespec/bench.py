@@ -385,11 +385,19 @@ def check_exactness(prompt_runs: list[dict], plain_logits=None) -> list[dict]:
 
 
 def _logit_gap(plain_logits, reference: dict, run: dict, position: int) -> float | None:
-    """How far apart the target puts the two differing tokens, or None when it cannot be told."""
-    if plain_logits is None or position >= min(len(reference["token_ids"]), len(run["token_ids"])):
+    """How far apart the target puts the two differing tokens, or None when it cannot be told.
+
+    A run that ended there chose an end-of-generation token, which token_ids
+    leave out; the target's own best token stands in for it.
+    """
+    if plain_logits is None:
         return None
     logits = plain_logits(reference["prompt_ids"] + reference["token_ids"][:position])
-    return float(abs(logits[reference["token_ids"][position]] - logits[run["token_ids"][position]]))
+
+    def logit_of(ids):
+        return logits[ids[position]] if position < len(ids) else logits.max()
+
+    return float(abs(logit_of(reference["token_ids"]) - logit_of(run["token_ids"])))
 
 
 def _first_difference(a: list[int], b: list[int]) -> int | None:
