@@ -50,7 +50,6 @@ def _capture_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
 _SYSTEM_INFO: bytes = llama_cpp.llama_print_system_info()
-_EXTRA_BUFFER_TYPES_SAFE = b"AMX_INT8 = 1" not in _SYSTEM_INFO
 
 
 # What a calibrated cost curve depends on besides the model and the machine.
@@ -135,11 +134,13 @@ class LlamaModel:
     def _load_model(self, n_gpu_layers: int):
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
-        # The extra CPU buffer types hold weights repacked for faster kernels,
-        # but in a build with AMX they include llama.cpp's AMX kernels, which
-        # segfault on some Xeons (in ggml_backend_amx_mul_mat); `make` builds
-        # without AMX.
-        params.use_extra_bufts = _EXTRA_BUFFER_TYPES_SAFE
+        # The extra CPU buffer types hold weights repacked for kernels that are
+        # ~25% faster for one token but switch to other arithmetic at 4 tokens
+        # per pass, so a verified draft would no longer match plain decoding
+        # (exact_pass_width measures this: 3 with them, 7 without, on
+        # Qwen2.5-Coder-1.5B Q4_K_M).  Their AMX variant also segfaults on
+        # some Xeons.
+        params.use_extra_bufts = False
         _recent_log_lines.clear()
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
@@ -288,6 +289,28 @@ class LlamaModel:
         ptr = llama_cpp.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab)).copy()
 
+    def exact_pass_width(self, probe: Sequence[int], limit: int) -> int:
+        """The widest pass, up to limit tokens, whose logits equal one-token passes bit for bit.
+
+        llama.cpp's CPU kernels change arithmetic with the number of tokens in
+        a pass; drafts verified in a wider pass could part from plain decoding
+        where two tokens nearly tie.  probe needs 8 + limit tokens; the cache
+        is left as it was.
+        """
+        n_keep, passes = len(self.cached), self.forward_passes
+        prefix, tokens = list(probe[:8]), list(probe[8 : 8 + limit])
+        self.decode(prefix, n_logits=0)
+        singles = np.stack([self.decode([t], 1)[0] for t in tokens])
+        width = 1
+        for w in range(2, len(tokens) + 1):
+            self.rewind(n_keep + len(prefix))
+            if not np.array_equal(self.decode(tokens[:w], w), singles[:w]):
+                break
+            width = w
+        self.forward_passes = passes
+        self.rewind(n_keep)
+        return width
+
     def time_forward(self, n_tokens: int, filler: int) -> float:
         """Seconds for one forward pass over n_tokens, returning n_tokens logits rows.
 
@@ -416,7 +439,7 @@ def _same_cpu_kernels_as_the_backend():
 
     def defaults_like_the_backend():
         params = original()
-        params.use_extra_bufts = _EXTRA_BUFFER_TYPES_SAFE
+        params.use_extra_bufts = False
         return params
 
     llama_cpp.llama_model_default_params = defaults_like_the_backend

@@ -154,13 +154,19 @@ class CalibrationCache:
     def load(self, key: CalibrationKey, max_width: int, now: float | None = None) -> tuple[float, ...] | None:
         """The cached curve, or None when missing, marked stale, too old, or measured for a
         narrower max_width than asked for."""
+        entry = self.load_entry(key, now)
+        if entry is not None and entry[0] >= max_width:
+            return entry[1]
+        return None
+
+    def load_entry(self, key: CalibrationKey, now: float | None = None) -> tuple[int, tuple[float, ...]] | None:
+        """(max_width, curve) when a fresh entry is cached, else None."""
         now = time.time() if now is None else now
         entry = self._read().get(key.digest())
         try:
             age = now - float(entry["measured_at"])
-            fresh = not entry["stale"] and 0 <= age <= self.max_age_seconds
-            if fresh and int(entry["max_width"]) >= max_width:
-                return tuple(float(s) for s in entry["forward_seconds"])
+            if not entry["stale"] and 0 <= age <= self.max_age_seconds:
+                return int(entry["max_width"]), tuple(float(s) for s in entry["forward_seconds"])
         except (TypeError, KeyError, ValueError):
             pass  # missing or hand-edited entry: measure again
         return None

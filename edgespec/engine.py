@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .backend import RUNTIME, LlamaModel, common_prefix_length, supports_gpu_offload, width_independent_kernels
-from .calibration import CalibrationCache, CalibrationKey, StepTimeWatch, load_or_measure
+from .calibration import CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
 from .controller import CostModel, DraftLengthController
 from .chat_template import ChatTemplate
 from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter, check_vocab_compatible
@@ -217,6 +217,7 @@ class Engine:
         self.draft_tokens = draft_tokens
         self._controllers: dict[str, DraftLengthController] = {}  # filled by calibrate()
         self.plain_step_seconds: float | None = None  # one-token target pass, once calibrated
+        self.max_draft_tokens = MAX_DRAFT_TOKENS  # narrowed by calibrate() to what verifies exactly
         self._step_watch: StepTimeWatch | None = None
         self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft is not None:
@@ -265,8 +266,10 @@ class Engine:
         if plan.mode == "draft-model":
             draft_model = _load_draft(target_model, draft_path, n_ctx, plan.draft_gpu_layers, n_threads)
         engine = cls(target_model, draft_model, plan.mode, draft_tokens, plan=plan)
-        if draft_tokens == "auto":
-            engine.calibrate()
+        engine.calibrate()
+        if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
+            notice(f"drafting at most {engine.max_draft_tokens} tokens per step: wider verification passes are not "
+                   "bit-identical to plain decoding with this model and llama.cpp build")
         return engine
 
     def close(self) -> None:
@@ -275,21 +278,39 @@ class Engine:
             self.draft.close()
 
     def calibrate(self, cache: CalibrationCache | None = None) -> None:
-        """Measure (or load) the target's cost per pass width, for the adaptive draft length."""
+        """Measure (or load) how wide a verification pass may be and what each width costs.
+
+        A pass is only as wide as llama.cpp computes bit-identically to one
+        token at a time, so speculation never changes greedy output; the cost
+        curve over those widths drives the adaptive draft length.
+        """
         cache = cache or CalibrationCache()
         key = CalibrationKey.for_model(self.target.path, self.target.n_gpu_layers, self.target.n_threads, RUNTIME)
-        filler = max(self.target.bos_id, 0)
-        curve = load_or_measure(key, lambda n: self.target.time_forward(n, filler), MAX_DRAFT_TOKENS + 1, cache)
+        entry = cache.load_entry(key)
+        if entry is None:
+            width = self.target.exact_pass_width(self._probe_tokens(), MAX_DRAFT_TOKENS + 1)
+            filler = max(self.target.bos_id, 0)
+            entry = width, measure_curve(lambda n: self.target.time_forward(n, filler), width)
+            cache.store(key, *entry)
+        width, curve = entry
+        self.max_draft_tokens = width - 1
         self.plain_step_seconds = curve[0]
         self._step_watch = StepTimeWatch(cache, key, curve)
+        self._controllers = {}
+        if self.max_draft_tokens == 0:
+            return
         # one controller per drafter: only the draft model charges time per drafted token
-        self._controllers = {"ngram": DraftLengthController(CostModel(curve), k_max=MAX_DRAFT_TOKENS)}
+        self._controllers["ngram"] = DraftLengthController(CostModel(curve), k_max=self.max_draft_tokens)
         drafter = self._drafters.get("draft-model")
         if drafter is not None:
-            draft_seconds = min(self.draft.time_forward(1, filler) for _ in range(5))
-            controller = DraftLengthController(CostModel(curve, draft_seconds), k_max=MAX_DRAFT_TOKENS)
+            draft_seconds = min(self.draft.time_forward(1, max(self.target.bos_id, 0)) for _ in range(5))
+            controller = DraftLengthController(CostModel(curve, draft_seconds), k_max=self.max_draft_tokens)
             drafter.stop_threshold = controller.p_min
             self._controllers["draft-model"] = controller
+
+    def _probe_tokens(self) -> list[int]:
+        text = "The quick brown fox jumps over the lazy dog; def area(w, h): return w * h. " * 8
+        return self.target.tokenize(text, add_special=True)
 
     def forget_cache(self) -> None:
         """Empty the KV caches, so the next prompt is evaluated in full."""
@@ -461,13 +482,14 @@ class Engine:
     def _draft_length(self, drafter, hint, limit: int) -> int:
         if limit <= 0:
             return 0
-        if self.draft_tokens != "auto":
-            return min(int(self.draft_tokens), limit)
-        if not self._controllers:
+        if self.plain_step_seconds is None:
             self.calibrate()
+        limit = min(limit, self.max_draft_tokens)
         controller = self._controllers.get(drafter.name)
-        if controller is None:  # plain decoding
+        if controller is None or limit <= 0:  # plain decoding, or no pass wider than one is exact
             return 0
+        # a fixed k also goes through the controller, which then never cuts a draft short (p_min)
+        controller.fixed_k = None if self.draft_tokens == "auto" else int(self.draft_tokens)
         return controller.choose(drafter.name, hint.signal, limit)
 
 

@@ -54,3 +54,22 @@ def test_bad_input_gets_one_line_and_no_traceback(tmp_path, tiny_models, make_ba
 def _write(path, data):
     path.write_bytes(data)
     return path
+
+
+@pytest.mark.parametrize("budget, mode", [("4MiB", "ngram"), ("8MiB", "draft-model")])
+def test_a_draft_that_does_not_fit_the_budget_falls_back_to_ngram(tiny_models, budget, mode):
+    done = run_cli("run", "the cat sat", "--raw", "--json", "--model", str(tiny_models["target"]),
+                   "--draft", str(tiny_models["draft"]), "--memory-budget", budget, "--n-ctx", "512",
+                   "--temperature", "0", "--max-tokens", "8", "--threads", "1")
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout)["stats"]
+    assert stats["mode"] == mode and stats["plan_reason"]
+    assert ("not loading draft draft.gguf" in done.stderr) == (mode == "ngram")
+
+
+def test_plan_json(tiny_models):
+    done = run_cli("plan", "--model", str(tiny_models["target"]), "--draft", str(tiny_models["draft"]),
+                   "--ctx", "512", "--memory-budget", "4MiB", "--json")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["mode"] == "ngram" and plan["budget_bytes"] == 4 * 2**20 and plan["fits"]

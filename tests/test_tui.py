@@ -91,7 +91,7 @@ async def test_prompt_streams_a_reply_with_draft_marks_stats_and_footer(models):
         assert reply.reply.drafted_ranges(), "the tiny draft agrees with its target often"
         assert list(app.query(UserMessage))[0].render().plain == "Hello world"
         footer = str(reply.footer.render())
-        assert "40 tokens" in footer and "tok/s" in footer and "speedup n/a" in footer
+        assert "40 tokens" in footer and "tok/s" in footer and "vs plain" in footer and "(calibrated)" in footer
         await pilot.pause(0.3)  # the stats bar refreshes a few times a second
         bar = str(app.query_one("#stats-line").render())
         assert "draft model" in bar and "target ← draft" in bar

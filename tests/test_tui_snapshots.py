@@ -2,7 +2,8 @@
 
 Greedy decoding (T=0) on the tiny models with one thread and a fixed draft
 length makes the reply and its draft marks repeatable; the engine's clock is
-replaced by one that advances 10 ms per reading, so tok/s figures repeat too.
+replaced (in the engine and the backend's calibration) by one that advances
+10 ms per reading, so tok/s figures repeat too.
 Model paths show relative to the working directory, which is the models'.
 Update with: pytest tests/test_tui_snapshots.py --snapshot-update
 """
@@ -13,6 +14,7 @@ import time
 
 import pytest
 
+import edgespec.backend
 import edgespec.engine
 from tinygguf import write_model_family
 from tui.app import ChatApp
@@ -41,7 +43,9 @@ def app(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESPEC_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("EDGESPEC_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(edgespec.engine, "time", SteppingClock())
+    clock = SteppingClock()
+    monkeypatch.setattr(edgespec.engine, "time", clock)
+    monkeypatch.setattr(edgespec.backend, "time", clock)  # the calibration's timings too
     config = ChatConfig(model=str(models["target"]), draft=str(models["draft"]), draft_tokens=4,
                         temperature=0.0, max_tokens=48, memory_budget="8GiB")
     app = ChatApp(config, ChatStore(), n_threads=1)
