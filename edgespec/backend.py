@@ -50,6 +50,7 @@ def _capture_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
 _SYSTEM_INFO: bytes = llama_cpp.llama_print_system_info()
+_EXTRA_BUFFER_TYPES_SAFE = b"AMX_INT8 = 1" not in _SYSTEM_INFO
 
 
 # What a calibrated cost curve depends on besides the model and the machine.
@@ -134,13 +135,14 @@ class LlamaModel:
     def _load_model(self, n_gpu_layers: int):
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
-        # The extra CPU buffer types hold weights repacked for kernels that are
-        # ~25% faster for one token but switch to other arithmetic at 4 tokens
-        # per pass, so a verified draft would no longer match plain decoding
-        # (exact_pass_width measures this: 3 with them, 7 without, on
-        # Qwen2.5-Coder-1.5B Q4_K_M).  Their AMX variant also segfaults on
-        # some Xeons.
-        params.use_extra_bufts = False
+        # The extra CPU buffer types hold weights repacked for kernels that make
+        # plain decoding ~25% faster here, though they switch arithmetic at 4
+        # tokens per pass, which narrows the exact verification width (see
+        # exact_pass_width: 3 with them, 7 without, on Qwen2.5-Coder-1.5B
+        # Q4_K_M).  Faster plain steps win on this CPU either way.  Their AMX
+        # variant segfaults on some Xeons, so `make` compiles AMX out; with an
+        # AMX build they stay off.
+        params.use_extra_bufts = _EXTRA_BUFFER_TYPES_SAFE
         _recent_log_lines.clear()
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
@@ -435,15 +437,17 @@ class PromptLookupPeer:
 @contextmanager
 def _same_cpu_kernels_as_the_backend():
     # Llama() has no flag for the extra buffer types, so set the default it reads
-    original = llama_cpp.llama_model_default_params
+    # (it calls the C API module's function, not the package's re-export)
+    api = llama_cpp.llama_cpp
+    original = api.llama_model_default_params
 
     def defaults_like_the_backend():
         params = original()
-        params.use_extra_bufts = False
+        params.use_extra_bufts = _EXTRA_BUFFER_TYPES_SAFE
         return params
 
-    llama_cpp.llama_model_default_params = defaults_like_the_backend
+    api.llama_model_default_params = defaults_like_the_backend
     try:
         yield
     finally:
-        llama_cpp.llama_model_default_params = original
+        api.llama_model_default_params = original
