@@ -212,22 +212,6 @@ class CalibrationCache:
                 pass
 
 
-def load_or_measure(
-    key: CalibrationKey,
-    measure: Callable[[int], float],
-    max_width: int,
-    cache: CalibrationCache | None = None,
-    now: float | None = None,
-) -> tuple[float, ...]:
-    """The cached curve for `key`, or a fresh measurement that is then cached."""
-    cache = cache if cache is not None else CalibrationCache()
-    curve = cache.load(key, max_width, now)
-    if curve is None:
-        curve = measure_curve(measure, max_width)
-        cache.store(key, max_width, curve, now)
-    return curve
-
-
 class StepTimeWatch:
     """Compares target pass times seen during generation with the cached curve, and marks the
     cache entry stale when they disagree, so the next load measures again.

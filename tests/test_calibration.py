@@ -9,7 +9,6 @@ from edgespec.calibration import (
     CalibrationKey,
     StepTimeWatch,
     cache_dir,
-    load_or_measure,
     measure_curve,
 )
 
@@ -213,24 +212,15 @@ def test_unwritable_cache_only_costs_a_new_measurement(tmp_path, key):
     cache = CalibrationCache(blocker / "calibration.json")
     cache.store(key, 2, (0.05, 0.075), now=NOW)
     assert cache.load(key, 2, now=NOW) is None
-    timing = TimingTable(cpu_like)
-    assert len(load_or_measure(key, timing, 4, cache=cache, now=NOW)) == 4
+    assert cache.load_entry(key, now=NOW) is None
 
 
-def test_load_or_measure_measures_once_then_reuses(cache, key):
-    first = TimingTable(cpu_like)
-    curve = load_or_measure(key, first, 8, cache=cache, now=NOW)
-    assert first.calls
-
-    second = TimingTable(cpu_like)
-    assert load_or_measure(key, second, 8, cache=cache, now=NOW + DAY) == curve
-    assert second.calls == []
-
+def test_an_entry_holds_its_width_and_curve_until_marked_stale(cache, key):
+    curve = measure_curve(TimingTable(cpu_like), 8)
+    cache.store(key, 8, curve, now=NOW)
+    assert cache.load_entry(key, now=NOW + DAY) == (8, curve)
     cache.mark_stale(key)
-    third = TimingTable(lambda n: 2 * cpu_like(n))
-    again = load_or_measure(key, third, 8, cache=cache, now=NOW + DAY)
-    assert third.calls
-    assert again[0] == pytest.approx(2 * curve[0])
+    assert cache.load_entry(key, now=NOW + DAY) is None
 
 
 # -- drift ---------------------------------------------------------------------------------
