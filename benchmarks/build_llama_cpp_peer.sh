@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's own speculative decoding (llama-speculative-simple) and
+# llama-bench from the llama.cpp sources vendored in the llama-cpp-python sdist
+# that edgespec runs on, with the Makefile's CMake flags, so that the bench's
+# C++ peer runs the same kernels as edgespec.  Not part of `make test`.
+#
+#   benchmarks/build_llama_cpp_peer.sh        # prints the directory holding the binaries
+#   edgespec bench --llama-cpp-bin "$(benchmarks/build_llama_cpp_peer.sh)" ...
+#
+# The binaries are cached next to the wheelhouse, keyed by version and flags;
+# a second run only prints the directory.  About 7 minutes on 2 cores.
+set -euo pipefail
+
+version=${LLAMA_CPP_VERSION:-0.3.36}
+cd "$(dirname "$0")/.."
+# the same flags as the wheel, read from the Makefile
+flags=$(make -s --eval="print-%: ; @echo '\$(\$*)'" print-LLAMA_CMAKE_ARGS)
+key=$(echo "$version $flags" | md5sum | cut -c1-12)
+out="$HOME/.cache/edgespec/llama-cpp-bin/$key"
+targets=(llama-speculative-simple llama-bench)
+
+if [ -x "$out/llama-speculative-simple" ] && [ -x "$out/llama-bench" ]; then
+    echo "$out"
+    exit 0
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python3 -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$work" >&2
+tar xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work"
+src="$work/llama_cpp_python-$version/vendor/llama.cpp"
+# shellcheck disable=SC2086  # the flags are several words, some of them quoted
+eval cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF $flags >&2
+cmake --build "$work/build" --config Release -j "$(nproc)" --target "${targets[@]}" >&2
+mkdir -p "$out"
+for t in "${targets[@]}"; do cp "$work/build/bin/$t" "$out/"; done
+echo "$out"
