@@ -301,11 +301,11 @@ def wait_for_records(process: subprocess.Popen, out: Path, count: int) -> None:
 
 def test_interrupted_run_resumes_without_redoing_finished_work(models, tmp_path):
     lines = twenty_requests()
-    # The 8th request generates until the context is full (the tiny models never
-    # stop by themselves), so it is still in flight when the 7th record is on disk.
+    # The 8th request generates until the 1024-token context is full (the tiny models
+    # never stop by themselves), so it is still in flight when the 7th record is on disk.
     lines[7] = completion_line("text-long", "The cat sat on", max_tokens=4000)
     source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
-    command = edgespec_command() + batch_argv(models, source, out)
+    command = edgespec_command() + batch_argv(models, source, out, "--n-ctx", "1024")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_records(process, out, 7)
     process.send_signal(signal.SIGINT)
