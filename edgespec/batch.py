@@ -320,7 +320,9 @@ class RecordWriter:
         except BatchError:
             os.close(self._fd)
             raise
-        self._holder = _write_holder(path)
+        self._regular = stat.S_ISREG(os.fstat(self._fd).st_mode)
+        # No pid note next to a device or a pipe: /dev is nobody's place for it.
+        self._holder = _write_holder(path) if self._regular else None
         if self._created:
             _fsync_dir(path.parent)
 
@@ -332,8 +334,7 @@ class RecordWriter:
         record, it is truncated away so its request is redone. Anything else
         that is not a record is refused, and OUT is left as it is.
         """
-        mode = os.fstat(self._fd).st_mode
-        if not stat.S_ISREG(mode):
+        if not self._regular:
             raise BatchError(f"batch output {self._path} is not a regular file; give -o a file path")
         data = _read_all(self._fd)
         end = data.rfind(b"\n") + 1  # where the last complete line ends
@@ -385,7 +386,7 @@ def _lock(fd: int, path: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:
         if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise BatchError(f"cannot lock batch output {path}: {err.strerror}; put OUT on a local disk") from None
+            raise BatchError(f"cannot lock batch output {path}: {err.strerror}; give -o a file on a local disk") from None
         raise BatchError(
             f"{path} is in use by another edgespec batch ({_holder_of(path)}); "
             "wait for it to finish, or give -o another path"
@@ -642,7 +643,7 @@ def _run_request(engine, request, base_params, model_name, interrupt, tally, on_
 
     try:
         params = dataclasses.replace(base_params, **dict(request.overrides))
-    except ValueError as err:
+    except (EdgespecError, ValueError) as err:
         return failed("invalid_field", f"bad sampling setting: {err}")
     result = None
     try:
@@ -834,7 +835,7 @@ def _warn_changed_requests(entries, finished: dict[str, dict], out_path: Path) -
     changed = [e for e in known if not is_done(e, finished)]
     if changed:
         print(
-            f"edgespec batch: {len(changed)} requests changed since {out_path} was written"
+            f"edgespec batch: {_requests(len(changed))} changed since {out_path} was written"
             f" (first: {changed[0].custom_id!r}, line {changed[0].line}); they are redone and their new records"
             " appended (the last record for a custom_id counts)",
             file=sys.stderr,
@@ -846,6 +847,10 @@ def _warn_changed_requests(entries, finished: dict[str, dict], out_path: Path) -
             " request fingerprint; they are kept unchecked (give -o a new path to redo them)",
             file=sys.stderr,
         )
+
+
+def _requests(count: int) -> str:
+    return f"{count} request" if count == 1 else f"{count} requests"
 
 
 def _run_with_engine(args, entries, writer, finished, resumed) -> RunTally:
