@@ -342,20 +342,13 @@ class RecordWriter:
         for line_no, raw in enumerate(data[:end].split(b"\n")[:-1], start=1):
             record = parse_record(raw)
             if record is None:
-                raise BatchError(
-                    f"{self._path} line {line_no} is not an edgespec batch output record; left the file as it is: "
-                    "give -o a new path (or remove that line to resume)"
-                )
+                raise _not_a_record(self._path, line_no)
             finished[record["custom_id"]] = record
         tail = data[end:]
         if not tail:
             return finished, False
         if not _is_torn_record(tail, after_records=bool(finished)):
-            line_no = data[:end].count(b"\n") + 1
-            raise BatchError(
-                f"{self._path} line {line_no} is not an edgespec batch output record; left the file as it is: "
-                "give -o a new path (or remove that line to resume)"
-            )
+            raise _not_a_record(self._path, data[:end].count(b"\n") + 1)
         os.ftruncate(self._fd, end)
         os.fsync(self._fd)
         return finished, True
@@ -379,6 +372,13 @@ class RecordWriter:
         if self._holder is not None:
             self._holder.unlink(missing_ok=True)
         os.close(self._fd)  # releases the lock; after the holder file is gone, so a new holder's stays
+
+
+def _not_a_record(path: Path, line_no: int) -> BatchError:
+    return BatchError(
+        f"{path} line {line_no} is not an edgespec batch output record; left the file as it is: "
+        "give -o a new path (or remove that line to resume)"
+    )
 
 
 def _lock(fd: int, path: Path) -> None:
