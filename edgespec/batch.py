@@ -8,25 +8,45 @@ answered as a chat turn, with custom_ids made from line numbers ("line-7").
 Output is the OpenAI Batch output format, one record per request, appended
 and fsynced as soon as it is done, so finished work survives Ctrl-C, kill -9
 and power loss; rerunning the same command skips the custom_ids already in the
-output. A failed request gets an error record and the batch goes on. Each
-response body carries edgespec's figures in an extra "stats" field.
+output. A failed request, a bad line or a bad sampling value in one body
+included, gets an error record and the batch goes on. Each response body
+carries edgespec's figures in an extra "stats" field, and each record an
+extra "fingerprint": a hash of its request as IN states it (custom_id left
+out).
+
+OUT is only ever appended to, with one exception: a last line without its
+newline that starts like a record this module writes (every record begins
+with RECORD_PREFIX) is a write cut short by a kill or power loss, and is cut
+off so its request is redone. Any other content that is not a batch output
+record (a notes file, the input file) makes the batch refuse and leave OUT
+untouched. While a batch runs it holds an exclusive flock on OUT; a second
+batch on the same file is refused, naming the holder's pid, which the holder
+keeps in OUT's ".edgespec-lock" file next to it.
+
+On resume, a request whose fingerprint differs from the one stored with its
+record (the request changed since OUT was written) is redone and its new
+record appended: the last record for a custom_id is the one that counts.
+Records written before fingerprints existed are kept as they are, with a note.
 
 Exit codes (see EXIT_* below): 0 every request succeeded, 1 some requests
 got error records, 2 the batch was refused before it started (duplicate
-custom_ids, unreadable files, model failed to load), 130 interrupted.
-
-Test hook: EDGESPEC_BATCH_STOP_AFTER=N makes the process send itself SIGINT
-while generating the request after the N-th result written by this run, so
-tests can interrupt a run at a known point (read only here; not for users).
+custom_ids, unreadable files, OUT not batch output or in use, model failed
+to load) or OUT became unwritable, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
+import hashlib
 import json
+import math
 import os
 import signal
+import stat
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -45,11 +65,16 @@ EXIT_REQUESTS_FAILED = 1
 EXIT_REFUSED = 2
 EXIT_INTERRUPTED = 130
 
-STOP_AFTER_ENV = "EDGESPEC_BATCH_STOP_AFTER"
-
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
+
+# How every output record's line begins: "id" is its first field and every id
+# starts "batch_req_". Only a tail that starts so may be cut off as torn.
+RECORD_PREFIX = '{"id": "batch_req_'
+RECORD_FIELDS = {"id", "custom_id", "response", "error"}
+FINGERPRINT_FIELD = "fingerprint"
+HOLDER_SUFFIX = ".edgespec-lock"
 
 
 class BatchError(EdgespecError):
@@ -64,6 +89,7 @@ class BatchRequest:
     messages: tuple[dict, ...] = ()  # chat requests
     prompt: str = ""  # completion requests
     overrides: tuple[tuple[str, object], ...] = ()  # SamplingParams fields set by the body
+    fingerprint: str = dataclasses.field(default="", compare=False)  # see request_fingerprint
 
 
 @dataclass(frozen=True)
@@ -72,6 +98,7 @@ class InvalidRequest:
     line: int
     code: str
     message: str
+    fingerprint: str = dataclasses.field(default="", compare=False)
 
 
 class _LineError(Exception):
@@ -101,15 +128,34 @@ def parse_line(raw: bytes, line_no: int) -> BatchRequest | InvalidRequest:
     fallback_id = f"line-{line_no}"
     try:
         value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        return InvalidRequest(fallback_id, line_no, "invalid_json", f"line {line_no} is not valid JSON: {err}")
+        fingerprint = request_fingerprint(value)
+    except (ValueError, RecursionError) as err:  # bad JSON, bad UTF-8, too deep, a 5000-digit number
+        message = f"line {line_no} is not valid JSON: {err}"
+        return InvalidRequest(fallback_id, line_no, "invalid_json", message, _sha256(raw.strip()))
     custom_id = value.get("custom_id") if isinstance(value, dict) else None
     if not isinstance(custom_id, str) or not custom_id:
         custom_id = fallback_id
     try:
-        return _parse_value(value, custom_id, line_no)
+        request = _parse_value(value, custom_id, line_no)
     except _LineError as err:
-        return InvalidRequest(custom_id, line_no, err.code, f"line {line_no}: {err.message}")
+        return InvalidRequest(custom_id, line_no, err.code, f"line {line_no}: {err.message}", fingerprint)
+    return dataclasses.replace(request, fingerprint=fingerprint)
+
+
+def request_fingerprint(value: object) -> str:
+    """A short hash of the request as the line states it, custom_id left out.
+
+    Canonical JSON, so reformatting a line (key order, spacing) keeps its
+    fingerprint while any change to method, url, body or prompt changes it.
+    """
+    if isinstance(value, dict):
+        value = {key: item for key, item in value.items() if key != "custom_id"}
+    canonical = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return _sha256(canonical.encode("utf-8", "surrogatepass"))
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]  # 64 bits: plenty to tell a changed request
 
 
 def _parse_value(value: object, custom_id: str, line_no: int) -> BatchRequest:
@@ -207,7 +253,7 @@ def _sampling_overrides(body: dict) -> dict:
     if body.get("top_p") is not None:
         overrides["top_p"] = _number(body["top_p"], "top_p", low=0, high=1)
     if body.get("seed") is not None:
-        overrides["seed"] = _number(body["seed"], "seed", integer=True)
+        overrides["seed"] = _number(body["seed"], "seed", integer=True, low=0)
     if body.get("stop") is not None:
         overrides["stop"] = _stop_strings(body["stop"])
     return overrides
@@ -217,9 +263,17 @@ def _number(value: object, field: str, integer: bool = False, low: float | None 
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise _LineError("invalid_field", f'"body.{field}" must be {"an integer" if integer else "a number"}')
+    if not integer:
+        # Python's json reads NaN, Infinity and 1e999; none of them is a setting.
+        try:
+            value = float(value)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise _LineError("invalid_field", f'"body.{field}" must be a finite number, not {value}')
     if (low is not None and value < low) or (high is not None and value > high):
         raise _LineError("invalid_field", f'"body.{field}" = {value} is out of range')
-    return value if integer else float(value)
+    return value
 
 
 def _stop_strings(stop: object) -> tuple[str, ...]:
@@ -246,73 +300,61 @@ def check_unique_ids(entries: list[BatchRequest | InvalidRequest]) -> None:
 # ---------------------------------------------------------------- output file
 
 
-def load_finished(out_path: Path) -> tuple[dict[str, dict], bool]:
-    """Records already in OUT by custom_id, and whether a torn tail was cut off.
-
-    A run killed mid-write leaves a last line without its newline (or, after a
-    power loss, garbage): that tail is truncated away so its request is redone.
-    A bad line with good records after it is not a torn write, so it is refused.
-    """
-    try:
-        data = out_path.read_bytes()
-    except FileNotFoundError:
-        return {}, False
-    except OSError as err:
-        raise BatchError(f"cannot read batch output {out_path}: {err.strerror}; check the path") from None
-    finished: dict[str, dict] = {}
-    offset, bad_at = 0, None
-    for raw in data.split(b"\n"):
-        end = offset + len(raw) + 1
-        complete = end <= len(data)
-        record = _parse_record(raw) if complete else None
-        if record is not None and bad_at is None:
-            finished[record["custom_id"]] = record
-        elif record is not None:
-            line_no = data[:bad_at].count(b"\n") + 1
-            raise BatchError(
-                f"{out_path} line {line_no} is not a batch output record; remove that line, then rerun"
-            )
-        elif raw.strip(b" \t\r\0") and bad_at is None:
-            bad_at = offset
-        offset = end
-    if bad_at is None:
-        return finished, False
-    _truncate(out_path, bad_at)
-    return finished, True
-
-
-def _parse_record(raw: bytes) -> dict | None:
-    try:
-        record = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if isinstance(record, dict) and isinstance(record.get("custom_id"), str):
-        return record
-    return None
-
-
-def _truncate(path: Path, size: int) -> None:
-    with open(path, "r+b") as f:
-        f.truncate(size)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 class RecordWriter:
-    """Appends one JSON line per record; each is on disk before append() returns."""
+    """OUT, locked for this process: the records it holds, and appends that are on disk before append() returns.
+
+    The lock is an exclusive flock on OUT itself, so it holds for every path to
+    the file (symlinks and hardlinks too); it is released when the process
+    ends, however it ends.
+    """
 
     def __init__(self, path: Path):
         self._path = path
-        created = not path.exists()
+        self._created = not path.exists()
         try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as err:
             raise BatchError(f"cannot write batch output {path}: {err.strerror}; check the path") from None
-        if created:
+        try:
+            _lock(self._fd, path)
+        except BatchError:
+            os.close(self._fd)
+            raise
+        self._regular = stat.S_ISREG(os.fstat(self._fd).st_mode)
+        # No pid note next to a device or a pipe: /dev is nobody's place for it.
+        self._holder = _write_holder(path) if self._regular else None
+        if self._created:
             _fsync_dir(path.parent)
 
+    def load_finished(self) -> tuple[dict[str, dict], bool]:
+        """Records already in OUT by custom_id (the last one per id), and whether a torn tail was cut off.
+
+        A run killed mid-write leaves a last line without its newline, maybe
+        followed by zero bytes after a power loss: when that line starts like a
+        record, it is truncated away so its request is redone. Anything else
+        that is not a record is refused, and OUT is left as it is.
+        """
+        if not self._regular:
+            raise BatchError(f"batch output {self._path} is not a regular file; give -o a file path")
+        data = _read_all(self._fd)
+        end = data.rfind(b"\n") + 1  # where the last complete line ends
+        finished: dict[str, dict] = {}
+        for line_no, raw in enumerate(data[:end].split(b"\n")[:-1], start=1):
+            record = parse_record(raw)
+            if record is None:
+                raise _not_a_record(self._path, line_no)
+            finished[record["custom_id"]] = record
+        tail = data[end:]
+        if not tail:
+            return finished, False
+        if not _is_torn_record(tail, after_records=bool(finished)):
+            raise _not_a_record(self._path, data[:end].count(b"\n") + 1)
+        os.ftruncate(self._fd, end)
+        os.fsync(self._fd)
+        return finished, True
+
     def append(self, record: dict) -> None:
-        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        data = encode_record(record)
         try:
             while data:
                 data = data[os.write(self._fd, data) :]
@@ -324,7 +366,109 @@ class RecordWriter:
             ) from None
 
     def close(self) -> None:
-        os.close(self._fd)
+        """Release OUT; a file this run created and never wrote to is removed again."""
+        if self._created and os.fstat(self._fd).st_size == 0 and _is_open_file(self._path, self._fd):
+            os.unlink(self._path)
+        if self._holder is not None:
+            self._holder.unlink(missing_ok=True)
+        os.close(self._fd)  # releases the lock; after the holder file is gone, so a new holder's stays
+
+
+def _not_a_record(path: Path, line_no: int) -> BatchError:
+    return BatchError(
+        f"{path} line {line_no} is not an edgespec batch output record; left the file as it is: "
+        "give -o a new path (or remove that line to resume)"
+    )
+
+
+def _lock(fd: int, path: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise BatchError(f"cannot lock batch output {path}: {err.strerror}; give -o a file on a local disk") from None
+        raise BatchError(
+            f"{path} is in use by another edgespec batch ({_holder_of(path)}); "
+            "wait for it to finish, or give -o another path"
+        ) from None
+
+
+def _holder_file(path: Path) -> Path:
+    # Next to the real file, so every symlink to OUT finds the same one.
+    real = Path(os.path.realpath(path))
+    return real.with_name(real.name + HOLDER_SUFFIX)
+
+
+def _write_holder(path: Path) -> Path | None:
+    """Note this process's pid for a batch refused the lock; only ever a convenience."""
+    holder = _holder_file(path)
+    try:
+        holder.write_text(f"{os.getpid()}\n", encoding="ascii")
+    except OSError:
+        return None
+    return holder
+
+
+def _holder_of(path: Path) -> str:
+    try:
+        pid = int(_holder_file(path).read_text(encoding="ascii").strip())
+    except (OSError, ValueError):
+        return "pid unknown"
+    return f"pid {pid}"
+
+
+def _is_open_file(path: Path, fd: int) -> bool:
+    try:
+        on_disk, held = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def parse_record(raw: bytes) -> dict | None:
+    """The record on one complete line of OUT, or None when the line is not one edgespec writes."""
+    if not raw.startswith(RECORD_PREFIX.encode()):
+        return None
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or not RECORD_FIELDS <= set(record) <= RECORD_FIELDS | {FINGERPRINT_FIELD}:
+        return None
+    if not isinstance(record["custom_id"], str):
+        return None
+    return record
+
+
+def _is_torn_record(tail: bytes, after_records: bool) -> bool:
+    """Whether a last line without newline is a record cut short.
+
+    Each record is appended and fsynced before the next, so only the last
+    can be torn: a prefix of a record line, possibly followed by the zero
+    bytes a power loss leaves where the rest never reached the disk.
+    """
+    text = tail.rstrip(b"\0")
+    prefix = RECORD_PREFIX.encode()
+    if text.startswith(prefix):
+        return True
+    # Shorter than the prefix, or zero bytes alone: could be anyone's, so only after records.
+    return after_records and prefix.startswith(text)
+
+
+def encode_record(record: dict) -> bytes:
+    line = json.dumps(record, ensure_ascii=False)
+    # The torn-tail repair relies on every line starting so; see parse_record.
+    if not line.startswith(RECORD_PREFIX):
+        raise ValueError(f"not a batch output record: {line[:60]}")
+    return (line + "\n").encode("utf-8")
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -334,6 +478,15 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same inode (hardlinks, symlinks), or one path not yet created."""
+    try:
+        a_stat, b_stat = os.stat(a), os.stat(b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+    return (a_stat.st_dev, a_stat.st_ino) == (b_stat.st_dev, b_stat.st_ino)
 
 
 # ---------------------------------------------------------------- records
@@ -362,12 +515,8 @@ def success_record(request: BatchRequest, result, model_name: str) -> dict:
         },
         "stats": stats,
     }
-    return {
-        "id": _new_id("batch_req_"),
-        "custom_id": request.custom_id,
-        "response": {"status_code": 200, "request_id": _new_id("req_"), "body": body},
-        "error": None,
-    }
+    response = {"status_code": 200, "request_id": _new_id("req_"), "body": body}
+    return _record(request.custom_id, response, None, request.fingerprint)
 
 
 def _choice(request: BatchRequest, text: str, finish_reason: str) -> dict:
@@ -376,13 +525,25 @@ def _choice(request: BatchRequest, text: str, finish_reason: str) -> dict:
     return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
 
-def error_record(custom_id: str, code: str, message: str) -> dict:
-    return {
-        "id": _new_id("batch_req_"),
-        "custom_id": custom_id,
-        "response": None,
-        "error": {"code": code, "message": message},
-    }
+def error_record(custom_id: str, code: str, message: str, fingerprint: str = "") -> dict:
+    return _record(custom_id, None, {"code": code, "message": message}, fingerprint)
+
+
+def _record(custom_id: str, response: dict | None, error: dict | None, fingerprint: str) -> dict:
+    # "id" first: every line then starts with RECORD_PREFIX.
+    record = {"id": _new_id("batch_req_"), "custom_id": custom_id, "response": response, "error": error}
+    if fingerprint:
+        record[FINGERPRINT_FIELD] = fingerprint
+    return record
+
+
+def is_done(entry: BatchRequest | InvalidRequest, finished: dict[str, dict]) -> bool:
+    """Whether OUT holds this very request's record: same custom_id and, where stored, same fingerprint."""
+    record = finished.get(entry.custom_id)
+    if record is None:
+        return False
+    stored = record.get(FINGERPRINT_FIELD)
+    return stored is None or stored == entry.fingerprint  # no fingerprint: written before they existed
 
 
 def is_success(record: dict) -> bool:
@@ -444,55 +605,57 @@ def run_batch(
     interrupt: Interrupt,
     on_progress: Callable[[RunTally, dict | None], None] = lambda tally, live: None,
 ) -> RunTally:
-    """Run every entry not yet in `finished`, appending each record as it is done.
+    """Run every entry not yet done (see is_done), appending each record as it is done.
 
     Adds the new records to `finished`. Stops early, writing nothing partial,
     once `interrupt.requested` is set.
     """
     tally = RunTally()
-    stop_after = _stop_after_hook()
     model_name = Path(engine.target_path).name
     for entry in entries:
-        if entry.custom_id in finished:
+        if is_done(entry, finished):
             continue
         if interrupt.requested.is_set():
             break
         if isinstance(entry, InvalidRequest):
-            record = error_record(entry.custom_id, entry.code, entry.message)
+            record = error_record(entry.custom_id, entry.code, entry.message, entry.fingerprint)
         else:
-            record = _run_request(engine, entry, base_params, model_name, interrupt, tally, on_progress, stop_after)
+            record = _run_request(engine, entry, base_params, model_name, interrupt, tally, on_progress)
             if record is None:
                 break
         writer.append(record)
         finished[entry.custom_id] = record
         tally.written += 1
         on_progress(tally, None)
-    tally.interrupted = interrupt.requested.is_set() and any(e.custom_id not in finished for e in entries)
+    tally.interrupted = interrupt.requested.is_set() and not all(is_done(e, finished) for e in entries)
     return tally
 
 
-def _stop_after_hook() -> int | None:
-    value = os.environ.get(STOP_AFTER_ENV)
-    return int(value) if value else None
+def _run_request(engine, request, base_params, model_name, interrupt, tally, on_progress):
+    """The request's record, or None when it was interrupted.
 
+    Whatever one request gets wrong (a sampling value SamplingParams or numpy
+    refuses, a chat template that fails to render, a prompt too long) is that
+    request's error record, never the end of the batch.
+    """
+    def failed(code: str, reason: object) -> dict:
+        return error_record(request.custom_id, code, f"line {request.line}: {reason}", request.fingerprint)
 
-def _run_request(engine, request, base_params, model_name, interrupt, tally, on_progress, stop_after):
-    """The request's record, or None when it was interrupted."""
-    params = dataclasses.replace(base_params, **dict(request.overrides))
+    try:
+        params = dataclasses.replace(base_params, **dict(request.overrides))
+    except (EdgespecError, ValueError) as err:
+        return failed("invalid_field", f"bad sampling setting: {err}")
     result = None
     try:
         for event in _events(engine, request, params, interrupt):
             if isinstance(event, Done):
                 result = event.result
             elif isinstance(event, Step):
-                if stop_after is not None and tally.written >= stop_after:
-                    stop_after = None
-                    os.kill(os.getpid(), signal.SIGINT)
                 on_progress(tally, event.stats)
     except ContextOverflowError as err:
-        return error_record(request.custom_id, "context_length_exceeded", str(err))
-    except EdgespecError as err:
-        return error_record(request.custom_id, "generation_failed", str(err))
+        return failed("context_length_exceeded", err)
+    except (EdgespecError, ValueError) as err:
+        return failed("generation_failed", err)
     if result is None or result.finish_reason == "cancelled":
         return None
     tally.add(result.stats)
@@ -529,7 +692,7 @@ def _chat_session(engine, messages: tuple[dict, ...]) -> ChatSession:
 
 def summarize(entries, finished: dict[str, dict], tally: RunTally, resumed: int, wall_seconds: float) -> dict:
     """Figures for the whole batch as it now stands in OUT (earlier runs included)."""
-    records = [finished[e.custom_id] for e in entries if e.custom_id in finished]
+    records = [finished[e.custom_id] for e in entries if is_done(e, finished)]
     ok = [r for r in records if is_success(r)]
     usage = [r["response"]["body"].get("usage", {}) for r in ok]
     stats = [r["response"]["body"].get("stats", {}) for r in ok]
@@ -573,11 +736,16 @@ def summary_line(summary: dict) -> str:
 
 
 def write_summary(path: Path, summary: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = None
     try:
-        tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        # A fresh temporary name: a fixed one could be somebody's file, even OUT.
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(summary, indent=2) + "\n")
         os.replace(tmp, path)
     except OSError as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise BatchError(f"cannot write summary {path}: {err.strerror}; check the path") from None
 
 
@@ -621,20 +789,23 @@ def _resume_hint(args) -> str:
 
 def _batch_command(args) -> int:
     started = time.monotonic()
-    if args.output.exists() and args.output.resolve() == args.input.resolve():
-        raise BatchError(f"the output file is the input file ({args.input}); give -o a new path")
+    check_paths(args.input, args.output, args.summary)
     entries = read_requests(args.input)
     if not entries:
         raise BatchError(f"{args.input} holds no requests; put one request per line")
     check_unique_ids(entries)
-    finished, torn = load_finished(args.output)
-    if torn:
-        print(f"edgespec batch: cut off a torn last record in {args.output}; that request is redone", file=sys.stderr)
-    _warn_foreign_records(entries, finished, args.output)
-    resumed = sum(1 for e in entries if e.custom_id in finished)
-    tally = RunTally()
-    if resumed < len(entries):
-        tally = _run_with_engine(args, entries, finished, resumed)
+    writer = RecordWriter(args.output)  # locked before anything reads or repairs OUT
+    try:
+        finished, torn = writer.load_finished()
+        if torn:
+            print(f"edgespec batch: cut off a torn last record in {args.output}; that request is redone", file=sys.stderr)
+        _warn_changed_requests(entries, finished, args.output)
+        resumed = sum(1 for e in entries if is_done(e, finished))
+        tally = RunTally()
+        if resumed < len(entries):
+            tally = _run_with_engine(args, entries, writer, finished, resumed)
+    finally:
+        writer.close()
     summary = summarize(entries, finished, tally, resumed, time.monotonic() - started)
     print(summary_line(summary), file=sys.stderr)
     if args.summary:
@@ -646,23 +817,50 @@ def _batch_command(args) -> int:
     return EXIT_OK if summary["requests_failed"] == 0 else EXIT_REQUESTS_FAILED
 
 
-def _warn_foreign_records(entries, finished: dict[str, dict], out_path: Path) -> None:
+def check_paths(input_path: Path, output_path: Path, summary_path: Path | None) -> None:
+    """Refuse an OUT or a summary that is IN, or a summary that is OUT, under any name."""
+    if same_file(output_path, input_path):
+        raise BatchError(f"the output file is the input file ({input_path}); give -o a new path")
+    for other, what in ((input_path, "the input file"), (output_path, "the output file")):
+        if summary_path is not None and same_file(summary_path, other):
+            raise BatchError(f"--summary {summary_path} is {what} ({other}); give --summary another path")
+
+
+def _warn_changed_requests(entries, finished: dict[str, dict], out_path: Path) -> None:
     ids = {e.custom_id for e in entries}
     foreign = sum(1 for custom_id in finished if custom_id not in ids)
     if foreign:
         print(f"edgespec batch: note: {out_path} has {foreign} records whose custom_id is not in this input", file=sys.stderr)
+    known = [e for e in entries if e.custom_id in finished]
+    changed = [e for e in known if not is_done(e, finished)]
+    if changed:
+        print(
+            f"edgespec batch: {_requests(len(changed))} changed since {out_path} was written"
+            f" (first: {changed[0].custom_id!r}, line {changed[0].line}); they are redone and their new records"
+            " appended (the last record for a custom_id counts)",
+            file=sys.stderr,
+        )
+    unmarked = sum(1 for e in known if FINGERPRINT_FIELD not in finished[e.custom_id])
+    if unmarked:
+        print(
+            f"edgespec batch: note: {unmarked} records in {out_path} come from an older edgespec that stored no"
+            " request fingerprint; they are kept unchecked (give -o a new path to redo them)",
+            file=sys.stderr,
+        )
 
 
-def _run_with_engine(args, entries, finished, resumed) -> RunTally:
+def _requests(count: int) -> str:
+    return f"{count} request" if count == 1 else f"{count} requests"
+
+
+def _run_with_engine(args, entries, writer, finished, resumed) -> RunTally:
     params = sampling_params(args)
     engine = load_engine(args)
-    writer = RecordWriter(args.output)
     interrupt = Interrupt()
     try:
         with _progress_bar(len(entries), resumed) as on_progress, interrupt.catching_sigint():
             return run_batch(engine, entries, writer, params, finished, interrupt, on_progress)
     finally:
-        writer.close()
         engine.close()
 
 

@@ -65,7 +65,7 @@ def batch_argv(models, source: Path, out: Path, *extra: str) -> list[str]:
 
 
 def assert_openai_success(record: dict, custom_id: str) -> None:
-    assert set(record) == {"id", "custom_id", "response", "error"}
+    assert set(record) == {"id", "custom_id", "response", "error", "fingerprint"}
     assert record["custom_id"] == custom_id and record["error"] is None
     response = record["response"]
     assert response["status_code"] == 200 and response["request_id"]
@@ -156,14 +156,22 @@ def test_duplicate_custom_ids_exit_before_loading_a_model(tmp_path, capsys):
     assert not out.exists()
 
 
+def load_finished(out: Path) -> tuple[dict, bool]:
+    writer = batch.RecordWriter(out)
+    try:
+        return writer.load_finished()
+    finally:
+        writer.close()
+
+
 def test_load_finished_cuts_a_torn_last_line(tmp_path):
     out = tmp_path / "out.jsonl"
     good = [json.dumps(batch.error_record(f"r{i}", "x", "y")) for i in range(2)]
     out.write_bytes(("\n".join(good) + "\n").encode() + b'{"id": "batch_req_1", "custom_id": "r2", "resp')
-    finished, torn = batch.load_finished(out)
+    finished, torn = load_finished(out)
     assert torn and set(finished) == {"r0", "r1"}
     assert out.read_text() == "\n".join(good) + "\n"
-    assert batch.load_finished(out) == (finished, False)
+    assert load_finished(out) == (finished, False)
 
 
 def test_load_finished_refuses_a_bad_line_before_good_records(tmp_path):
@@ -171,7 +179,7 @@ def test_load_finished_refuses_a_bad_line_before_good_records(tmp_path):
     good = json.dumps(batch.error_record("r0", "x", "y"))
     out.write_text(f"{good}\nnot a record\n{good}\n")
     with pytest.raises(batch.BatchError, match="line 2"):
-        batch.load_finished(out)
+        load_finished(out)
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
@@ -204,24 +212,6 @@ def test_twenty_requests_give_openai_batch_output(models, tmp_path, capsys):
     assert 0 <= summary["mean_acceptance_rate"] <= 1 and summary["target_passes_per_token"] > 0
     err = capsys.readouterr().err
     assert "batch: 20 ok, 0 failed of 20" in err
-
-
-def test_interrupted_run_resumes_without_redoing_finished_work(models, tmp_path, monkeypatch, capsys):
-    lines = twenty_requests()
-    source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
-    monkeypatch.setenv(batch.STOP_AFTER_ENV, "7")
-    assert run_cli(batch_argv(models, source, out)) == batch.EXIT_INTERRUPTED
-    assert "rerun the same command to resume" in capsys.readouterr().err
-    first_run = out.read_text().splitlines()
-    assert len(first_run) == 7
-
-    monkeypatch.delenv(batch.STOP_AFTER_ENV)
-    assert run_cli(batch_argv(models, source, out)) == batch.EXIT_OK
-    assert "(7 already done)" in capsys.readouterr().err
-    after = out.read_text().splitlines()
-    assert after[:7] == first_run  # byte-identical: finished records were not redone
-    ids = [json.loads(line)["custom_id"] for line in after]
-    assert ids == [json.loads(line)["custom_id"] for line in lines]
 
 
 def test_torn_last_line_is_repaired_and_its_request_redone(models, tmp_path, capsys):
@@ -301,6 +291,39 @@ def line_count(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
+def wait_for_records(process: subprocess.Popen, out: Path, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while line_count(out) < count:
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
+def test_interrupted_run_resumes_without_redoing_finished_work(models, tmp_path):
+    lines = twenty_requests()
+    # The 8th request generates until the 1024-token context is full (the tiny models
+    # never stop by themselves), so it is still in flight when the 7th record is on disk.
+    lines[7] = completion_line("text-long", "The cat sat on", max_tokens=4000)
+    source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    command = edgespec_command() + batch_argv(models, source, out, "--n-ctx", "1024")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_records(process, out, 7)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == batch.EXIT_INTERRUPTED, stderr
+    assert "rerun the same command to resume" in stderr
+    first_run = out.read_text().splitlines()
+    assert len(first_run) == 7
+
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == batch.EXIT_OK, rerun.stderr
+    assert "(7 already done)" in rerun.stderr
+    after = out.read_text().splitlines()
+    assert after[:7] == first_run  # byte-identical: finished records were not redone
+    ids = [json.loads(line)["custom_id"] for line in after]
+    assert ids == [json.loads(line)["custom_id"] for line in lines]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_cli_stopped_mid_run_then_rerun_completes(models, tmp_path, sig):
     # Plain prompts, 80 tokens each: the batch runs long enough (about half a
@@ -310,11 +333,7 @@ def test_cli_stopped_mid_run_then_rerun_completes(models, tmp_path, sig):
     command = edgespec_command() + batch_argv(models, source, out)
     command[command.index("--max-tokens") + 1] = "80"
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while line_count(out) < 2:
-        assert process.poll() is None, process.stderr.read()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    wait_for_records(process, out, 2)
     process.send_signal(sig)
     _, stderr = process.communicate(timeout=60)
     if sig == signal.SIGINT:
