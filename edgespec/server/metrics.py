@@ -25,6 +25,8 @@ class ServerMetrics:
         r = self.registry
         self.requests = Counter("edgespec_requests", "HTTP requests answered, by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
+        self.generations = Counter("edgespec_generations", "generations the engine finished, by why they ended "
+                                   "(stop, length, context, cancelled: client gone or time limit)", ["mode", "finish_reason"], registry=r)
         self.tokens_generated = Counter("edgespec_tokens_generated", "completion tokens generated", ["mode"], registry=r)
         self.prompt_tokens = Counter("edgespec_prompt_tokens", "prompt tokens, evaluated or reused from the KV cache",
                                      ["kind"], registry=r)
@@ -51,6 +53,7 @@ class ServerMetrics:
     def record_generation(self, stats: dict) -> None:
         """One finished generation (from the engine's thread): counters, histograms and the alert."""
         mode = stats["mode"]
+        self.generations.labels(mode, stats["finish_reason"]).inc()
         self.tokens_generated.labels(mode).inc(stats["tokens_generated"])
         self.prompt_tokens.labels("evaluated").inc(stats["prompt_tokens_evaluated"])
         self.prompt_tokens.labels("reused").inc(stats["prompt_tokens_reused"])
