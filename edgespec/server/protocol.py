@@ -110,7 +110,7 @@ def _stream_options(body: dict, stream: bool) -> bool:
 
 def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
     fields: dict[str, Any] = {}
-    for name in ("max_completion_tokens", "max_tokens"):  # the newer name wins when both are given
+    for name in ("max_tokens", "max_completion_tokens"):  # the newer name, last, wins when both are given
         if body.get(name) is not None:
             fields["max_tokens"] = _number(body, name, integer=True, low=1)
     for name, low, high in (("temperature", 0, None), ("top_p", 0, 1), ("top_k", 0, None), ("min_p", 0, 1)):
