@@ -42,9 +42,7 @@ def add_serve_parser(subparsers) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from .server.app import ServerConfig, create_app
+    from .server.app import ServerConfig, create_app, run_app
 
     _check_options(args)
     defaults = sampling_params(args)
@@ -58,8 +56,7 @@ def serve(args: argparse.Namespace) -> int:
         app = create_app(engine, config, monitor)
         host, port = sock.getsockname()[:2]
         print(f"edgespec: serving {config.model_name} ({engine.mode}) on http://{_url_host(host)}:{port}/v1", file=sys.stderr, flush=True)
-        server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning", timeout_graceful_shutdown=5))
-        server.run(sockets=[sock])
+        run_app(app, sock)
     finally:
         sock.close()
         engine.close()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -289,6 +291,25 @@ def test_disconnect_mid_stream_cancels_the_generation(server):
     assert reply.usage.completion_tokens == 4
 
 
+def test_a_client_gone_while_queued_leaves_the_queue(server):
+    client = server.client()
+    running = client.chat.completions.create(model="tiny", messages=USER, stream=True, **LONG_REQUEST)
+    next(iter(running))
+    try:
+        body = json.dumps({"model": "tiny", "messages": USER, "max_tokens": 5}).encode()
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=WAIT_SECONDS) as raw:
+            raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            wait_until(lambda: server.health()["queue_depth"] == 1, "the raw request to queue")
+        wait_until(lambda: server.health()["queue_depth"] == 0, "the queue to drop the request whose client left")
+        assert server.health()["busy"]  # the long stream still has the engine
+    finally:
+        running.close()
+    gone = ("edgespec_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "499")))
+    wait_until(lambda: server.metrics().get(gone) == 1, "the abandoned request to be counted")
+
+
 # -- metrics --------------------------------------------------------------------------
 
 
@@ -326,6 +347,22 @@ def test_time_limit_gets_408_and_the_server_goes_on(start_server):
     wait_until(lambda: not server.health()["busy"], "the engine to stop the timed-out generation")
     cancelled = ("edgespec_generations_total", (("finish_reason", "cancelled"), ("mode", "ngram")))
     assert server.metrics()[cancelled] == 1
+
+
+def test_stopping_the_server_ends_open_streams_cleanly(start_server):
+    server = start_server()
+    stream = server.client().completions.create(model="tiny", prompt="The cat", stream=True, **LONG_REQUEST)
+    chunks = iter(stream)
+    next(chunks)
+    server.process.terminate()
+    with pytest.raises(openai.APIError) as caught:
+        for _ in range(LONG_REQUEST["max_tokens"]):
+            next(chunks)
+    assert "shutting down" in str(caught.value)
+    # uvicorn, once it has shut down, dies of the signal it caught, as servers do
+    assert server.process.wait(timeout=WAIT_SECONDS) in (0, -signal.SIGTERM)
+    server.stop()
+    assert not any("Traceback" in line or "Exception" in line for line in server.lines), server.lines
 
 
 def test_other_addresses_need_an_api_key(tiny_models, tmp_path):

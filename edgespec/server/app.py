@@ -12,9 +12,10 @@ import contextlib
 import hmac
 import json
 import logging
-import time
+import socket
 from dataclasses import dataclass
 
+import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -120,8 +121,8 @@ class _Server:
             event = await self._next_event(request, job)
             if isinstance(event, ApiError):
                 raise event
-        if job.timed_out:
-            raise job.timeout_error()
+        if job.stopped_by is not None:
+            raise job.stopped_by
         result = event.result
         return writer.whole(result.text, result.finish_reason, result.stats)
 
@@ -135,10 +136,10 @@ class _Server:
             if await request.is_disconnected():
                 self.worker.withdraw(job)
                 raise _ClientGone()
-            if time.monotonic() >= job.deadline:  # still waiting in the queue, or a step that never ends
-                job.timed_out = True
+            job.check_deadline()  # still waiting in the queue, or a step that never ends
+            if job.stopped_by is not None:
                 self.worker.withdraw(job)
-                raise job.timeout_error()
+                raise job.stopped_by
 
     async def _sse(self, job: Job, writer: ResponseWriter, event):
         """The SSE body of one generation, from its first event on."""
@@ -153,8 +154,8 @@ class _Server:
                 if text:
                     yield _sse(writer.chunk(text))
             elif isinstance(event, Done):
-                if job.timed_out:
-                    yield _sse(job.timeout_error().body())
+                if job.stopped_by is not None:
+                    yield _sse(job.stopped_by.body())
                     return
                 yield _sse(writer.chunk(engine_reason=event.result.finish_reason))
                 if job.request.include_usage:
@@ -263,5 +264,19 @@ def create_app(engine: Engine, config: ServerConfig, monitor: AcceptanceMonitor)
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={ApiError: _api_error, HTTPException: _http_error})
     app.add_middleware(_CountResponses, metrics=server.metrics, endpoints={r.path for r in routes})
-    app.state.server = server
+    app.state.stop_generating = server.worker.stop_all  # for the HTTP server's shutdown, before it drains
     return app
+
+
+class _HttpServer(uvicorn.Server):
+    """uvicorn, stopping every generation before it waits for open responses to finish."""
+
+    async def shutdown(self, sockets=None):
+        self.config.app.state.stop_generating()
+        await super().shutdown(sockets)
+
+
+def run_app(app: Starlette, sock: socket.socket) -> None:
+    """Serve on a bound, listening socket until SIGINT or SIGTERM."""
+    config = uvicorn.Config(app, log_config=None, log_level="warning", timeout_graceful_shutdown=5)
+    _HttpServer(config).run(sockets=[sock])

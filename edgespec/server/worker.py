@@ -36,7 +36,7 @@ class Job:
         self.events: asyncio.Queue = asyncio.Queue()
         self.deadline = time.monotonic() + time_limit
         self.time_limit = time_limit
-        self.timed_out = False
+        self.stopped_by: ApiError | None = None  # why the server stopped it: time limit, shutdown
         self._loop = loop
 
     def deliver(self, event) -> None:
@@ -46,15 +46,17 @@ class Job:
         except RuntimeError:  # the event loop is gone: the server is shutting down
             self.cancel.set()
 
+    def stop(self, error: ApiError) -> None:
+        """Stop the job for a reason its client gets told (the generation ends within one step)."""
+        if self.stopped_by is None:
+            self.stopped_by = error
+        self.cancel.set()
+
     def check_deadline(self) -> None:
         if time.monotonic() >= self.deadline and not self.cancel.is_set():
-            self.timed_out = True
-            self.cancel.set()
-
-    def timeout_error(self) -> ApiError:
-        return ApiError(408, f"the request ran past the {self.time_limit:g} s time limit; "
-                             "ask for fewer tokens (max_tokens) or start the server with a larger --request-timeout",
-                        type="timeout", code="request_timeout")
+            self.stop(ApiError(408, f"the request ran past the {self.time_limit:g} s time limit; ask for fewer "
+                                    "tokens (max_tokens) or start the server with a larger --request-timeout",
+                               type="timeout", code="request_timeout"))
 
 
 class EngineWorker:
@@ -71,15 +73,21 @@ class EngineWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def close(self) -> None:
-        """Cancel what waits and what runs, and wait for the thread to let go of the engine."""
+    def stop_all(self) -> None:
+        """The server is going down: every job, waiting or running, ends now with a 503."""
+        error = ApiError(503, "the server is shutting down; retry when it is back", type="server_error", code="shutting_down")
         with self._wake:
             self._closed = True
             for job in [*self._waiting, self._current]:
                 if job is not None:
-                    job.cancel.set()
+                    job.stop(error)
+                    job.deliver(error)  # a waiting job gets no other event
             self._waiting.clear()
             self._wake.notify_all()
+
+    def close(self) -> None:
+        """Stop every job and wait for the thread to let go of the engine."""
+        self.stop_all()
         self._thread.join()
 
     @property
@@ -93,6 +101,8 @@ class EngineWorker:
 
     def submit(self, job: Job) -> None:
         with self._wake:
+            if self._closed:
+                raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
             if len(self._waiting) + self.busy > self.queue_size:
                 raise QueueFull()
             self._waiting.append(job)
@@ -122,8 +132,8 @@ class EngineWorker:
 
     def _run(self, job: Job) -> None:
         job.check_deadline()
-        if job.timed_out:
-            job.deliver(job.timeout_error())
+        if job.stopped_by is not None:
+            job.deliver(job.stopped_by)
             return
         try:
             for event in self.engine.stream_tokens(self._prompt_ids(job.request), job.request.params, cancel=job.cancel):
