@@ -48,18 +48,18 @@ def serve(args: argparse.Namespace) -> int:
     defaults = sampling_params(args)
     monitor = AcceptanceMonitor(args.alert_acceptance, args.alert_window)
     logging.basicConfig(format="edgespec: %(message)s", level=logging.INFO, stream=sys.stderr)
-    sock = _listen(args.host, args.port)
-    engine = load_engine(args)
-    try:
-        config = ServerConfig(_model_name(args.model), defaults, args.api_key, args.queue_size,
-                              args.request_timeout, args.max_body_bytes)
-        app = create_app(engine, config, monitor)
-        host, port = sock.getsockname()[:2]
-        print(f"edgespec: serving {config.model_name} ({engine.mode}) on http://{_url_host(host)}:{port}/v1", file=sys.stderr, flush=True)
-        run_app(app, sock)
-    finally:
-        sock.close()
-        engine.close()
+    config = ServerConfig(_model_name(args.model), defaults, args.api_key, args.queue_size,
+                          args.request_timeout, args.max_body_bytes)
+    with _listen(args.host, args.port) as sock:
+        engine = load_engine(args)
+        try:
+            app = create_app(engine, config, monitor)
+            host, port = sock.getsockname()[:2]
+            print(f"edgespec: serving {config.model_name} ({engine.mode}) on http://{_url_host(host)}:{port}/v1",
+                  file=sys.stderr, flush=True)
+            run_app(app, sock)
+        finally:
+            engine.close()
     return 0
 
 

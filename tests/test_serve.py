@@ -404,3 +404,15 @@ def test_degraded_draft_alert_trips_and_clears(start_server):
     assert health["draft"] == "ok" and health["rolling_acceptance"] > 0.4
     assert server.metrics()[degraded] == 0
     assert any("recovered" in line for line in server.lines)
+
+
+def test_a_taken_port_is_one_clear_line(tiny_models, tmp_path):
+    script = Path(sys.executable).parent / "edgespec"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([str(script), "serve", "--port", str(port), "--model", str(tiny_models["target"])],
+                                capture_output=True, text=True, timeout=WAIT_SECONDS, env=server_env(tmp_path))
+    assert result.returncode == 1
+    assert result.stderr == f"edgespec: cannot listen on 127.0.0.1:{port}: Address already in use; pick another --host or --port\n"

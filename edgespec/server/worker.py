@@ -141,8 +141,6 @@ class EngineWorker:
                     self._on_finished(job, event.result)
                 job.deliver(event)
                 job.check_deadline()
-        except ApiError as error:
-            job.deliver(error)
         except ContextOverflowError as error:
             job.deliver(ApiError(400, str(error), param="messages" if job.request.chat else "prompt",
                                  code="context_length_exceeded"))
