@@ -339,14 +339,16 @@ def test_metrics_move_with_each_request(server):
 
 
 def test_time_limit_gets_408_and_the_server_goes_on(start_server):
-    server = start_server("--request-timeout", "1", "--n-ctx", "16384")
+    # 60000 sampled tokens take far longer than half a second on any machine
+    server = start_server("--request-timeout", "0.5", "--n-ctx", "65536")
     client = server.client()
     with pytest.raises(openai.APIStatusError) as caught:
-        client.chat.completions.create(model="tiny", messages=USER, **LONG_REQUEST)
+        client.chat.completions.create(model="tiny", messages=USER, **{**LONG_REQUEST, "max_tokens": 60000})
     assert caught.value.status_code == 408 and "--request-timeout" in caught.value.message
     wait_until(lambda: not server.health()["busy"], "the engine to stop the timed-out generation")
-    cancelled = ("edgespec_generations_total", (("finish_reason", "cancelled"), ("mode", "ngram")))
-    assert server.metrics()[cancelled] == 1
+    generated = server.metrics()[("edgespec_tokens_generated_total", (("mode", "ngram"),))]
+    assert generated < 60000
+    assert server.health()["status"] == "ok"
 
 
 def test_stopping_the_server_ends_open_streams_cleanly(start_server):
