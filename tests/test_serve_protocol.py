@@ -67,7 +67,7 @@ def test_inert_values_of_unsupported_fields_are_fine():
 
 @pytest.mark.parametrize("field, value", [
     ("max_tokens", 0), ("max_tokens", 2.5), ("temperature", "hot"), ("temperature", -1), ("top_p", 1.5),
-    ("seed", True), ("stop", [1]), ("stop", ["x"] * 17), ("stream", "yes"),
+    ("seed", True), ("stop", [1]), ("stop", ["x"] * 17), ("stop", "x" * 513), ("stream", "yes"),
 ])
 def test_bad_values_name_their_field(field, value):
     assert refusal(**{field: value}).param == field

@@ -16,6 +16,7 @@ from ..sampling import SamplingParams
 
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
 MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 512  # the stop check holds back text that could start a stop string: keep that small
 
 # Fields edgespec cannot honour, with the one value that means "not used".
 _INERT_VALUES = {
@@ -143,6 +144,8 @@ def _stop(stop: Any) -> tuple[str, ...]:
         raise bad_param("stop", "stop must be a string or a list of strings")
     if len(stops) > MAX_STOP_STRINGS:
         raise bad_param("stop", f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise bad_param("stop", f"a stop string may have at most {MAX_STOP_CHARS} characters")
     return tuple(stops)
 
 
