@@ -171,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .batch import add_batch_parser
     from .bench import add_bench_parser
     from .models_cli import add_models_parser
+    from .serve import add_serve_parser
 
     parser = argparse.ArgumentParser(prog="edgespec", description="Exact speculative decoding for local GGUF models.")
     parser.add_argument("--version", action="version", version=f"edgespec {__version__}")
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_parser(subparsers)
     _add_chat_parser(subparsers)
     add_batch_parser(subparsers)
+    add_serve_parser(subparsers)
     add_bench_parser(subparsers)
     _add_plan_parser(subparsers)
     add_models_parser(subparsers)

@@ -1,0 +1,113 @@
+"""`edgespec serve`: one engine behind an OpenAI-compatible HTTP API.
+
+Loads the engine the way `run` and `chat` do, binds its socket first (so a
+taken port or a refused address fails before the model loads), then runs the
+Starlette app of edgespec.server under uvicorn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from .cli import add_engine_options, add_sampling_options, load_engine, sampling_params
+from .errors import EdgespecError
+from .monitor import DEFAULT_THRESHOLD, DEFAULT_WINDOW, AcceptanceMonitor
+
+API_KEY_ENV = "EDGESPEC_API_KEY"
+
+
+def add_serve_parser(subparsers) -> None:
+    parser = subparsers.add_parser("serve", help="serve one engine over an OpenAI-compatible HTTP API")
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; any other needs --api-key)")
+    group.add_argument("--port", type=int, default=8080, help="port to listen on, 0 for any free one (default: %(default)s)")
+    group.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                       help=f"require 'Authorization: Bearer KEY' on /v1 and /metrics (default: ${API_KEY_ENV})")
+    group.add_argument("--queue-size", type=int, default=8, help="requests that may wait for the engine; more get 429 (default: %(default)s)")
+    group.add_argument("--request-timeout", type=float, default=300.0, help="seconds a request may take, waiting included (default: %(default)s)")
+    group.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024, help="largest request body accepted (default: %(default)s)")
+    group.add_argument("--alert-acceptance", type=float, default=DEFAULT_THRESHOLD,
+                       help="warn when the rolling draft acceptance falls below this (default: %(default)s)")
+    group.add_argument("--alert-window", type=int, default=DEFAULT_WINDOW,
+                       help="requests the rolling acceptance covers (default: %(default)s)")
+    add_engine_options(parser)
+    add_sampling_options(parser, max_tokens=1024)
+    parser.set_defaults(func=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from .server.app import ServerConfig, create_app, run_app
+
+    _check_options(args)
+    defaults = sampling_params(args)
+    monitor = AcceptanceMonitor(args.alert_acceptance, args.alert_window)
+    logging.basicConfig(format="edgespec: %(message)s", level=logging.INFO, stream=sys.stderr)
+    config = ServerConfig(_model_name(args.model), defaults, args.api_key, args.queue_size,
+                          args.request_timeout, args.max_body_bytes)
+    with _listen(args.host, args.port) as sock:
+        engine = load_engine(args)
+        try:
+            app = create_app(engine, config, monitor)
+            host, port = sock.getsockname()[:2]
+            print(f"edgespec: serving {config.model_name} ({engine.mode}) on http://{_url_host(host)}:{port}/v1",
+                  file=sys.stderr, flush=True)
+            run_app(app, sock)
+        finally:
+            engine.close()
+    return 0
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if not _is_loopback(args.host) and not args.api_key:
+        raise EdgespecError(f"refusing to listen on {args.host} without an API key: anyone who reaches it could use "
+                            f"the model; pass --api-key KEY (or set {API_KEY_ENV}), or keep --host 127.0.0.1")
+    if not 0 <= args.port <= 65535:
+        raise EdgespecError(f"--port {args.port} is not a port number (use 0-65535)")
+    if args.queue_size < 0:
+        raise EdgespecError("--queue-size must be 0 or more")
+    if args.request_timeout <= 0:
+        raise EdgespecError("--request-timeout must be a positive number of seconds")
+    if args.max_body_bytes < 1024:
+        raise EdgespecError("--max-body-bytes must be at least 1024")
+    if not 0.0 <= args.alert_acceptance <= 1.0:
+        raise EdgespecError("--alert-acceptance must be between 0 and 1")
+    if args.alert_window < 1:
+        raise EdgespecError("--alert-window must be at least 1 request")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: only "localhost" is known to stay on this machine
+        return False
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as error:
+        sock.close()
+        raise EdgespecError(f"cannot listen on {host}:{port}: {error.strerror or error}; pick another --host or --port") from None
+    return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _model_name(model: str) -> str:
+    """The name clients see: a catalog name as given, a file by its name without .gguf."""
+    path = Path(model)
+    return path.stem if path.suffix == ".gguf" else model

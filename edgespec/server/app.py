@@ -1,0 +1,282 @@
+"""The HTTP side of `edgespec serve`: OpenAI-compatible routes on a Starlette app.
+
+Every failure becomes an OpenAI-style error body with a 4xx status (5xx only
+for a bug); nothing a client sends can stop the server.  Requests go to the
+one engine through EngineWorker's bounded FIFO queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import socket
+from dataclasses import dataclass
+
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..engine import Done, Engine, Step
+from ..monitor import AcceptanceMonitor
+from ..sampling import SamplingParams
+from .metrics import ServerMetrics
+from .protocol import ApiError, ResponseWriter, parse_request
+from .worker import EngineWorker, Job, QueueFull
+
+log = logging.getLogger("edgespec.serve")
+
+DISCONNECT_POLL_SECONDS = 0.1  # how often a waiting request checks that its client is still there
+
+
+@dataclass
+class ServerConfig:
+    model_name: str
+    defaults: SamplingParams
+    api_key: str | None = None
+    queue_size: int = 8
+    request_timeout: float = 300.0
+    max_body_bytes: int = 2 * 1024 * 1024
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _Server:
+    def __init__(self, engine: Engine, config: ServerConfig, monitor: AcceptanceMonitor):
+        self.engine, self.config = engine, config
+        self.metrics = ServerMetrics(monitor)
+        self.metrics.start_mode(engine.mode)
+        self.worker = EngineWorker(engine, config.queue_size, lambda job, result: self.metrics.record_generation(result.stats))
+        self.metrics.queue_depth.set_function(lambda: self.worker.depth)
+
+    # -- routes ----------------------------------------------------------------
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, chat=False)
+
+    async def models(self, request: Request) -> Response:
+        self._authorize(request)
+        model = {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "edgespec"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def health(self, request: Request) -> Response:
+        mode = self.engine.mode
+        monitor = self.metrics.monitor
+        draft = "off" if mode == "none" else ("degraded" if monitor.is_degraded(mode) else "ok")
+        return JSONResponse({
+            "status": "ok", "model": self.config.model_name, "mode": mode, "draft": draft,
+            "rolling_acceptance": monitor.acceptance(mode), "alert_acceptance": monitor.threshold,
+            "queue_depth": self.worker.depth, "busy": self.worker.busy,
+        })
+
+    async def prometheus(self, request: Request) -> Response:
+        self._authorize(request)
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- completions -------------------------------------------------------------
+
+    async def _complete(self, request: Request, chat: bool) -> Response:
+        self._authorize(request)
+        parsed = parse_request(await self._json_body(request), chat, self.config.defaults)
+        job = Job(parsed, asyncio.get_running_loop(), self.config.request_timeout)
+        try:
+            self.worker.submit(job)
+        except QueueFull:
+            raise ApiError(429, f"the server is busy: {self.worker.depth} requests are already waiting; retry shortly",
+                           type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"}) from None
+        writer = ResponseWriter(parsed, self.config.model_name)
+        streaming = False
+        try:
+            first = await self._next_event(request, job)
+            if isinstance(first, ApiError):
+                raise first
+            if parsed.stream:
+                streaming = True  # from here the response owns the job
+                return _JobStream(self._sse(job, writer, first), on_close=lambda: self.worker.withdraw(job))
+            return JSONResponse(await self._whole(request, job, writer, first))
+        except _ClientGone:
+            return Response(status_code=499)  # nobody reads it; the status shows in the metrics
+        except (ApiError, HTTPException):
+            raise
+        except Exception as error:  # a bug must cost one request, never the server
+            log.error("request failed: %s: %s", type(error).__name__, error)
+            raise ApiError(500, f"internal error: {type(error).__name__}", type="server_error") from None
+        finally:
+            if not streaming:
+                self.worker.withdraw(job)
+
+    async def _whole(self, request: Request, job: Job, writer: ResponseWriter, event) -> dict:
+        while not isinstance(event, Done):
+            event = await self._next_event(request, job)
+            if isinstance(event, ApiError):
+                raise event
+        if job.stopped_by is not None:
+            raise job.stopped_by
+        result = event.result
+        return writer.whole(result.text, result.finish_reason, result.stats)
+
+    async def _next_event(self, request: Request, job: Job):
+        """The job's next event, giving up when the client leaves or the time limit passes."""
+        while True:
+            try:
+                return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_SECONDS)
+            except asyncio.TimeoutError:
+                pass
+            if await request.is_disconnected():
+                self.worker.withdraw(job)
+                raise _ClientGone()
+            job.check_deadline()  # still waiting in the queue, or a step that never ends
+            if job.stopped_by is not None:
+                self.worker.withdraw(job)
+                raise job.stopped_by
+
+    async def _sse(self, job: Job, writer: ResponseWriter, event):
+        """The SSE body of one generation, from its first event on."""
+        if job.request.chat:
+            yield _sse(writer.chunk(first=True))
+        while True:
+            if isinstance(event, ApiError):  # headers are sent: the error goes in the stream
+                yield _sse(event.body())
+                return
+            if isinstance(event, Step):
+                text = "".join(token.text for token in event.tokens)
+                if text:
+                    yield _sse(writer.chunk(text))
+            elif isinstance(event, Done):
+                if job.stopped_by is not None:
+                    yield _sse(job.stopped_by.body())
+                    return
+                yield _sse(writer.chunk(engine_reason=event.result.finish_reason))
+                if job.request.include_usage:
+                    yield _sse(writer.usage_chunk(event.result.stats))
+                yield b"data: [DONE]\n\n"
+                return
+            event = await job.events.get()
+
+    # -- request checks --------------------------------------------------------------
+
+    def _authorize(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
+                           type="authentication_error", code="invalid_api_key")
+
+    async def _json_body(self, request: Request):
+        limit = self.config.max_body_bytes
+        too_large = ApiError(413, f"the request body is larger than {limit} bytes; send a shorter prompt "
+                                  "or start the server with a larger --max-body-bytes", code="request_too_large")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ApiError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
+
+
+class _JobStream(StreamingResponse):
+    """An SSE response that lets go of its job however it ends: finished, or the client gone.
+
+    Starlette stops the body on a disconnect, possibly before it started, so
+    the job is withdrawn here rather than in the body's own cleanup.
+    """
+
+    def __init__(self, body, on_close):
+        super().__init__(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def _sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _api_error(request: Request, error: ApiError) -> Response:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def _http_error(request: Request, error: HTTPException) -> Response:
+    kind = "not_found" if error.status_code == 404 else "invalid_request_error"
+    return _api_error(request, ApiError(error.status_code, f"{request.method} {request.url.path}: {error.detail}", type=kind))
+
+
+class _CountResponses:
+    """ASGI middleware: count every response by endpoint and status, errors included."""
+
+    def __init__(self, app, metrics: ServerMetrics, endpoints: set[str]):
+        self.app, self.metrics, self.endpoints = app, metrics, endpoints
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        endpoint = scope["path"] if scope["path"] in self.endpoints else "other"
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+def create_app(engine: Engine, config: ServerConfig, monitor: AcceptanceMonitor) -> Starlette:
+    server = _Server(engine, config, monitor)
+    routes = [
+        Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
+        Route("/v1/completions", server.completions, methods=["POST"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/health", server.health, methods=["GET"]),
+        Route("/metrics", server.prometheus, methods=["GET"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        server.worker.start()
+        try:
+            yield
+        finally:
+            server.worker.close()
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={ApiError: _api_error, HTTPException: _http_error})
+    app.add_middleware(_CountResponses, metrics=server.metrics, endpoints={r.path for r in routes})
+    app.state.stop_generating = server.worker.stop_all  # for the HTTP server's shutdown, before it drains
+    return app
+
+
+class _HttpServer(uvicorn.Server):
+    """uvicorn, stopping every generation before it waits for open responses to finish."""
+
+    async def shutdown(self, sockets=None):
+        self.config.app.state.stop_generating()
+        await super().shutdown(sockets)
+
+
+def run_app(app: Starlette, sock: socket.socket) -> None:
+    """Serve on a bound, listening socket until SIGINT or SIGTERM."""
+    config = uvicorn.Config(app, log_config=None, log_level="warning", timeout_graceful_shutdown=5)
+    _HttpServer(config).run(sockets=[sock])

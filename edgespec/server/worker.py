@@ -1,0 +1,156 @@
+"""One engine, one generation at a time: a worker thread fed by a bounded FIFO queue.
+
+The HTTP side submits a Job and reads its events from an asyncio queue; the
+worker thread tokenizes the prompt, runs the engine and hands every Step and
+the final Done back through the event loop.  A job's cancel event (a client
+that went away, the time limit) stops its generation within one step; a job
+cancelled while it waits is simply skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from typing import Callable
+
+from ..engine import Done, Engine, GenerationResult
+from ..errors import ContextOverflowError, EdgespecError
+from .protocol import ApiError, CompletionRequest
+
+log = logging.getLogger("edgespec.serve")
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Job:
+    """One request's generation; its events arrive on `events` in the event loop's thread."""
+
+    def __init__(self, request: CompletionRequest, loop: asyncio.AbstractEventLoop, time_limit: float):
+        self.request = request
+        self.cancel = threading.Event()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.deadline = time.monotonic() + time_limit
+        self.time_limit = time_limit
+        self.stopped_by: ApiError | None = None  # why the server stopped it: time limit, shutdown
+        self._loop = loop
+
+    def deliver(self, event) -> None:
+        """Pass a Step, Done or ApiError to the waiting request (from the worker thread)."""
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is gone: the server is shutting down
+            self.cancel.set()
+
+    def stop(self, error: ApiError) -> None:
+        """Stop the job for a reason its client gets told (the generation ends within one step)."""
+        if self.stopped_by is None:
+            self.stopped_by = error
+        self.cancel.set()
+
+    def check_deadline(self) -> None:
+        if time.monotonic() >= self.deadline and not self.cancel.is_set():
+            self.stop(ApiError(408, f"the request ran past the {self.time_limit:g} s time limit; ask for fewer "
+                                    "tokens (max_tokens) or start the server with a larger --request-timeout",
+                               type="timeout", code="request_timeout"))
+
+
+class EngineWorker:
+    def __init__(self, engine: Engine, queue_size: int, on_finished: Callable[[Job, GenerationResult], None]):
+        self.engine = engine
+        self.queue_size = queue_size
+        self._on_finished = on_finished
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._current: Job | None = None
+        self._closed = False
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._serve, name="edgespec-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop_all(self) -> None:
+        """The server is going down: every job, waiting or running, ends now with a 503."""
+        error = ApiError(503, "the server is shutting down; retry when it is back", type="server_error", code="shutting_down")
+        with self._wake:
+            self._closed = True
+            for job in [*self._waiting, self._current]:
+                if job is not None:
+                    job.stop(error)
+                    job.deliver(error)  # a waiting job gets no other event
+            self._waiting.clear()
+            self._wake.notify_all()
+
+    def close(self) -> None:
+        """Stop every job and wait for the thread to let go of the engine."""
+        self.stop_all()
+        self._thread.join()
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting for the engine (not counting the one it is generating)."""
+        return len(self._waiting)
+
+    @property
+    def busy(self) -> bool:
+        return self._current is not None
+
+    def submit(self, job: Job) -> None:
+        with self._wake:
+            if self._closed:
+                raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
+            if len(self._waiting) + self.busy > self.queue_size:
+                raise QueueFull()
+            self._waiting.append(job)
+            self._wake.notify()
+
+    def withdraw(self, job: Job) -> None:
+        """Forget a job whose client went away; a running one stops after its current step."""
+        job.cancel.set()
+        with self._wake:
+            if job in self._waiting:
+                self._waiting.remove(job)
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._waiting and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                job = self._current = self._waiting.popleft()
+            try:
+                if not job.cancel.is_set():
+                    self._run(job)
+            finally:
+                with self._wake:
+                    self._current = None
+
+    def _run(self, job: Job) -> None:
+        job.check_deadline()
+        if job.stopped_by is not None:
+            job.deliver(job.stopped_by)
+            return
+        try:
+            for event in self.engine.stream_tokens(self._prompt_ids(job.request), job.request.params, cancel=job.cancel):
+                if isinstance(event, Done):
+                    self._on_finished(job, event.result)
+                job.deliver(event)
+                job.check_deadline()
+        except ContextOverflowError as error:
+            job.deliver(ApiError(400, str(error), param="messages" if job.request.chat else "prompt",
+                                 code="context_length_exceeded"))
+        except EdgespecError as error:
+            job.deliver(ApiError(400, str(error)))
+        except Exception as error:  # a bug must cost one request, never the server
+            log.error("request failed inside the engine: %s: %s", type(error).__name__, error)
+            job.deliver(ApiError(500, f"internal error: {type(error).__name__}", type="server_error"))
+
+    def _prompt_ids(self, request: CompletionRequest) -> list[int]:
+        if request.chat:
+            return self.engine.chat_tokens(list(request.messages))
+        return self.engine.prompt_tokens(request.prompt, raw=True)

@@ -1,0 +1,420 @@
+"""`edgespec serve`: a real server process on 127.0.0.1, driven by the official openai client.
+
+Each server runs a tiny GGUF model on one thread.  Every wait below is
+bounded in count and time, and every server process is killed at the end of
+its fixture whatever the tests did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+API_KEY = "test-key-123"
+STARTUP_SECONDS = 120
+WAIT_SECONDS = 60
+# Long enough that nothing finishes on its own while a test holds it open: a
+# sampled (so n-gram drafting mostly misses) reply of up to 16000 tokens.
+LONG_REQUEST = {"max_tokens": 16000, "temperature": 1.5, "seed": 7}
+
+
+class ServerProcess:
+    """`edgespec serve --port 0`, with its stderr collected line by line."""
+
+    def __init__(self, argv: list[str], env: dict):
+        script = Path(sys.executable).parent / "edgespec"
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "edgespec.cli"]
+        self.process = subprocess.Popen(command + ["serve", "--port", "0", *argv], env=env, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.url = self._wait_for_address()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def _wait_for_address(self) -> str:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                found = re.search(r"on (http://127\.0\.0\.1:\d+)/v1$", line)
+                if found:
+                    return found.group(1)
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise AssertionError("edgespec serve did not start:\n" + "\n".join(self.lines))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=15)
+        self._reader.join(timeout=5)
+
+    def client(self, api_key: str = API_KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=WAIT_SECONDS)
+
+    def request(self, path: str, body: bytes | None = None, key: str | None = None) -> "Reply":
+        """A plain HTTP request (GET, or POST with a body), for what the openai client does not do."""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        request = urllib.request.Request(self.url + path, data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=WAIT_SECONDS) as response:
+                return Reply(response.status, response.read())
+        except urllib.error.HTTPError as error:
+            return Reply(error.code, error.read())
+
+    def health(self) -> dict:
+        return self.request("/health").json()
+
+    def metrics(self) -> dict:
+        """Every sample as {(name, sorted labels): value}."""
+        text = self.request("/metrics", key=API_KEY).content.decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+class Reply:
+    def __init__(self, status: int, content: bytes):
+        self.status_code, self.content = status, content
+
+    def json(self):
+        return json.loads(self.content)
+
+
+def server_env(root: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "EDGESPEC_API_KEY"}
+    for name in ("CACHE", "DATA", "CONFIG"):
+        env[f"EDGESPEC_{name}_DIR"] = str(root / name.lower())
+    return env
+
+
+@pytest.fixture(scope="module")
+def start_server(tiny_models, tmp_path_factory):
+    servers = []
+
+    def start(*extra: str) -> ServerProcess:
+        argv = ["--model", str(tiny_models["target"]), "--draft", "ngram", "--threads", "1", *extra]
+        servers.append(ServerProcess(argv, server_env(tmp_path_factory.mktemp("serve"))))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(start_server) -> ServerProcess:
+    return start_server("--api-key", API_KEY, "--queue-size", "1", "--n-ctx", "16384", "--max-body-bytes", "65536")
+
+
+def wait_until(condition, what: str):
+    deadline = time.monotonic() + WAIT_SECONDS
+    for _ in range(10_000):
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def speculative(usage) -> dict:
+    return usage.model_extra["speculative"]
+
+
+USER = [{"role": "user", "content": "Hello the cat sat on the"}]
+
+
+# -- completions ----------------------------------------------------------------------
+
+
+def test_chat_completion_whole_and_streamed_agree(server):
+    client = server.client()
+    whole = client.chat.completions.create(model="tiny", messages=USER, max_tokens=24, temperature=0)
+    choice = whole.choices[0]
+    assert whole.object == "chat.completion" and whole.model == "target"
+    assert choice.message.role == "assistant" and choice.message.content and choice.finish_reason == "length"
+    usage = whole.usage
+    assert usage.completion_tokens == 24 and usage.total_tokens == usage.prompt_tokens + 24
+    figures = speculative(usage)
+    assert figures["mode"] == "ngram" and 0 <= figures["draft_tokens_accepted"] <= figures["draft_tokens"]
+    assert figures["target_forward_passes"] <= 24 and figures["target_passes_per_token"] <= 1.0
+
+    stream = client.chat.completions.create(model="tiny", messages=USER, max_tokens=24, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content  # greedy: the same reply, token for token
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert not chunks[-1].choices and chunks[-1].usage.completion_tokens == 24
+    assert speculative(chunks[-1].usage)["mode"] == "ngram"
+
+
+def test_completion_honours_stop(server):
+    client = server.client()
+    free = client.completions.create(model="tiny", prompt="The world is", max_tokens=30, temperature=0)
+    text = free.choices[0].text
+    assert free.object == "text_completion" and free.choices[0].finish_reason == "length" and len(text) > 8
+    stop = text[5:8]
+    stopped = client.completions.create(model="tiny", prompt="The world is", max_tokens=30, temperature=0, stop=[stop, "zzz"])
+    assert stopped.choices[0].text == text[: text.index(stop)]
+    assert stopped.choices[0].finish_reason == "stop"
+
+    chunks = list(client.completions.create(model="tiny", prompt="The world is", max_tokens=30, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == text
+
+
+def test_second_turn_evaluates_only_the_new_suffix(server):
+    client = server.client()
+    system = {"role": "system", "content": "You are a terse assistant that answers about cats and the world. " * 4}
+    first_messages = [system, {"role": "user", "content": "Hello the cat"}]
+    first = client.chat.completions.create(model="tiny", messages=first_messages, max_tokens=12, temperature=0)
+    reply = {"role": "assistant", "content": first.choices[0].message.content}
+    second_messages = [*first_messages, reply, {"role": "user", "content": "And the world?"}]
+    second = client.chat.completions.create(model="tiny", messages=second_messages, max_tokens=12, temperature=0)
+
+    turn1, turn2 = speculative(first.usage), speculative(second.usage)
+    assert turn2["prompt_tokens_reused"] >= first.usage.prompt_tokens  # the whole first prompt came from the cache
+    assert turn2["prompt_tokens_evaluated"] == second.usage.prompt_tokens - turn2["prompt_tokens_reused"]
+    assert turn2["prompt_tokens_evaluated"] < second.usage.prompt_tokens - first.usage.prompt_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens == turn2["prompt_tokens_reused"]
+    assert turn1["prompt_tokens_evaluated"] > turn2["prompt_tokens_evaluated"]
+
+
+# -- refusals -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"n": 2}, "n"),
+    ({"logprobs": True}, "logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"extra_body": {"mirostat": 2}}, "mirostat"),
+])
+def test_unsupported_parameters_get_400_naming_them(server, extra, param):
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().chat.completions.create(model="tiny", messages=USER, max_tokens=4, **extra)
+    error = caught.value
+    assert error.status_code == 400 and error.param == param
+    assert error.body["type"] == "invalid_request_error" and param in error.body["message"]
+
+
+def test_api_key_is_required(server):
+    with pytest.raises(openai.AuthenticationError):
+        server.client(api_key="wrong").chat.completions.create(model="tiny", messages=USER, max_tokens=4)
+    for path in ("/v1/models", "/metrics"):
+        response = server.request(path)
+        assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+    assert server.request("/health").status_code == 200  # liveness probes need no key
+    assert [m.id for m in server.client().models.list()] == ["target"]
+
+
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
+    post = lambda body: server.request("/v1/chat/completions", body, key=API_KEY)
+    assert post(b"{not json").status_code == 400
+    too_big = post(json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x" * 70_000}]}).encode())
+    assert too_big.status_code == 413 and "--max-body-bytes" in too_big.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError) as caught:  # ~20000 byte tokens: more than the 16384-token context
+        server.client().completions.create(model="tiny", prompt="q" * 20_000, max_tokens=4)
+    assert caught.value.code == "context_length_exceeded"
+    assert server.client().completions.create(model="tiny", prompt="Hello", max_tokens=3).usage.completion_tokens == 3
+
+
+# -- one engine: queue, disconnects ----------------------------------------------------------
+
+
+def test_full_queue_gets_429_and_a_disconnect_frees_the_engine(server):
+    client = server.client()
+    before = server.metrics()
+    running = client.chat.completions.create(model="tiny", messages=USER, stream=True, **LONG_REQUEST)
+    next(iter(running))  # the engine is generating it
+    waiting_result = {}
+    waiting = threading.Thread(target=lambda: waiting_result.update(
+        reply=client.chat.completions.create(model="tiny", messages=USER, max_tokens=5, temperature=0)))
+    waiting.start()
+    try:
+        wait_until(lambda: server.health()["queue_depth"] == 1, "the second request to queue")
+        with pytest.raises(openai.RateLimitError) as caught:
+            client.chat.completions.create(model="tiny", messages=USER, max_tokens=5)
+        assert caught.value.response.headers["Retry-After"] == "1"
+        assert caught.value.code == "queue_full"
+    finally:
+        running.close()  # the client goes away mid-stream
+        waiting.join(timeout=WAIT_SECONDS)
+    assert waiting_result["reply"].usage.completion_tokens == 5  # it got the engine once the stream was dropped
+    after = server.metrics()
+    cancelled = ("edgespec_generations_total", (("finish_reason", "cancelled"), ("mode", "ngram")))
+    assert after[cancelled] == before.get(cancelled, 0) + 1
+    rejected = ("edgespec_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "429")))
+    assert after[rejected] == before.get(rejected, 0) + 1
+
+
+def test_disconnect_mid_stream_cancels_the_generation(server):
+    client = server.client()
+    before = server.metrics()
+    stream = client.completions.create(model="tiny", prompt="The cat", stream=True, **LONG_REQUEST)
+    chunks = iter(stream)
+    for _ in range(3):
+        next(chunks)
+    stream.close()
+    wait_until(lambda: not server.health()["busy"], "the engine to drop the generation")
+    after = server.metrics()
+    cancelled = ("edgespec_generations_total", (("finish_reason", "cancelled"), ("mode", "ngram")))
+    assert after[cancelled] == before.get(cancelled, 0) + 1
+    generated = ("edgespec_tokens_generated_total", (("mode", "ngram"),))
+    assert after[generated] - before[generated] < LONG_REQUEST["max_tokens"]
+    reply = client.completions.create(model="tiny", prompt="The cat", max_tokens=4, temperature=0)
+    assert reply.usage.completion_tokens == 4
+
+
+def test_a_client_gone_while_queued_leaves_the_queue(server):
+    client = server.client()
+    running = client.chat.completions.create(model="tiny", messages=USER, stream=True, **LONG_REQUEST)
+    next(iter(running))
+    try:
+        body = json.dumps({"model": "tiny", "messages": USER, "max_tokens": 5}).encode()
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=WAIT_SECONDS) as raw:
+            raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            wait_until(lambda: server.health()["queue_depth"] == 1, "the raw request to queue")
+        wait_until(lambda: server.health()["queue_depth"] == 0, "the queue to drop the request whose client left")
+        assert server.health()["busy"]  # the long stream still has the engine
+    finally:
+        running.close()
+    gone = ("edgespec_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "499")))
+    wait_until(lambda: server.metrics().get(gone) == 1, "the abandoned request to be counted")
+
+
+# -- metrics --------------------------------------------------------------------------
+
+
+def test_metrics_move_with_each_request(server):
+    before = server.metrics()
+    reply = server.client().chat.completions.create(model="tiny", messages=USER, max_tokens=20, temperature=0)
+    after = server.metrics()
+    figures = speculative(reply.usage)
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after[key] - before.get(key, 0)
+
+    assert delta("edgespec_requests_total", endpoint="/v1/chat/completions", status="200") == 1
+    assert delta("edgespec_tokens_generated_total", mode="ngram") == 20
+    assert delta("edgespec_draft_tokens_total", mode="ngram") == figures["draft_tokens"]
+    assert delta("edgespec_draft_tokens_accepted_total", mode="ngram") == figures["draft_tokens_accepted"]
+    assert delta("edgespec_target_passes_per_token_count", mode="ngram") == 1
+    assert delta("edgespec_target_passes_per_token_sum", mode="ngram") == pytest.approx(figures["target_passes_per_token"])
+    assert delta("edgespec_prompt_tokens_total", kind="evaluated") == figures["prompt_tokens_evaluated"]
+    assert after[("edgespec_decode_tokens_per_second", (("mode", "ngram"),))] > 0
+    assert after[("edgespec_queue_depth", ())] == 0
+    assert after[("edgespec_draft_degraded", (("mode", "ngram"),))] == 0
+
+
+# -- limits and refusals of the command itself ------------------------------------------------
+
+
+def test_time_limit_gets_408_and_the_server_goes_on(start_server):
+    # 60000 sampled tokens take far longer than half a second on any machine
+    server = start_server("--request-timeout", "0.5", "--n-ctx", "65536")
+    client = server.client()
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model="tiny", messages=USER, **{**LONG_REQUEST, "max_tokens": 60000})
+    assert caught.value.status_code == 408 and "--request-timeout" in caught.value.message
+    wait_until(lambda: not server.health()["busy"], "the engine to stop the timed-out generation")
+    generated = server.metrics()[("edgespec_tokens_generated_total", (("mode", "ngram"),))]
+    assert generated < 60000
+    assert server.health()["status"] == "ok"
+
+
+def test_stopping_the_server_ends_open_streams_cleanly(start_server):
+    server = start_server()
+    stream = server.client().completions.create(model="tiny", prompt="The cat", stream=True, **LONG_REQUEST)
+    chunks = iter(stream)
+    next(chunks)
+    server.process.terminate()
+    with pytest.raises(openai.APIError) as caught:
+        for _ in range(LONG_REQUEST["max_tokens"]):
+            next(chunks)
+    assert "shutting down" in str(caught.value)
+    # uvicorn, once it has shut down, dies of the signal it caught, as servers do
+    assert server.process.wait(timeout=WAIT_SECONDS) in (0, -signal.SIGTERM)
+    server.stop()
+    assert not any("Traceback" in line or "Exception" in line for line in server.lines), server.lines
+
+
+def test_other_addresses_need_an_api_key(tiny_models, tmp_path):
+    script = Path(sys.executable).parent / "edgespec"
+    result = subprocess.run([str(script), "serve", "--host", "0.0.0.0", "--model", str(tiny_models["target"])],
+                            capture_output=True, text=True, timeout=WAIT_SECONDS, env=server_env(tmp_path))
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "--api-key" in result.stderr and "Traceback" not in result.stderr
+
+
+# -- the stale-draft alert -----------------------------------------------------------------
+
+
+def test_degraded_draft_alert_trips_and_clears(start_server):
+    # A fixed draft length keeps the n-gram drafter proposing on every match.
+    # Sampled at a high temperature, the tiny model rarely repeats itself, so
+    # those proposals miss; greedy, it falls into loops that the drafter copies.
+    server = start_server("--draft-tokens", "4", "--alert-window", "3", "--alert-acceptance", "0.4")
+    client = server.client()
+    degraded = ("edgespec_draft_degraded", (("mode", "ngram"),))
+
+    def ask(temperature: float, seed: int) -> tuple[int, int]:
+        reply = client.completions.create(model="tiny", prompt=f"The cat {seed}", max_tokens=120,
+                                          temperature=temperature, seed=seed)
+        figures = speculative(reply.usage)
+        return figures["draft_tokens_accepted"], figures["draft_tokens"]
+
+    assert server.health()["draft"] == "ok"
+    missed = [ask(1.5, seed) for seed in range(3)]
+    assert all(accepted < 0.4 * drafted for accepted, drafted in missed), missed
+    assert server.health()["draft"] == "degraded"
+    assert server.metrics()[degraded] == 1
+    warnings = [line for line in server.lines if "fell to" in line]
+    assert len(warnings) == 1 and "--draft" in warnings[0]
+
+    copied = [ask(0.0, seed) for seed in range(3)]
+    assert all(accepted > 0.4 * drafted for accepted, drafted in copied), copied
+    health = server.health()
+    assert health["draft"] == "ok" and health["rolling_acceptance"] > 0.4
+    assert server.metrics()[degraded] == 0
+    assert any("recovered" in line for line in server.lines)
+
+
+def test_a_taken_port_is_one_clear_line(tiny_models, tmp_path):
+    script = Path(sys.executable).parent / "edgespec"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([str(script), "serve", "--port", str(port), "--model", str(tiny_models["target"])],
+                                capture_output=True, text=True, timeout=WAIT_SECONDS, env=server_env(tmp_path))
+    assert result.returncode == 1
+    assert result.stderr == f"edgespec: cannot listen on 127.0.0.1:{port}: Address already in use; pick another --host or --port\n"

@@ -1,0 +1,95 @@
+"""The OpenAI request parser of `edgespec serve`: what is honoured, and what is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgespec.sampling import SamplingParams
+from edgespec.server.protocol import ApiError, ResponseWriter, parse_request
+
+DEFAULTS = SamplingParams(temperature=0.8, max_tokens=1024, stop=("END",))
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat(**body):
+    return parse_request({"model": "m", "messages": USER, **body}, chat=True, defaults=DEFAULTS)
+
+
+def refusal(chat_request: bool = True, **body) -> ApiError:
+    body = {"model": "m", **({"messages": USER} if chat_request else {"prompt": "hi"}), **body}
+    with pytest.raises(ApiError) as caught:
+        parse_request(body, chat=chat_request, defaults=DEFAULTS)
+    assert caught.value.status == 400
+    return caught.value
+
+
+def test_sampling_fields_override_the_server_defaults():
+    request = chat(max_tokens=7, temperature=0, top_p=0.5, seed=3, stop="\n")
+    assert request.params == SamplingParams(temperature=0.0, top_p=0.5, max_tokens=7, seed=3, stop=("\n",))
+    assert chat().params == DEFAULTS  # nothing given: the server's flags
+    assert chat(max_completion_tokens=9, max_tokens=5).params.max_tokens == 9
+    assert chat(stop=["a", "b"]).params.stop == ("a", "b")
+
+
+def test_stream_and_usage_options():
+    assert not chat().stream
+    request = chat(stream=True, stream_options={"include_usage": True})
+    assert request.stream and request.include_usage
+    assert refusal(stream_options={"include_usage": True}).param == "stream_options"  # without stream
+    assert refusal(stream=True, stream_options={"obfuscate": True}).param == "stream_options.obfuscate"
+
+
+def test_messages_keep_text_and_roles():
+    request = chat(messages=[{"role": "developer", "content": "be terse"},
+                             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    assert request.messages == ({"role": "system", "content": "be terse"}, {"role": "user", "content": "ab"})
+    assert refusal(messages=[]).param == "messages"
+    assert refusal(messages=[{"role": "tool", "content": "x"}]).param == "messages[0].role"
+    assert refusal(messages=[{"role": "user", "content": "x", "name": "bob"}]).param == "messages[0].name"
+    assert refusal(messages=[{"role": "user", "content": [{"type": "image_url"}]}]).param == "messages[0].content"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("n", 2), ("best_of", 3), ("logprobs", True), ("top_logprobs", 2), ("tools", [{"type": "function"}]),
+    ("tool_choice", "auto"), ("response_format", {"type": "json_object"}), ("frequency_penalty", 1.0),
+    ("logit_bias", {"1": 5}), ("mirostat", 2),
+])
+def test_what_edgespec_cannot_honour_is_refused_by_name(field, value):
+    error = refusal(**{field: value})
+    assert error.param == field and field in error.message
+    assert error.body() == {"error": {"message": error.message, "type": "invalid_request_error",
+                                      "param": field, "code": error.code}}
+
+
+def test_inert_values_of_unsupported_fields_are_fine():
+    assert chat(n=1, logprobs=False, presence_penalty=0, tools=[], user="me").params == DEFAULTS
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_tokens", 0), ("max_tokens", 2.5), ("temperature", "hot"), ("temperature", -1), ("top_p", 1.5),
+    ("seed", True), ("stop", [1]), ("stop", ["x"] * 17), ("stop", "x" * 513), ("stream", "yes"),
+])
+def test_bad_values_name_their_field(field, value):
+    assert refusal(**{field: value}).param == field
+
+
+def test_completion_prompts():
+    make = lambda prompt: parse_request({"model": "m", "prompt": prompt}, chat=False, defaults=DEFAULTS).prompt
+    assert make("abc") == make(["abc"]) == "abc"
+    for bad in ("", ["a", "b"], [1, 2, 3], None):
+        assert refusal(chat_request=False, prompt=bad).param == "prompt"
+    assert refusal(chat_request=False, echo=True).param == "echo"
+    assert refusal(chat_request=True, prompt="x").param == "prompt"  # not a chat field
+
+
+def test_usage_carries_the_speculative_figures():
+    stats = {"mode": "ngram", "prompt_tokens": 10, "prompt_tokens_reused": 6, "prompt_tokens_evaluated": 4,
+             "tokens_generated": 8, "draft_tokens_proposed": 6, "draft_tokens_accepted": 3, "acceptance_rate": 0.5,
+             "target_forward_passes": 5, "target_passes_per_token": 0.625, "decode_tokens_per_second": 100.0}
+    body = ResponseWriter(chat(), "tiny").whole("hello", "context", stats)
+    assert body["choices"][0] == {"index": 0, "logprobs": None, "finish_reason": "length",
+                                  "message": {"role": "assistant", "content": "hello"}}
+    usage = body["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (10, 8, 18)
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 6}
+    assert usage["speculative"]["draft_tokens"] == 6 and usage["speculative"]["acceptance_rate"] == 0.5
