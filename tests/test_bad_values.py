@@ -351,8 +351,9 @@ async def test_the_settings_screen_refuses_nan(tiny_models):
         assert "temperature" in error and "nan" in error
         app.screen.query_one("#temperature").value = "0.5"
         app.screen.query_one("#draft-tokens").value = "40"
-        await pilot.click("#apply")
-        await pilot.pause()
-        assert "draft_tokens" in str(app.screen.query_one("#settings-error").render())
+        app.screen.query_one("#apply").press()  # a second click this soon would count as a double click
+        error = app.screen.query_one("#settings-error")
+        await wait_for(pilot, lambda: "draft_tokens" in str(error.render()))
+        assert isinstance(app.screen, SettingsScreen)
         await pilot.press("escape")
         assert math.isclose(app.settings.sampling.temperature, 0.0)
