@@ -23,6 +23,7 @@ import llama_cpp
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from .errors import ContextOverflowError, ModelFileError, ModelLoadError
+from .limits import checked_threads, usable_cores
 from .sampling import SamplingParams
 
 # The most logits rows one decode may return.  llama.cpp sizes its output
@@ -73,7 +74,7 @@ def supports_gpu_offload() -> bool:
 
 
 def default_threads() -> int:
-    return max(1, min(os.cpu_count() or 1, 8))
+    return min(usable_cores(), 8)
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -107,12 +108,12 @@ class LlamaModel:
         n_threads: int | None = None,
         n_batch: int = 512,
     ):
+        self.n_threads = default_threads() if n_threads is None else checked_threads(n_threads)
         self.path = Path(path)
         self._check_file()
         self._model = self._load_model(n_gpu_layers)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self.n_threads = n_threads or default_threads()
         self._ctx = self._create_context(n_ctx, n_batch, self.n_threads)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)  # llama.cpp caps it at n_ctx

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import __version__
 from .errors import EdgespecError
+from .limits import MIN_N_CTX, SettingError, checked_setting, checked_threads
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 
@@ -17,12 +19,12 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("models")
     group.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
     group.add_argument("--draft", default="auto", help="draft GGUF path or catalog name, 'ngram', 'none', or 'auto' (default: the catalog draft if it fits, else ngram)")
-    group.add_argument("--draft-tokens", type=_draft_tokens, default="auto", help="tokens drafted per step: an integer, or 'auto' to follow measured costs (default)")
-    group.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default: %(default)s)")
-    group.add_argument("--gpu-layers", type=int, default=None, help="target layers to offload (-1: all; default: from the memory plan)")
-    group.add_argument("--draft-gpu-layers", type=int, default=None, help="draft layers to offload (default: from the memory plan)")
+    group.add_argument("--draft-tokens", type=_setting("draft_tokens"), default="auto", help="tokens drafted per step: 0 to 32, or 'auto' to follow measured costs (default)")
+    group.add_argument("--n-ctx", type=_setting("n_ctx"), default=4096, help=f"context window in tokens, from {MIN_N_CTX}; llama.cpp rounds it up to a multiple of 256 (default: %(default)s)")
+    group.add_argument("--gpu-layers", type=_setting("gpu_layers"), default=None, help="target layers to offload (-1: all; default: from the memory plan)")
+    group.add_argument("--draft-gpu-layers", type=_setting("draft_gpu_layers"), default=None, help="draft layers to offload (-1: all; default: from the memory plan)")
     group.add_argument("--memory-budget", default=None, help="memory to plan for, e.g. 6GiB (default: detected)")
-    group.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores, up to 8)")
+    group.add_argument("--threads", type=_threads, default=None, help="CPU threads, at most the cores here (default: all cores, up to 8)")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -36,16 +38,28 @@ def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256)
     group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
-def _draft_tokens(text: str):
-    if text == "auto":
-        return text
+def _setting(name: str):
+    """An argparse type for the engine setting `name`, refusing what edgespec.limits does."""
+
+    def parse(text: str):
+        try:
+            return checked_setting(name, text if text == "auto" else int(text))
+        except ValueError:
+            wanted = "a whole number or 'auto'" if name == "draft_tokens" else "a whole number"
+            raise argparse.ArgumentTypeError(f"expected {wanted}, not {text!r}") from None
+        except SettingError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse
+
+
+def _threads(text: str) -> int:
     try:
-        value = int(text)
+        return checked_threads(int(text))
     except ValueError:
-        raise argparse.ArgumentTypeError("expected an integer or 'auto'") from None
-    if not 0 <= value <= 32:
-        raise argparse.ArgumentTypeError("draft tokens must be between 0 and 32")
-    return value
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    except SettingError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def sampling_params(args: argparse.Namespace):
@@ -88,7 +102,7 @@ def _add_run_parser(subparsers) -> None:
 def _run(args: argparse.Namespace) -> int:
     from .engine import Done
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = read_prompt(args.prompt)
     params = sampling_params(args)
     engine = load_engine(args)
     result = None
@@ -109,6 +123,31 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_prompt(source: str) -> str:
+    """The prompt given on the command line, or read from stdin for "-", checked to be UTF-8."""
+    if source != "-":
+        # Python keeps bytes of the arguments that are not UTF-8 as lone surrogates; get them back.
+        return utf8_text(os.fsencode(source), "the prompt")
+    if sys.stdin is None:
+        raise EdgespecError("stdin is closed; pipe the prompt in, or give it as an argument instead of -")
+    try:
+        data = sys.stdin.buffer.read()
+    except OSError as error:
+        raise EdgespecError(f"cannot read the prompt from stdin: {error.strerror or error}") from None
+    return utf8_text(data, "stdin")
+
+
+def utf8_text(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        hint = " (it starts with a UTF-16 byte-order mark)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise EdgespecError(
+            f"{where} is not UTF-8 text: byte 0x{data[error.start]:02x} at offset {error.start} is not valid "
+            f"UTF-8{hint}; convert it first, e.g. with iconv -t UTF-8"
+        ) from None
+
+
 def summary_line(stats: dict) -> str:
     return (
         f"[{stats['mode']}] {stats['tokens_generated']} tokens, "
@@ -125,7 +164,7 @@ def summary_line(stats: dict) -> str:
 def _add_plan_parser(subparsers) -> None:
     parser = subparsers.add_parser("plan", help="show how the models would be placed in memory, and which drafting mode")
     add_engine_options(parser)
-    parser.add_argument("--ctx", dest="n_ctx", type=int, help="alias of --n-ctx")
+    parser.add_argument("--ctx", dest="n_ctx", type=_setting("n_ctx"), help="alias of --n-ctx")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=_plan)
 
@@ -167,13 +206,20 @@ def _chat(args: argparse.Namespace) -> int:
 # -- main -------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a bad argument gets one line, not the usage text and then the error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .batch import add_batch_parser
     from .bench import add_bench_parser
     from .models_cli import add_models_parser
     from .serve import add_serve_parser
 
-    parser = argparse.ArgumentParser(prog="edgespec", description="Exact speculative decoding for local GGUF models.")
+    parser = _Parser(prog="edgespec", description="Exact speculative decoding for local GGUF models.")
     parser.add_argument("--version", action="version", version=f"edgespec {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_run_parser(subparsers)
@@ -196,6 +242,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("edgespec: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`edgespec run ... | head`): stop quietly, and keep
+        # Python from failing again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as error:  # a file or stream edgespec was given cannot be read or written
+        problem = error.strerror or str(error)
+        print(f"edgespec: {error.filename}: {problem}" if error.filename else f"edgespec: {problem}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

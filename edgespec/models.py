@@ -137,12 +137,23 @@ def load_catalog() -> Catalog:
 
 
 def _parse_model(raw: dict, origin: Path) -> ModelEntry:
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{origin} lists a model that is not a table (an object in JSON): {_excerpt(raw)}; fix or delete that entry")
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise CatalogError(f"a model in {origin} has no name; give every [[models]] entry `name = ...`")
-    sources = tuple(_parse_source(source, name, origin) for source in raw.get("sources", []))
+    raw_sources = raw.get("sources", [])
+    if not isinstance(raw_sources, list):
+        raise CatalogError(f"model {name} in {origin}: sources must be a list, not {_excerpt(raw_sources)}")
+    sources = tuple(_parse_source(source, name, origin) for source in raw_sources)
     if not sources:
         raise CatalogError(f"model {name} in {origin} has no sources; add a [[models.sources]] entry")
+    for field in ("description", "architecture", "tokenizer", "quantization", "sha256"):
+        if raw.get(field) is not None and not isinstance(raw[field], str):
+            raise CatalogError(f"model {name} in {origin}: {field} must be a string, not {_excerpt(raw[field])}")
+    size = raw.get("size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise CatalogError(f"model {name} in {origin}: size must be a whole number of bytes, not {_excerpt(size)}")
     return ModelEntry(
         name=name,
         sources=sources,
@@ -150,26 +161,44 @@ def _parse_model(raw: dict, origin: Path) -> ModelEntry:
         architecture=raw.get("architecture", ""),
         tokenizer=raw.get("tokenizer", ""),
         quantization=raw.get("quantization", ""),
-        size=raw.get("size"),
+        size=size,
         sha256=raw.get("sha256"),
         imported=bool(raw.get("imported", False)),
     )
 
 
 def _parse_source(raw: dict, name: str, origin: Path) -> Source:
-    kind = raw.get("kind")
+    kind = raw.get("kind") if isinstance(raw, dict) else None
     try:
         if kind == "hf":
-            return Source("hf", repo=raw["repo"], file=raw["file"], revision=raw.get("revision", "main"))
-        if kind == "pypi":
-            parts = tuple((part["package"], part["member"]) for part in raw["parts"])
-            if parts and all("==" in package for package, _ in parts):
-                return Source("pypi", parts=parts)
-        if kind == "path":
-            return Source("path", path=raw["path"])
+            source = Source("hf", repo=raw["repo"], file=raw["file"], revision=raw.get("revision", "main"))
+        elif kind == "pypi":
+            source = Source("pypi", parts=tuple((part["package"], part["member"]) for part in raw["parts"]))
+        elif kind == "path":
+            source = Source("path", path=raw["path"])
+        else:
+            source = None
     except (KeyError, TypeError):
-        pass
-    raise CatalogError(f"model {name} in {origin} has a malformed source {raw!r}; see the comments atop catalog.toml")
+        source = None
+    if source is not None and _well_formed(source):
+        return source
+    raise CatalogError(f"model {name} in {origin} has a malformed source {_excerpt(raw)}; see the comments atop catalog.toml")
+
+
+def _well_formed(source: Source) -> bool:
+    texts = [source.repo, source.file, source.revision, source.path, *(text for part in source.parts for text in part)]
+    if not all(isinstance(text, str) for text in texts):
+        return False
+    if source.kind == "hf":
+        return bool(source.repo and source.file)
+    if source.kind == "pypi":
+        return bool(source.parts) and all("==" in package for package, _ in source.parts)
+    return bool(source.path)
+
+
+def _excerpt(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _parse_pair(raw: dict, models: dict[str, ModelEntry]) -> Pair:
@@ -181,13 +210,19 @@ def _parse_pair(raw: dict, models: dict[str, ModelEntry]) -> Pair:
 
 
 def _read_user_catalog() -> dict:
+    """models.json as {"models": [entry, ...]}; CatalogError for any other shape."""
     path = store_dir() / USER_CATALOG_NAME
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as error:
         raise CatalogError(f"cannot read {path}: {error}; fix or delete that file") from None
+    if not isinstance(data, dict) or not isinstance(data.get("models", []), list):
+        raise CatalogError(f'{path} must hold {{"models": [...]}}, not {_excerpt(data)}; fix or delete that file')
+    for raw in data.get("models", []):
+        _parse_model(raw, path)
+    return data
 
 
 def default_pair() -> tuple[str, str]:

@@ -8,6 +8,7 @@ function of one row of logits.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,8 +19,38 @@ import numpy as np
 _HEAD_CANDIDATES = 1024
 
 
+# Below this a temperature can overflow float64 when it divides logits; above
+# 0 and below it, sampling is greedy decoding in all but name.
+MIN_TEMPERATURE = 1e-3
+# numpy's default_rng takes any non-negative integer; batch records and chat
+# history keep the seed as JSON, so it stays within an unsigned 64-bit word.
+MAX_SEED = 2**64 - 1
+
+
+def _checked_number(value, name: str, accepts, valid: str) -> float:
+    """value as a float if it is a finite number `accepts` takes; else ValueError naming name and valid."""
+    is_number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not (is_number and math.isfinite(value) and accepts(float(value))):
+        raise ValueError(f"{name} must be {valid}, not {value!r}")
+    return float(value)
+
+
+def _checked_whole(value, name: str, low: int, high: int | None, valid: str) -> int:
+    is_whole = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if not (is_whole and value >= low and (high is None or value <= high)):
+        raise ValueError(f"{name} must be {valid}, not {value!r}")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
+    """What to sample.  Every value is checked here and nowhere else.
+
+    A bad value raises ValueError with a message that names the field and its
+    valid range; the CLI, batch bodies, config.toml and the settings screen
+    all show that message.
+    """
+
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
@@ -29,24 +60,40 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if self.top_k < 0:
-            raise ValueError("top_k must be >= 0 (0 switches it off)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ValueError("min_p must be in [0, 1)")
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
+        checked = {
+            "temperature": _checked_number(self.temperature, "temperature", lambda t: t == 0 or t >= MIN_TEMPERATURE,
+                                           f"0 (greedy) or a number from {MIN_TEMPERATURE} up"),
+            "top_p": _checked_number(self.top_p, "top_p", lambda p: 0 < p <= 1, "a number in (0, 1] (1 switches it off)"),
+            "min_p": _checked_number(self.min_p, "min_p", lambda p: 0 <= p < 1, "a number in [0, 1) (0 switches it off)"),
+            "top_k": _checked_whole(self.top_k, "top_k", 0, None, "a whole number from 0 up (0 switches it off)"),
+            "max_tokens": _checked_whole(self.max_tokens, "max_tokens", 1, None, "a whole number from 1 up"),
+            "seed": None if self.seed is None else _checked_whole(self.seed, "seed", 0, MAX_SEED,
+                                                                   "a whole number from 0 to 2**64-1"),
+            "stop": (self.stop,) if isinstance(self.stop, str) else self.stop,
+        }
+        if not (isinstance(checked["stop"], (tuple, list)) and all(isinstance(text, str) for text in checked["stop"])):
+            raise ValueError(f"stop must be a string or a list of strings, not {self.stop!r}")
+        checked["stop"] = tuple(checked["stop"])
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _finite(value, name: str, valid: str) -> float:
+    """value as a float, or ValueError for what is not a finite number (NaN, inf, text, bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number {valid}, not {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number {valid}, not {value!r}")
+    return number
 
 
 def to_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

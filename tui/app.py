@@ -130,10 +130,16 @@ class ChatApp(App):
         if keymap:
             self.set_keymap(keymap)
         self.conversation.anchor()
+        for notice in self.store.notices:  # e.g. a damaged history was moved aside at start-up
+            self._history_notice(notice)
+        self.store.on_notice = self._history_notice
         self.set_interval(DRAIN_INTERVAL_S, self._drain)
         self.set_interval(STATS_INTERVAL_S, self._refresh_stats)
         self.prompt_input.focus()
         self.load_models(*self.model_spec)
+
+    def _history_notice(self, text: str) -> None:
+        self.conversation.mount(Note(text, "note"))
 
     # -- loading models --------------------------------------------------------------
 
@@ -483,7 +489,10 @@ class ChatApp(App):
 
         def reopen(chat_id: int | None) -> None:
             if chat_id is not None:
-                self.open_chat(chat_id)
+                try:
+                    self.open_chat(chat_id)
+                except EdgespecError as error:  # e.g. the stored chat is damaged
+                    self.notify(str(error), severity="error")
 
         self.push_screen(HistoryScreen(self.store.list_chats(), self._delete_chat), reopen)
 

@@ -33,8 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import platformdirs
+from rich.color import Color, ColorParseError
+from textual.keys import REPLACED_KEYS, Keys, key_to_character
 
 from edgespec.errors import EdgespecError
+from edgespec.limits import RANGES, SettingError, checked_setting
+from edgespec.memory import InvalidSizeError, parse_size
 from edgespec.sampling import SamplingParams
 
 CONFIG_FILE = "config.toml"
@@ -83,17 +87,21 @@ class ChatConfig:
 
     def sampling(self) -> SamplingParams:
         try:
-            return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                                  min_p=self.min_p, max_tokens=self.max_tokens)
+            return self._sampling_params()
         except ValueError as error:
             raise ConfigError(f"bad sampling setting in {config_path()} or the flags: {error}") from None
+
+    def _sampling_params(self) -> SamplingParams:
+        """The sampling settings; ValueError (from SamplingParams, which checks them) if one is bad."""
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              min_p=self.min_p, max_tokens=self.max_tokens)
 
 
 _TOP_LEVEL = ("model", "draft", "draft_tokens", "n_ctx", "gpu_layers", "draft_gpu_layers", "memory_budget",
               "system_prompt", "draft_tint")
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "max_tokens")
 _STRINGS = ("model", "draft", "memory_budget", "system_prompt", "draft_tint")
-_INTEGERS = ("n_ctx", "gpu_layers", "draft_gpu_layers", "top_k", "max_tokens")
+_INTEGERS = ("top_k", "max_tokens")  # n_ctx, the layer counts and draft_tokens: edgespec.limits.RANGES
 _NUMBERS = ("temperature", "top_p", "min_p")
 
 
@@ -121,15 +129,16 @@ def load_config(path: Path | None = None) -> ChatConfig:
 def _parse(data: dict, path: Path) -> ChatConfig:
     values: dict = {}
     for key, value in data.items():
-        if key == "sampling" and isinstance(value, dict):
+        if key in ("sampling", "keymap") and not isinstance(value, dict):
+            raise ConfigError(f"{path}: {key} must be a table: a [{key}] section")
+        if key == "sampling":
             for name, sampling_value in value.items():
                 _check_key(name, _SAMPLING, path, "[sampling] ")
                 values[name] = sampling_value
-        elif key == "keymap" and isinstance(value, dict):
+        elif key == "keymap":
             for action, keys in value.items():
                 _check_key(action, tuple(KEY_ACTIONS), path, "[keymap] ")
-                if not isinstance(keys, str) or not keys.strip():
-                    raise ConfigError(f'{path}: [keymap] {action} must be a string like "ctrl+r"')
+                _check_keys(action, keys, path)
             values["keymap"] = dict(value)
         else:
             _check_key(key, _TOP_LEVEL, path, "")
@@ -137,25 +146,61 @@ def _parse(data: dict, path: Path) -> ChatConfig:
     for name, value in values.items():
         if name != "keymap":
             values[name] = _checked(name, value, path)
-    return ChatConfig(**values)
+    config = ChatConfig(**values)
+    try:
+        config._sampling_params()
+    except ValueError as error:
+        raise ConfigError(f"{path}: [sampling] {error}") from None
+    return config
 
 
 def _checked(name: str, value, path: Path):
-    def is_int(v):
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    if name == "draft_tokens":
-        if value == "auto" or (is_int(value) and 0 <= value <= 32):
-            return value
-        raise ConfigError(f'{path}: draft_tokens must be "auto" or a whole number from 0 to 32, not {value!r}')
+    if name in RANGES:
+        try:
+            return checked_setting(name, value)
+        except SettingError as error:
+            raise ConfigError(f"{path}: {error}") from None
     if name in _STRINGS and isinstance(value, str):
+        _check_string(name, value, path)
         return value
-    if name in _INTEGERS and is_int(value):
+    if name in _INTEGERS and isinstance(value, int) and not isinstance(value, bool):
         return value
-    if name in _NUMBERS and (is_int(value) or isinstance(value, float)):
+    if name in _NUMBERS and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     kind = "a string" if name in _STRINGS else "a whole number" if name in _INTEGERS else "a number"
     raise ConfigError(f"{path}: {name} must be {kind}, not {value!r}")
+
+
+def _check_string(name: str, value: str, path: Path) -> None:
+    if name == "draft_tint":
+        try:
+            Color.parse(value)
+        except ColorParseError:
+            raise ConfigError(f'{path}: draft_tint must be a colour like "#24513a" or "dark_green", '
+                              f"not {value!r}") from None
+    elif name == "memory_budget":
+        try:
+            parse_size(value)
+        except InvalidSizeError as error:
+            raise ConfigError(f"{path}: memory_budget: {error}") from None
+
+
+# Key names Textual binds besides single characters and character names ("comma").
+_KEY_NAMES = {key.value for key in Keys if "+" not in key.value and not key.value.startswith("<")} | set(REPLACED_KEYS)
+_MODIFIERS = {"ctrl", "shift", "alt", "meta", "super", "hyper"}
+
+
+def _check_keys(action: str, keys, path: Path) -> None:
+    """keys is "key[,key...]" in Textual's names; else a ConfigError naming the action and the key."""
+    if not isinstance(keys, str) or not keys.strip():
+        raise ConfigError(f'{path}: [keymap] {action} must be a string like "ctrl+r", not {keys!r}')
+    for key in keys.split(","):
+        *modifiers, name = key.strip().split("+")
+        known_name = name in _KEY_NAMES or (len(name) == 1 and name.isprintable()) or key_to_character(name)
+        if not (known_name and all(modifier in _MODIFIERS for modifier in modifiers)):
+            raise ConfigError(
+                f'{path}: [keymap] {action}: {key.strip()!r} is not a key; write keys like "ctrl+r", "f5", '
+                f'"escape" or "ctrl+comma", several separated by commas')
 
 
 def _check_key(key: str, known: tuple[str, ...], path: Path, section: str) -> None:

@@ -4,16 +4,23 @@ The file is platformdirs.user_data_dir("edgespec")/history.sqlite3 (or
 $EDGESPEC_DATA_DIR/history.sqlite3).  Each save is one transaction in WAL
 mode, so killing the app mid-reply loses at most the reply being generated.
 The schema version is SQLite's user_version.
+
+A file SQLite finds corrupt, when it opens or in any later query, is moved
+aside to a timestamped backup (with its -wal and -shm files) and replaced by
+an empty history, so a damaged history never stops the app; `notices` says
+what happened, once.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import platformdirs
 
@@ -21,6 +28,7 @@ from edgespec.errors import EdgespecError
 
 SCHEMA_VERSION = 1
 HISTORY_FILE = "history.sqlite3"
+_SIDECARS = ("-wal", "-shm")  # SQLite's names for a WAL database's other files
 
 _SCHEMA = """
 CREATE TABLE chats (
@@ -75,18 +83,100 @@ def data_dir() -> Path:
     return Path(os.environ.get("EDGESPEC_DATA_DIR") or platformdirs.user_data_dir("edgespec"))
 
 
+def _is_corruption(error: sqlite3.Error) -> bool:
+    """True for "database disk image is malformed" and "file is not a database", not for locks or I/O."""
+    code = getattr(error, "sqlite_errorcode", 0) & 0xFF  # the primary code, without the extended bits
+    return code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+class _Corrupt(Exception):
+    """The history file is damaged: SQLite said so, or its integrity check failed."""
+
+
+def _recovering(query):
+    """Run a query; if it finds the file corrupt, move the file aside and run it on a fresh history."""
+
+    @functools.wraps(query)
+    def run(self, *args, **kwargs):
+        for first_try in (True, False):
+            try:
+                return query(self, *args, **kwargs)
+            except sqlite3.Error as error:
+                if not (first_try and _is_corruption(error)):
+                    raise HistoryError(f"chat history {self.path}: {error}") from None
+                self._db.close()
+                self._start_afresh(str(error))
+
+    return run
+
+
 class ChatStore:
     def __init__(self, path: Path | None = None):
         self.path = path or data_dir() / HISTORY_FILE
+        self.notices: list[str] = []  # what the app should tell the user: each said once
+        self.on_notice: Callable[[str], None] | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._migrate()
-        except sqlite3.Error as error:
+            self._db = self._connect()
+        except _Corrupt as damage:
+            self._start_afresh(str(damage))
+        except (sqlite3.Error, OSError) as error:
             raise HistoryError(
                 f"cannot open chat history {self.path}: {error}; move the file away to start afresh"
             ) from None
+
+    def _connect(self) -> sqlite3.Connection:
+        """Open the file, check it and bring its schema up to date; _Corrupt if it is damaged."""
+        db = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            # Damage in pages the start-up does not read would only show in a later query.
+            problems = [row[0] for row in db.execute("PRAGMA quick_check")]
+            if problems != ["ok"]:
+                raise _Corrupt(problems[0])
+            self._db = db
+            self._migrate()
+        except sqlite3.Error as error:
+            db.close()
+            if _is_corruption(error):
+                raise _Corrupt(str(error)) from None
+            raise
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _start_afresh(self, damage: str) -> None:
+        """Move the damaged file aside, open an empty history in its place, and say so."""
+        backup = self._move_aside()
+        try:
+            self._db = self._connect()
+        except (_Corrupt, sqlite3.Error, OSError) as error:
+            raise HistoryError(f"cannot start a new chat history at {self.path}: {error}") from None
+        damage = "; ".join(line.strip() for line in damage.splitlines() if line.strip())
+        self._say(f"The chat history was damaged ({damage[:120]}); it was moved to {backup} and a new, "
+                  f"empty history started.")
+
+    def _move_aside(self) -> Path:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        backup = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        n = 1
+        while any(Path(f"{backup}{suffix}").exists() for suffix in ("", *_SIDECARS)):
+            n += 1
+            backup = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
+        try:
+            for suffix in ("", *_SIDECARS):
+                if Path(f"{self.path}{suffix}").exists():
+                    os.replace(f"{self.path}{suffix}", f"{backup}{suffix}")
+        except OSError as error:
+            raise HistoryError(f"chat history {self.path} is damaged and cannot be moved aside: {error}; "
+                               f"move it away by hand") from None
+        return backup
+
+    def _say(self, notice: str) -> None:
+        self.notices.append(notice)
+        if self.on_notice is not None:
+            self.on_notice(notice)
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -105,29 +195,35 @@ class ChatStore:
     def close(self) -> None:
         self._db.close()
 
+    @_recovering
     def save_chat(self, chat_id: int | None, title: str, target: str,
                   settings: dict, session: dict, extras: dict) -> int:
-        """Insert (chat_id None) or overwrite a chat; return its id."""
+        """Overwrite chat chat_id, or insert the chat when it is new or gone; return its id.
+
+        A chat can be gone when the history was damaged and started afresh,
+        or deleted from another window; the app then goes on with the new id.
+        """
         now = time.time()
         row = (title, now, target, len(session.get("messages", ())),
                json.dumps(settings), json.dumps(session), json.dumps(extras))
         with self._transaction():
-            if chat_id is None:
-                cursor = self._db.execute(
-                    "INSERT INTO chats (title, updated_at, target, n_messages, settings, session,"
-                    " extras, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (*row, now))
-                return cursor.lastrowid
-            self._db.execute(
-                "UPDATE chats SET title = ?, updated_at = ?, target = ?, n_messages = ?,"
-                " settings = ?, session = ?, extras = ? WHERE id = ?", (*row, chat_id))
-            return chat_id
+            if chat_id is not None and self._db.execute(
+                    "UPDATE chats SET title = ?, updated_at = ?, target = ?, n_messages = ?,"
+                    " settings = ?, session = ?, extras = ? WHERE id = ?", (*row, chat_id)).rowcount:
+                return chat_id
+            cursor = self._db.execute(
+                "INSERT INTO chats (title, updated_at, target, n_messages, settings, session,"
+                " extras, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (*row, now))
+            return cursor.lastrowid
 
+    @_recovering
     def list_chats(self, limit: int = 500) -> list[ChatSummary]:
         rows = self._db.execute(
             "SELECT id, title, updated_at, target, n_messages"
             " FROM chats ORDER BY updated_at DESC, id DESC LIMIT ?", (limit,))
         return [ChatSummary(*row) for row in rows]
 
+    @_recovering
     def load_chat(self, chat_id: int) -> StoredChat:
         row = self._db.execute(
             "SELECT id, title, target, settings, session, extras FROM chats WHERE id = ?",
@@ -135,22 +231,30 @@ class ChatStore:
         if row is None:
             raise HistoryError(f"chat {chat_id} is not in {self.path}; it may have been deleted")
         id, title, target, settings, session, extras = row
-        return StoredChat(id, title, target, json.loads(settings), json.loads(session), json.loads(extras))
+        try:
+            return StoredChat(id, title, target, json.loads(settings), json.loads(session), json.loads(extras))
+        except (TypeError, ValueError) as error:
+            raise HistoryError(f"chat {chat_id} in {self.path} is damaged ({error}); delete it from the history "
+                               "list") from None
 
+    @_recovering
     def delete_chat(self, chat_id: int) -> None:
         with self._transaction():
             self._db.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
 
+    @_recovering
     def add_prompt(self, text: str) -> None:
         with self._transaction():
             self._db.execute("INSERT INTO prompts (text, created_at) VALUES (?, ?)", (text, time.time()))
 
+    @_recovering
     def recent_prompts(self, limit: int = 200) -> list[str]:
         """Prompts sent before, oldest first, without repeats."""
         rows = self._db.execute(
             "SELECT text FROM prompts GROUP BY text ORDER BY MAX(id) DESC LIMIT ?", (limit,))
         return [text for (text,) in rows][::-1]
 
+    @_recovering
     def add_plain_speed(self, target: str, tokens: int, seconds: float) -> None:
         """Add a reply decoded without drafting to the model's plain-speed measurement."""
         with self._transaction():
@@ -159,6 +263,7 @@ class ChatStore:
                 " ON CONFLICT (target) DO UPDATE SET tokens = tokens + excluded.tokens,"
                 " seconds = seconds + excluded.seconds", (target, tokens, seconds))
 
+    @_recovering
     def plain_speed(self, target: str) -> tuple[int, float] | None:
         """(tokens, seconds) decoded without drafting so far, or None."""
         row = self._db.execute(
@@ -176,5 +281,11 @@ class _Transaction:
         self._db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, kind, error, traceback):
-        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+        if kind is None:
+            self._db.execute("COMMIT")
+            return False
+        try:
+            self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # SQLite may have rolled back already (it does on some errors); the error that got here matters
         return False

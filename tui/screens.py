@@ -16,6 +16,7 @@ from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
 from edgespec import SamplingParams
+from edgespec.limits import SettingError, checked_setting
 from tui.history import ChatSummary
 
 
@@ -43,8 +44,9 @@ class ChatSettings:
             params = dataclasses.replace(fallback.sampling, **{k: v for k, v in sampling.items() if k in known})
         except (TypeError, ValueError):
             params = fallback.sampling
-        draft_tokens = data.get("draft_tokens", fallback.draft_tokens)
-        if draft_tokens != "auto" and not (isinstance(draft_tokens, int) and 0 <= draft_tokens <= 32):
+        try:
+            draft_tokens = checked_setting("draft_tokens", data.get("draft_tokens", fallback.draft_tokens))
+        except SettingError:
             draft_tokens = fallback.draft_tokens
         return cls(system_prompt, params, draft_tokens)
 
@@ -96,9 +98,11 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
                 raise ValueError(f"{field_id.replace('-', ' ')} must be a {kind.__name__}, not {text!r}") from None
 
         draft_text = self.query_one("#draft-tokens", Input).value.strip()
-        draft_tokens = draft_text if draft_text == "auto" else number("draft-tokens", int)
-        if draft_tokens != "auto" and not 0 <= draft_tokens <= 32:
-            raise ValueError('draft tokens must be "auto" or between 0 and 32')
+        try:
+            draft_tokens = checked_setting("draft_tokens", draft_text if draft_text == "auto" else number("draft-tokens", int))
+        except SettingError as error:
+            raise ValueError(str(error)) from None
+        # SamplingParams refuses what it cannot sample with (NaN, inf, out of range), naming the field.
         sampling = dataclasses.replace(
             self.settings.sampling,
             temperature=number("temperature", float),

@@ -1,0 +1,67 @@
+"""The ranges of the engine settings that the CLI, config.toml and the chat app accept.
+
+Sampling values are checked by SamplingParams; these are the settings that
+size the models' contexts and threads.  A value outside its range is refused
+with one line naming the setting and the range, never passed on for llama.cpp
+to change silently (it takes n_ctx 0 as the trained context) or to choke on.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import EdgespecError
+
+# llama.cpp rounds a context up to a multiple of 256 tokens (0 means the
+# model's trained context), so 256 is the smallest it really makes.
+MIN_N_CTX = 256
+# llama.cpp keeps n_ctx in a uint32 and sizes the KV cache from it.
+MAX_N_CTX = 2**31 - 1
+# Layer counts go to llama.cpp as int32; -1 and anything above the model's
+# layer count mean every layer.
+MAX_GPU_LAYERS = 2**31 - 1
+MAX_DRAFT_TOKENS = 32  # engine.MAX_DRAFT_TOKENS
+
+# setting -> (lowest, highest, what the range means, when that needs saying)
+RANGES: dict[str, tuple[int, int, str]] = {
+    "n_ctx": (MIN_N_CTX, MAX_N_CTX, ""),
+    "gpu_layers": (-1, MAX_GPU_LAYERS, " (-1: all layers)"),
+    "draft_gpu_layers": (-1, MAX_GPU_LAYERS, " (-1: all layers)"),
+    "draft_tokens": (0, MAX_DRAFT_TOKENS, ' or "auto"'),
+}
+
+
+class SettingError(EdgespecError):
+    """An engine setting outside the range it can take."""
+
+
+def checked_setting(name: str, value) -> int | str:
+    """value if it is in the range of setting `name` (draft_tokens may also be "auto"); else SettingError."""
+    low, high, note = RANGES[name]
+    if name == "draft_tokens" and value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SettingError(f"{name} must be a whole number from {low} to {high}{note}, not {value!r}")
+    return value
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask, not every core of the machine."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity masks
+        return os.cpu_count() or 1
+
+
+def checked_threads(n_threads: int) -> int:
+    """n_threads if this machine can run that many llama.cpp threads; else SettingError.
+
+    llama.cpp's threads spin at a barrier after every operation, so threads
+    beyond the cores wait for one another to be scheduled: a pass slows by
+    orders of magnitude, and with --threads 1000 it never seems to end.
+    """
+    cores = usable_cores()
+    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or not 1 <= n_threads <= cores:
+        raise SettingError(f"threads must be a whole number from 1 to {cores} (the CPU cores edgespec may use "
+                           f"here), not {n_threads!r}")
+    return n_threads
