@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import EdgespecError
+from .errors import ChatTemplateError
 
 # For GGUF files without a template: plain role-prefixed turns.
 FALLBACK_TEMPLATE = (
@@ -53,11 +53,8 @@ def _sentinel(index: int) -> str:
     return f"\ue000{_NONCE}:{index}\ue001"
 
 
-class TemplateFailure(EdgespecError):
-    """The model's chat template failed to compile or render."""
-
-    def __init__(self, detail: str):
-        super().__init__(f"the model's chat template failed: {_one_line(detail)} (use --raw to send the prompt as is)")
+def _failure(detail: str) -> ChatTemplateError:
+    return ChatTemplateError(f"the model's chat template failed: {_one_line(detail)} (use --raw to send the prompt as is)")
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -122,7 +119,7 @@ def _locate_contents(text: str, pieces: list[str], contents: list[str]) -> tuple
 def _with_untouched_contents(pieces: list[str], contents: list[str]) -> RenderedChat:
     """The template's own pieces with each content, as given, in place of its sentinel."""
     if any("\ue000" in piece for piece in pieces[0::2]):
-        raise TemplateFailure("it changes message text in a way that cannot be kept apart from its own markers")
+        raise _failure("it changes message text in a way that cannot be kept apart from its own markers")
     parts, spans, pos = [pieces[0]], [], len(pieces[0])
     for index, after in zip(pieces[1::2], pieces[2::2]):
         content = contents[int(index)]
@@ -148,14 +145,14 @@ class _Sandbox:
                     process.stdin.write(json.dumps(request).encode("ascii") + b"\n")
                     process.stdin.flush()
                 except OSError:
-                    raise TemplateFailure("its sandbox process stopped") from None
+                    raise _failure("its sandbox process stopped") from None
                 deadline = time.monotonic() + request["seconds"] + _KILL_GRACE_SECONDS
                 reply = self._reply(process, deadline, f"it took longer than {request['seconds']:g} s")
             except BaseException:  # a timeout, a crash, Ctrl+C: never leave it running
                 self.stop()
                 raise
         if "error" in reply:
-            raise TemplateFailure(reply["error"])
+            raise _failure(reply["error"])
         return reply["texts"]
 
     def _running(self) -> subprocess.Popen:
@@ -168,7 +165,7 @@ class _Sandbox:
                     stderr=subprocess.DEVNULL, bufsize=0,
                 )
             except OSError as error:
-                raise TemplateFailure(f"could not start its sandbox: {error}") from None
+                raise _failure(f"could not start its sandbox: {error}") from None
             self._reply(self._process, time.monotonic() + _STARTUP_SECONDS, "its sandbox process did not start")
         return self._process
 
@@ -177,10 +174,10 @@ class _Sandbox:
         while b"\n" not in self._unread:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                raise TemplateFailure(too_late)
+                raise _failure(too_late)
             chunk = os.read(fd, 1 << 20)
             if not chunk:
-                raise TemplateFailure("its sandbox process stopped")
+                raise _failure("its sandbox process stopped")
             self._unread += chunk
         line, _, self._unread = self._unread.partition(b"\n")
         return json.loads(line)
