@@ -9,6 +9,7 @@ verify: nothing here ever allocates an n_ctx x n_vocab logits buffer.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import time
 from collections import deque
@@ -30,6 +31,11 @@ from .sampling import SamplingParams
 # buffer and compute graph for n_outputs_max (n_batch by default: 512 rows x
 # 152k vocab x 4 bytes = 311 MB for Qwen); we only ever verify k+1 rows.
 MAX_OUTPUT_ROWS = 64
+
+# Token kinds llama.cpp's tokenizer splits text at; the control ones only with parse_special.
+_CONTROL_ATTRS = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+_SPECIAL_ATTRS = _CONTROL_ATTRS | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+_C_WHITESPACE = " \t\n\v\f\r"  # C's isspace(), which llama.cpp strips with
 
 # Tokens per physical pass during prefill.  Without flash attention the
 # attention scores of one layer take n_ubatch x n_ctx x n_head floats, so a
@@ -184,7 +190,55 @@ class LlamaModel:
 
     # -- vocabulary ----------------------------------------------------------
 
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: str, *, add_special: bool, parse_special: bool = False, plain_spans: Sequence[tuple[int, int]] = ()
+    ) -> list[int]:
+        """Text -> token ids; add_special adds the BOS/EOS tokens the model asks for.
+
+        With parse_special, text spelling a control token (``<|im_end|>``)
+        becomes that token: right for a chat template's own markers or --raw
+        input, wrong for anything a user wrote.  The [start, end) character
+        ranges in plain_spans (message contents) stay plain text even then.
+        Outside them the ids are exactly what llama.cpp gives for the whole
+        text, as its tokenizer also splits text at control tokens first and
+        tokenizes the pieces in between on their own.
+        """
+        if not (parse_special and any(start < end for start, end in plain_spans)):
+            return self._tokenize(text, add_special, parse_special)
+        ids = [self.bos_id] if add_special and self.add_bos else []
+        for piece in self._split_at_special_tokens(text, [(a, b) for a, b in plain_spans if a < b]):
+            ids += [piece] if isinstance(piece, int) else self._tokenize(text[piece[0] : piece[1]], False, False)
+        if add_special and llama_cpp.llama_vocab_get_add_eos(self._vocab):
+            ids.append(self.eos_id)
+        return ids
+
+    def _split_at_special_tokens(self, text: str, plain_spans: list[tuple[int, int]]) -> list:
+        """llama.cpp's partition of text into special token ids and (start, end) ranges of text.
+
+        The longest special tokens go first, each splitting every range still
+        text at its occurrences; a control token overlapping a plain span stays
+        text.  User-defined tokens split everywhere, as llama.cpp does with
+        parse_special off.
+        """
+        pieces: list = [(0, len(text))]
+        for special in self._special_tokens:
+            if special[1] in text:
+                pieces = [part for piece in pieces for part in
+                          ([piece] if isinstance(piece, int) else _split_range(text, *piece, special, plain_spans))]
+        return pieces
+
+    @functools.cached_property
+    def _special_tokens(self) -> list[tuple[int, str, int]]:
+        """(id, text, attributes) of every token llama.cpp splits text at, longest text first."""
+        found = []
+        for token in range(self.n_vocab):
+            attr = llama_cpp.llama_vocab_get_attr(self._vocab, token)
+            if attr & _SPECIAL_ATTRS and self.token_text(token):
+                found.append((token, self.token_text(token).decode("utf-8", "replace"), attr))
+        found.sort(key=lambda special: -len(special[1].encode("utf-8")))  # as llama.cpp orders them
+        return found
+
+    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         capacity = len(data) + 16
         buf = (llama_cpp.llama_token * capacity)()
@@ -326,6 +380,34 @@ class LlamaModel:
         self.forward_passes -= 1
         self.rewind(n_keep)
         return elapsed
+
+
+def _split_range(text: str, base: int, end: int, special: tuple[int, str, int], plain_spans) -> list:
+    """text[base:end] split at one special token's occurrences, as llama.cpp's tokenizer does."""
+    token, spelling, attr = special
+    controls = attr & _CONTROL_ATTRS
+    pieces: list = []
+    match = text.find(spelling, base, end)
+    while match >= 0:
+        stop = match + len(spelling)
+        if controls and any(a < stop and match < b for a, b in plain_spans):
+            match = text.find(spelling, match + 1, end)  # inside a message: plain text
+            continue
+        left = match
+        if attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP:
+            while left > base and text[left - 1] in _C_WHITESPACE:
+                left -= 1
+        if left > base:
+            pieces.append((base, left))
+        pieces.append(token)
+        base = stop
+        if attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP:
+            while base < end and text[base] in _C_WHITESPACE:
+                base += 1
+        match = text.find(spelling, base, end)
+    if base < end:
+        pieces.append((base, end))
+    return pieces
 
 
 def _last_error() -> str:

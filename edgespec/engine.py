@@ -24,7 +24,7 @@ from .calibration import CalibrationCache, CalibrationKey, StepTimeWatch, measur
 from .controller import CostModel, DraftLengthController
 from .chat_template import ChatTemplate
 from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter, check_vocab_compatible
-from .errors import ContextOverflowError, EdgespecError
+from .errors import ContextOverflowError, CorruptModelError, EdgespecError
 from .models import load_catalog, local_path, resolve_draft, resolve_model
 from .planner import Plan, plan_models
 from .sampling import SamplingParams, to_probs
@@ -353,24 +353,27 @@ class Engine:
     # -- text <-> tokens -----------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
-        return self.target.tokenize(text, add_special=add_special)
+        """Text with its control-token spellings parsed, like --raw input: never for user text in a chat."""
+        return self.target.tokenize(text, add_special=add_special, parse_special=True)
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return b"".join(self.target.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return self.chat_template.render(messages, add_generation_prompt)
+        return self.chat_template.render(messages, add_generation_prompt).text
 
     def prompt_tokens(self, prompt: str, raw: bool = False) -> list[int]:
-        if raw:
-            return self.target.tokenize(prompt, add_special=True)
+        if raw:  # the user writes the control tokens on purpose
+            return self.target.tokenize(prompt, add_special=True, parse_special=True)
         return self.chat_tokens([{"role": "user", "content": prompt}])
 
     def chat_tokens(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        text = self.render_chat(messages, add_generation_prompt)
-        # a template that writes the BOS token itself must not get a second one
-        starts_with_bos = bool(self.chat_template.bos_token) and text.startswith(self.chat_template.bos_token)
-        return self.target.tokenize(text, add_special=not starts_with_bos)
+        """The conversation as the model's template writes it; message contents never become control tokens."""
+        rendered = self.chat_template.render(messages, add_generation_prompt)
+        bos, spans = self.chat_template.bos_token, rendered.content_spans
+        # a template that writes the BOS token itself must not get a second one; a message that does, must
+        template_wrote_bos = bool(bos) and rendered.text.startswith(bos) and all(a >= len(bos) or a == b for a, b in spans)
+        return self.target.tokenize(rendered.text, add_special=not template_wrote_bos, parse_special=True, plain_spans=spans)
 
     # -- generation ----------------------------------------------------------
 
@@ -391,7 +394,14 @@ class Engine:
                 f"the prompt has {len(prompt_ids)} tokens but the context holds {self.n_ctx} (raise --n-ctx or shorten the prompt)"
             )
         with self._lock:
-            yield from self._generate(list(prompt_ids), params, cancel)
+            try:
+                yield from self._generate(list(prompt_ids), params, cancel)
+            except _NonFiniteLogits:
+                path = self.target.path
+                raise CorruptModelError(
+                    f"{path.name} computed NaN or infinite logits, so the model file {path} is likely corrupt "
+                    "(download it again, or convert it afresh)"
+                ) from None
 
     def _generate(self, context: list[int], params: SamplingParams, cancel) -> Iterator[Step | Done]:
         drafter = self._drafter
@@ -506,8 +516,14 @@ class _LazyRows:
     def __getitem__(self, i: int) -> np.ndarray:
         row = self._rows.get(i)
         if row is None:
+            if not np.isfinite(self._logits[i].max()):  # max is NaN if any logit is
+                raise _NonFiniteLogits
             row = self._rows[i] = to_probs(self._logits[i], self._params)
         return row
+
+
+class _NonFiniteLogits(Exception):
+    """A logits row the verifier reads holds NaN or inf: the engine names the model."""
 
 
 def result_of(events: Iterator) -> GenerationResult:

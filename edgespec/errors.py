@@ -13,6 +13,14 @@ class ModelFileError(EdgespecError):
     """A GGUF file is missing, unreadable, truncated or not GGUF at all."""
 
 
+class CorruptModelError(ModelFileError):
+    """A model computed NaN or infinite logits: its weights are garbage."""
+
+
+class ChatTemplateError(EdgespecError):
+    """The model's chat template failed to compile or render, or ran past its bounds."""
+
+
 class ModelLoadError(EdgespecError):
     """llama.cpp refused to load a model or to create its context."""
 

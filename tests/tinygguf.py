@@ -166,8 +166,12 @@ def write_tiny_model(
     n_ff: int = 128,
     vocab: str = "base",
     n_ctx_train: int = 4096,
+    chat_template: str | None = None,
 ) -> Path:
-    """Write a tiny llama GGUF model with F32 random weights; return its path."""
+    """Write a tiny llama GGUF model with F32 random weights; return its path.
+
+    chat_template replaces the vocabulary's own template (a hostile one, say).
+    """
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must divide by n_head and n_head by n_head_kv")
     path = Path(path)
@@ -200,7 +204,7 @@ def write_tiny_model(
     writer.add_eos_token_id(tokenizer.eos_id)
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
-    writer.add_chat_template(tokenizer.chat_template)
+    writer.add_chat_template(chat_template if chat_template is not None else tokenizer.chat_template)
     for name, tensor in tensors.items():
         writer.add_tensor(name, tensor)
     writer.write_header_to_file()
