@@ -346,22 +346,36 @@ class LlamaModel:
         ptr = llama_cpp.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab)).copy()
 
-    def exact_pass_width(self, probe: Sequence[int], limit: int) -> int:
+    def exact_pass_width(self, probe: Sequence[int], limit: int, budget_seconds: float | None = None) -> int:
         """The widest pass, up to limit tokens, whose logits equal one-token passes bit for bit.
 
         llama.cpp's CPU kernels change arithmetic with the number of tokens in
         a pass; drafts verified in a wider pass could part from plain decoding
-        where two tokens nearly tie.  probe needs 8 + limit tokens; the cache
-        is left as it was.
+        where two tokens nearly tie.  Widths are checked narrowest first, each
+        by a pass of its own.  With budget_seconds the one-token passes get a
+        quarter of it and the checks the rest, each check skipped once it
+        would end past the budget (width 2 is always checked): the answer is
+        always a width that was checked.  probe needs 8 + limit tokens; the
+        cache is left as it was.
         """
         n_keep, passes = len(self.cached), self.forward_passes
         prefix, tokens = list(probe[:8]), list(probe[8 : 8 + limit])
         self.decode(prefix, n_logits=0)
-        singles = np.stack([self.decode([t], 1)[0] for t in tokens])
-        width = 1
-        for w in range(2, len(tokens) + 1):
+        started = time.perf_counter()
+        singles = []
+        for token in tokens:
+            if budget_seconds is not None and len(singles) >= 2 and _since(started) > budget_seconds / 4:
+                break
+            singles.append(self.decode([token], 1)[0])
+        width, last_check = 1, 0.0
+        for w in range(2, len(singles) + 1):
+            if budget_seconds is not None and w > 2 and _since(started) + last_check * w / (w - 1) > budget_seconds:
+                break
+            check_started = time.perf_counter()
             self.rewind(n_keep + len(prefix))
-            if not np.array_equal(self.decode(tokens[:w], w), singles[:w]):
+            exact = np.array_equal(self.decode(tokens[:w], w), np.stack(singles[:w]))
+            last_check = _since(check_started)
+            if not exact:
                 break
             width = w
         self.forward_passes = passes
@@ -408,6 +422,10 @@ def _split_range(text: str, base: int, end: int, special: tuple[int, str, int], 
     if base < end:
         pieces.append((base, end))
     return pieces
+
+
+def _since(start: float) -> float:
+    return time.perf_counter() - start
 
 
 def _last_error() -> str:

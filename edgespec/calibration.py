@@ -3,6 +3,11 @@
 The engine supplies `measure(n) -> seconds`: one forward pass over n tokens that returns n rows
 of logits (as verification does), with the KV cache restored afterwards. Widths are measured in
 the order the controller needs them most, within a time budget, and the rest is interpolated.
+
+The first load of a model on a machine measures for at most WIDTH_PROBE_BUDGET_SECONDS +
+CURVE_BUDGET_SECONDS, plus a few passes measured whatever they cost (the exact-width probe's
+first width, the curve's warm-up and widths 1..ALWAYS_MEASURED, five draft-model passes); later
+loads read the cache.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ import platformdirs
 PLANNED_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # Widths measured even past the budget: without them the controller has nothing to choose from.
 ALWAYS_MEASURED = 4
+# How long the search for the widest bit-exact pass may take. Every width is checked by a pass of
+# its own (on SmolLM2 all 33 are exact, ~300 one-token passes in all), so on a slow or busy
+# machine the search stops early: drafts get shorter there, never inexact.
+WIDTH_PROBE_BUDGET_SECONDS = 4.0
+CURVE_BUDGET_SECONDS = 2.0
 MAX_AGE_DAYS = 30.0
 CACHE_VERSION = 1
 
@@ -36,7 +46,7 @@ def measure_curve(
     max_width: int,
     *,
     repeats: int = 3,
-    budget_seconds: float = 2.0,
+    budget_seconds: float = CURVE_BUDGET_SECONDS,
 ) -> tuple[float, ...]:
     """Seconds per target pass for n = 1..N, N <= max_width, from the medians of `measure`.
 
@@ -140,6 +150,17 @@ def cache_dir() -> Path:
     return Path(override) if override else Path(platformdirs.user_cache_dir("edgespec"))
 
 
+@dataclass(frozen=True)
+class CachedCalibration:
+    """A cache entry. A stale one (marked so, or too old) has a curve worth re-measuring, but its
+    max_width still holds: bit-exactness depends on the model, the build and the CPU, which the
+    key covers, not on how busy the machine was."""
+
+    max_width: int
+    forward_seconds: tuple[float, ...]
+    stale: bool
+
+
 class CalibrationCache:
     """Measured curves in one JSON file, keyed by CalibrationKey.
 
@@ -161,15 +182,25 @@ class CalibrationCache:
 
     def load_entry(self, key: CalibrationKey, now: float | None = None) -> tuple[int, tuple[float, ...]] | None:
         """(max_width, curve) when a fresh entry is cached, else None."""
+        entry = self.read(key, now)
+        if entry is None or entry.stale:
+            return None
+        return entry.max_width, entry.forward_seconds
+
+    def read(self, key: CalibrationKey, now: float | None = None) -> CachedCalibration | None:
+        """The cached entry, fresh or stale, or None when there is none that can be read."""
         now = time.time() if now is None else now
         entry = self._read().get(key.digest())
         try:
             age = now - float(entry["measured_at"])
-            if not entry["stale"] and 0 <= age <= self.max_age_seconds:
-                return int(entry["max_width"]), tuple(float(s) for s in entry["forward_seconds"])
+            max_width = int(entry["max_width"])
+            curve = tuple(float(s) for s in entry["forward_seconds"])
+            stale = bool(entry["stale"]) or not 0 <= age <= self.max_age_seconds
         except (TypeError, KeyError, ValueError):
-            pass  # missing or hand-edited entry: measure again
-        return None
+            return None  # missing or hand-edited entry: measure again
+        if max_width < 1 or not curve or not all(math.isfinite(s) and s > 0 for s in curve):
+            return None
+        return CachedCalibration(max_width, curve, stale)
 
     def store(self, key: CalibrationKey, max_width: int, forward_seconds: tuple[float, ...], now: float | None = None) -> None:
         entries = self._read()

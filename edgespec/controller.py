@@ -134,7 +134,6 @@ class DraftLengthController:
             raise ValueError(f"probe_budget must be in (0, 1), got {probe_budget}")
         if not 1 <= probe_k <= k_max:
             raise ValueError(f"probe_k must be in 1..k_max={k_max}, got {probe_k}")
-        self.cost = cost
         self.k_max = k_max
         self.fixed_k = fixed_k
         self.decay = decay
@@ -142,14 +141,20 @@ class DraftLengthController:
         self.probe_budget = probe_budget
         self.probe_k = probe_k
         self._p_min_setting = p_min
-        # Plan cost for k = 0..k_max drafted tokens.
-        self._plan_seconds = np.array([cost.target(k + 1) + cost.draft(k) for k in range(k_max + 1)])
+        self.set_cost(cost)
         self._pooled: dict[str, _DecayedCounts] = {}
         self._bucketed: dict[tuple[str, int], _DecayedCounts] = {}
         self._schedules: dict[tuple[str, int], _ProbeSchedule] = {}
         self._probing: tuple[str, int] | None = None
         self._thresholds: tuple[float, ...] = ()
         self.reset_stats()
+
+    def set_cost(self, cost: CostModel) -> None:
+        """Use another cost curve (e.g. measured again) from the next choice on; the acceptance
+        estimates are kept."""
+        self.cost = cost
+        # Plan cost for k = 0..k_max drafted tokens.
+        self._plan_seconds = np.array([cost.target(k + 1) + cost.draft(k) for k in range(self.k_max + 1)])
 
     # -- acceptance estimates -------------------------------------------------------------
 

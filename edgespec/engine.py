@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .backend import RUNTIME, LlamaModel, common_prefix_length, supports_gpu_offload, width_independent_kernels
-from .calibration import CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
+from .calibration import WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
 from .controller import CostModel, DraftLengthController
 from .chat_template import ChatTemplate
 from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter, check_vocab_compatible
@@ -216,9 +216,12 @@ class Engine:
         self.plan = plan
         self.draft_tokens = draft_tokens
         self._controllers: dict[str, DraftLengthController] = {}  # filled by calibrate()
-        self.plain_step_seconds: float | None = None  # one-token target pass, once calibrated
+        self.cost: CostModel | None = None  # the cost curve the controllers use, once calibrated
+        self.plain_step_seconds: float | None = None  # measured one-token target pass; None for a given curve
         self.max_draft_tokens = MAX_DRAFT_TOKENS  # narrowed by calibrate() to what verifies exactly
         self._step_watch: StepTimeWatch | None = None
+        self._calibration: tuple[CalibrationCache, CalibrationKey] | None = None  # None: the curve was given
+        self._stale_curve = False  # a stale cached curve is in use until recalibrate()
         self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft is not None:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
@@ -244,6 +247,8 @@ class Engine:
         memory_budget: str | int | None = None,
         pull: bool = True,
         notice: Callable[[str], None] = _print_notice,
+        cost_curve: Sequence[float] | CostModel | None = None,
+        measure_stale_curve: bool = True,
     ) -> "Engine":
         """Load a target and its drafter.
 
@@ -253,6 +258,7 @@ class Engine:
         "none"/None.  GPU layers left as None come from the memory plan.
         draft_tokens is a fixed k, or "auto" to choose k per step from the
         target's measured cost curve and the acceptance seen so far.
+        cost_curve and measure_stale_curve are passed to calibrate().
         """
         target_path, draft_path, plan = plan_load(
             target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
@@ -266,10 +272,13 @@ class Engine:
         if plan.mode == "draft-model":
             draft_model = _load_draft(target_model, draft_path, n_ctx, plan.draft_gpu_layers, n_threads)
         engine = cls(target_model, draft_model, plan.mode, draft_tokens, plan=plan)
-        engine.calibrate()
+        engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
         if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
-            notice(f"drafting at most {engine.max_draft_tokens} tokens per step: wider verification passes are not "
-                   "bit-identical to plain decoding with this model and llama.cpp build")
+            given = len(engine.cost.forward_seconds) if cost_curve is not None else None
+            why = (f"the cost curve given covers passes up to {given} tokens" if engine.max_draft_tokens + 1 == given
+                   else "wider verification passes were not found bit-identical to plain decoding with this model "
+                        "and llama.cpp build")
+            notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {why}")
         return engine
 
     def close(self) -> None:
@@ -277,36 +286,113 @@ class Engine:
         if self.draft is not None:
             self.draft.close()
 
-    def calibrate(self, cache: CalibrationCache | None = None) -> None:
+    def calibrate(
+        self,
+        cache: CalibrationCache | None = None,
+        *,
+        cost_curve: Sequence[float] | CostModel | None = None,
+        notice: Callable[[str], None] | None = None,
+        measure_stale_curve: bool = True,
+    ) -> None:
         """Measure (or load) how wide a verification pass may be and what each width costs.
 
         A pass is only as wide as llama.cpp computes bit-identically to one
         token at a time, so speculation never changes greedy output; the cost
-        curve over those widths drives the adaptive draft length.
+        curve over those widths drives the adaptive draft length.  The first
+        load of a model on a machine measures both (within the budgets in
+        calibration.py) and says so through notice; later loads read the cache.
+
+        cost_curve fixes the curve instead: seconds (or any one unit) per
+        target pass over 1, 2, ... tokens; a CostModel also fixes the draft
+        model's cost per drafted token, else it is 0.  Then nothing is timed
+        or cached, the controllers' choices do not depend on the machine's
+        speed or load, and drafts are at most len(cost_curve) - 1 tokens: the
+        exact-width probe (which compares logits, not times) checks only those
+        widths, all of them.
+
+        A cached curve that is stale (marked so by StepTimeWatch, or old) is
+        measured again here, unless measure_stale_curve is False: then it is
+        used as it is, calibration_due says so, and recalibrate() measures it
+        when the caller is idle (the chat app does so between replies).
         """
+        if cost_curve is not None:
+            cost = cost_curve if isinstance(cost_curve, CostModel) else CostModel(cost_curve)
+            limit = min(len(cost.forward_seconds), MAX_DRAFT_TOKENS + 1)
+            width = self.target.exact_pass_width(self._probe_tokens(), limit)
+            self._calibration, self._stale_curve, self._step_watch = None, False, None
+            self._use_cost(width, cost, plain_step_seconds=None)
+            return
         cache = cache or CalibrationCache()
         key = CalibrationKey.for_model(self.target.path, self.target.n_gpu_layers, self.target.n_threads, RUNTIME)
-        entry = cache.load_entry(key)
-        if entry is None:
-            width = self.target.exact_pass_width(self._probe_tokens(), MAX_DRAFT_TOKENS + 1)
-            filler = max(self.target.bos_id, 0)
-            entry = width, measure_curve(lambda n: self.target.time_forward(n, filler), width)
-            cache.store(key, *entry)
-        width, curve = entry
-        self.max_draft_tokens = width - 1
-        self.plain_step_seconds = curve[0]
+        cached = cache.read(key)
+        self._calibration = cache, key
+        self._stale_curve = False
+        if cached is None:
+            (notice or _print_notice)("measuring this model's speed, once (a few seconds; later runs reuse it) ...")
+            width = self.target.exact_pass_width(self._probe_tokens(), MAX_DRAFT_TOKENS + 1, WIDTH_PROBE_BUDGET_SECONDS)
+            curve = self._measure_and_store(width)
+        elif cached.stale and measure_stale_curve:
+            (notice or _print_notice)("measuring this model's speed again: the last measurement no longer "
+                                      "matches this machine (a few seconds) ...")
+            width, curve = cached.max_width, self._measure_and_store(cached.max_width)
+        else:
+            width, curve = cached.max_width, cached.forward_seconds
+            self._stale_curve = cached.stale
+        self._use_measured(width, curve)
+
+    def recalibrate(self) -> None:
+        """Measure the cost curve again and use it from the next generation on.
+
+        Takes the generation lock, so it never runs inside a generation: a
+        running one finishes first, and the next one waits (a few seconds at
+        most, CURVE_BUDGET_SECONDS).  Does nothing when the curve was given.
+        """
+        with self._lock:
+            if self._calibration is None:
+                return
+            self._stale_curve = False
+            self._use_measured(self.max_draft_tokens + 1, self._measure_and_store(self.max_draft_tokens + 1))
+
+    @property
+    def calibration_due(self) -> bool:
+        """The cost curve in use no longer matches this machine: call recalibrate() when idle."""
+        watch = self._step_watch
+        return self._calibration is not None and (self._stale_curve or (watch is not None and watch.drifted))
+
+    def _measure_and_store(self, width: int) -> tuple[float, ...]:
+        cache, key = self._calibration
+        filler = max(self.target.bos_id, 0)
+        curve = measure_curve(lambda n: self.target.time_forward(n, filler), width)
+        cache.store(key, width, curve)
+        return curve
+
+    def _use_measured(self, width: int, curve: tuple[float, ...]) -> None:
+        cache, key = self._calibration
         self._step_watch = StepTimeWatch(cache, key, curve)
-        self._controllers = {}
+        draft_seconds = 0.0
+        if self.draft is not None and width > 1:
+            draft_seconds = min(self.draft.time_forward(1, max(self.target.bos_id, 0)) for _ in range(5))
+        self._use_cost(width, CostModel(curve, draft_seconds), plain_step_seconds=curve[0])
+
+    def _use_cost(self, width: int, cost: CostModel, plain_step_seconds: float | None) -> None:
+        self.cost = cost
+        self.plain_step_seconds = plain_step_seconds
+        if width - 1 != self.max_draft_tokens or not self._controllers:
+            self._controllers = {}  # new controllers; a re-measured curve keeps the acceptance learned so far
+        self.max_draft_tokens = width - 1
         if self.max_draft_tokens == 0:
             return
         # one controller per drafter: only the draft model charges time per drafted token
-        self._controllers["ngram"] = DraftLengthController(CostModel(curve), k_max=self.max_draft_tokens)
-        drafter = self._drafters.get("draft-model")
-        if drafter is not None:
-            draft_seconds = min(self.draft.time_forward(1, max(self.target.bos_id, 0)) for _ in range(5))
-            controller = DraftLengthController(CostModel(curve, draft_seconds), k_max=self.max_draft_tokens)
-            drafter.stop_threshold = controller.p_min
-            self._controllers["draft-model"] = controller
+        costs = {"ngram": CostModel(cost.forward_seconds)}
+        if "draft-model" in self._drafters:
+            costs["draft-model"] = cost
+        for name, drafter_cost in costs.items():
+            controller = self._controllers.get(name)
+            if controller is None:
+                controller = self._controllers[name] = DraftLengthController(drafter_cost, k_max=self.max_draft_tokens)
+            controller.set_cost(drafter_cost)
+        if "draft-model" in self._controllers:
+            self._drafters["draft-model"].stop_threshold = self._controllers["draft-model"].p_min
 
     def _probe_tokens(self) -> list[int]:
         text = "The quick brown fox jumps over the lazy dog; def area(w, h): return w * h. " * 8
@@ -492,7 +578,7 @@ class Engine:
     def _draft_length(self, drafter, hint, limit: int) -> int:
         if limit <= 0:
             return 0
-        if self.plain_step_seconds is None:
+        if self.cost is None:
             self.calibrate()
         limit = min(limit, self.max_draft_tokens)
         controller = self._controllers.get(drafter.name)

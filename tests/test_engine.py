@@ -21,9 +21,15 @@ PROMPTS = [
 ]
 
 
+# A cost per pass width (in one-token passes) for the engines whose drafts the tests count: with
+# it the draft lengths do not depend on how fast or busy the test machine is. Widths up to 9, so
+# up to 8 draft tokens.
+FIXED_COST = (1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8, 3.1, 3.4)
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_models):
-    engine = Engine.load(tiny_models["target"], tiny_models["draft"], n_ctx=512, draft_tokens=3)
+    engine = Engine.load(tiny_models["target"], tiny_models["draft"], n_ctx=512, draft_tokens=3, cost_curve=FIXED_COST)
     yield engine
     engine.close()
 
@@ -128,7 +134,7 @@ def test_stop_string_max_tokens_and_context_limit(engine, tiny_models):
     assert stopped.finish_reason == "stop"
     assert stopped.text == plain.text[: plain.text.index(stop)]
 
-    small = Engine.load(tiny_models["target"], "ngram", n_ctx=256, draft_tokens=4)
+    small = Engine.load(tiny_models["target"], "ngram", n_ctx=256, draft_tokens=4, cost_curve=FIXED_COST)
     result = small.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=1000), raw=True)
     assert result.finish_reason == "context"
     assert len(small.prompt_tokens(PROMPTS[0], raw=True)) + len(result.token_ids) == small.n_ctx
@@ -188,8 +194,8 @@ def test_a_possible_stop_string_is_held_back_until_settled():
 
 # -- the adaptive draft length (auto k) in the real loop ------------------------------------
 
-# A CPU-like cost per pass width (in single steps), so the controller's choices do
-# not depend on how busy the test machine is.
+# A CPU-like cost per pass width (in single steps), given to the engine, so the controller's
+# choices do not depend on how busy the test machine is.
 CPU_LIKE_COST = (1.0, 1.5, 2.2, 3.0, 3.6, 4.2, 6.5, 8.8, 9.0, 9.2, 9.4, 9.6, 9.8, 10.0, 10.2, 10.4, 10.5)
 
 
@@ -234,10 +240,9 @@ def drive(engine, prompt_ids, steps):
 
 @pytest.fixture
 def auto_engine(tiny_models):
-    from edgespec.controller import CostModel, DraftLengthController
-
-    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=4096, draft_tokens="auto", n_threads=1)
-    engine._controllers["ngram"] = DraftLengthController(CostModel(CPU_LIKE_COST), k_max=16)
+    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=4096, draft_tokens="auto", n_threads=1,
+                         cost_curve=CPU_LIKE_COST)
+    assert engine.max_draft_tokens == len(CPU_LIKE_COST) - 1
     prompt_ids = engine.prompt_tokens(PROMPTS[0], raw=True)
     engine.set_mode("none")
     reference = engine.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=3000), raw=True).token_ids
@@ -272,3 +277,115 @@ def test_auto_k_backs_off_from_a_drafter_that_is_always_wrong_then_recovers(auto
     proposed, emitted = drive(engine, prompt_ids, 300)
     assert max(proposed[-50:]) >= 4, "k did not come back once the drafter was right"
     assert sum(emitted[-50:]) / 50 >= 4
+
+
+# -- calibration: a given curve, the first-load notice, stale curves -------------------------
+
+# Two machines as their measured curves: a GPU-like one where a wide pass costs about one token,
+# and a slow CPU where a pass costs per token (so no draft pays).
+GPU_LIKE = tuple(1.0 + 0.01 * n for n in range(33))
+SLOW_CPU = tuple(float(n) for n in range(1, 34))
+
+
+def plant_curve(engine, curve, stale=False):
+    """Store `curve` as this machine's measured curve for engine's target, as an earlier load would."""
+    from edgespec.backend import RUNTIME
+    from edgespec.calibration import CalibrationCache, CalibrationKey
+
+    cache = CalibrationCache()
+    key = CalibrationKey.for_model(engine.target.path, engine.target.n_gpu_layers, engine.target.n_threads, RUNTIME)
+    cache.store(key, len(curve), curve)
+    if stale:
+        cache.mark_stale(key)
+    return cache, key
+
+
+def k_per_step(tiny_models, measured_curve, **load):
+    """The draft length of every step of one greedy n-gram generation, on a machine that measured `measured_curve`."""
+    probe = Engine.load(tiny_models["target"], "none", n_ctx=1024, draft_tokens=0, n_threads=1, cost_curve=(1.0,))
+    plant_curve(probe, measured_curve)
+    probe.close()
+    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=1024, draft_tokens="auto", n_threads=1, **load)
+    ks, before = [], 0
+    for event in engine.stream(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=120), raw=True):
+        if isinstance(event, Step):
+            ks.append(event.stats["draft_tokens_proposed"] - before)
+            before = event.stats["draft_tokens_proposed"]
+    engine.close()
+    return ks
+
+
+def test_a_given_cost_curve_makes_the_draft_lengths_independent_of_the_machine(tiny_models):
+    measured = [k_per_step(tiny_models, curve) for curve in (GPU_LIKE, SLOW_CPU)]
+    assert measured[0] != measured[1], "the measured curve steers the controller"
+    given = [k_per_step(tiny_models, curve, cost_curve=CPU_LIKE_COST) for curve in (GPU_LIKE, SLOW_CPU)]
+    assert given[0] == given[1]
+    assert max(given[0]) > 0
+
+
+def test_the_first_load_says_it_measures_and_later_loads_reuse_the_measurement(tiny_models):
+    notices = []
+    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append)
+    assert any("measuring this model's speed, once" in n for n in notices), notices
+    assert engine.plain_step_seconds > 0 and not engine.calibration_due
+    engine.close()
+    notices.clear()
+    Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append).close()
+    assert not any("measuring" in n for n in notices), notices
+    given = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append,
+                        cost_curve=(1.0, 1.5, 2.0))
+    assert not any("measuring" in n for n in notices)
+    assert given.max_draft_tokens == 2 and given.plain_step_seconds is None and not given.calibration_due
+    given.close()
+
+
+def test_exact_width_probe_keeps_to_its_budget(tiny_models):
+    model = LlamaModel(tiny_models["target"], n_ctx=256, n_threads=1)
+    probe = model.tokenize("the cat sat on the mat and the dog " * 8, add_special=True)
+    assert model.exact_pass_width(probe, 33) == 33  # every width is exact on the tiny models
+    assert model.exact_pass_width(probe, 33, budget_seconds=0.0) == 2  # only the width that is always checked
+    assert model.cached == [] and model.forward_passes == 0
+    model.close()
+
+
+# An old measurement, e.g. taken under load: 1000 s per pass, exact up to width 3.
+OLD_CURVE = (1000.0, 1001.0, 1002.0)
+
+
+def test_a_stale_curve_is_measured_again_at_load_but_keeps_its_exact_width(tiny_models):
+    first = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1)
+    cache, key = plant_curve(first, OLD_CURVE, stale=True)
+    first.close()
+    notices = []
+    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append)
+    assert any("measuring this model's speed again" in n for n in notices), notices
+    assert engine.max_draft_tokens == 2, "bit-exactness does not depend on load: the width is kept"
+    assert engine.plain_step_seconds < OLD_CURVE[0] and not engine.calibration_due
+    assert cache.load_entry(key) is not None
+    engine.close()
+
+
+def test_a_stale_curve_can_be_used_at_once_and_measured_between_generations(tiny_models):
+    first = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1)
+    cache, key = plant_curve(first, OLD_CURVE, stale=True)
+    first.close()
+    notices = []
+    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append,
+                         measure_stale_curve=False)
+    assert not any("measuring" in n for n in notices), "nothing measured at load"
+    assert engine.plain_step_seconds == OLD_CURVE[0] and engine.calibration_due
+
+    events = engine.stream(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=30), raw=True)
+    assert isinstance(next(events), Step)  # a generation is running
+    remeasure = threading.Thread(target=engine.recalibrate)
+    remeasure.start()
+    remeasure.join(timeout=0.5)
+    assert remeasure.is_alive(), "re-measuring waits for the generation to end"
+    assert engine.plain_step_seconds == OLD_CURVE[0]
+    result = [e for e in events if isinstance(e, Done)][0].result
+    remeasure.join(timeout=60)
+    assert not remeasure.is_alive()
+    assert result.finish_reason == "length"
+    assert engine.plain_step_seconds < OLD_CURVE[0] and not engine.calibration_due
+    assert engine.max_draft_tokens == 2 and cache.load_entry(key) is not None
+    engine.close()

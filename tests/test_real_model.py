@@ -19,9 +19,15 @@ CODE = '''def mean(values):
 '''
 
 
+# Widths 1..5 for draft_tokens=4: a given curve times nothing, and the exact-width probe then
+# checks only the widths the tests draft (all of SmolLM2's are exact, 100 s on a busy 2-core CPU).
+SMOLLM_COST = (1.0, 1.2, 1.4, 1.6, 1.8)
+
+
 @pytest.fixture(scope="module")
 def smollm(smollm2_path):
-    engine = Engine.load(smollm2_path, "ngram", n_ctx=2048, draft_tokens=4, n_threads=2)
+    engine = Engine.load(smollm2_path, "ngram", n_ctx=2048, draft_tokens=4, n_threads=2, cost_curve=SMOLLM_COST)
+    assert engine.max_draft_tokens == 4
     yield engine
     engine.close()
 
@@ -57,8 +63,11 @@ def test_two_turn_chat_with_reuse_equals_a_fresh_session(smollm):
     second = session.send("Repeat the function exactly as I wrote it, in a code block.", code_only)
     assert "def mean(values):" in second.text
     assert second.stats["prompt_tokens_reused"] > second.stats["prompt_tokens_evaluated"]
-    # the n-gram drafter copies the function from the first turn
-    assert second.stats["acceptance_rate"] >= 0.4, second.stats
+    # The n-gram drafter copies the function from the first turn: a large share of the reply comes
+    # from accepted drafts. (Not the share of proposals accepted: how much of the function greedy
+    # decoding repeats verbatim differs between CPUs, e.g. AVX2 and AVX-512 kernels, and every
+    # token it rewrites costs a rejected 4-token draft.)
+    assert second.stats["draft_tokens_accepted"] >= 0.4 * second.stats["tokens_generated"], second.stats
     assert second.stats["acceptance_rate"] > 2 * first.stats["acceptance_rate"]
     assert second.stats["target_passes_per_token"] < 0.6
 

@@ -72,10 +72,10 @@ def test_cancel_keeps_the_partial_reply_and_the_next_turn_is_exact(engines):
         if isinstance(event, Step):
             steps.append(event)
             started.set()
-    canceller.join()
+            canceller.join()  # the cancel comes from another thread, however busy the machine, before step 2
     last = session.messages[-1]
     assert last["role"] == "assistant" and last.get("cancelled") is True
-    assert 0 < len(steps) < 400 and session.turn_stats[-1]["finish_reason"] == "cancelled"
+    assert len(steps) == 1 and session.turn_stats[-1]["finish_reason"] == "cancelled"
 
     session.messages.append({"role": "user", "content": TURNS[1]})
     expected = reply_ids(fresh_reply(fresh, session))

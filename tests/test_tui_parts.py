@@ -5,7 +5,7 @@ from rich.style import Style
 
 from tui.config import ChatConfig, ConfigError, load_config, save_defaults
 from tui.render import DEFAULT_DRAFT_TINT, BlockRenderer, split_blocks
-from tui.stats import reply_footer, stats_line, step_acceptance
+from tui.stats import MIN_PLAIN_STEPS, PlainSpeedEstimate, reply_footer, stats_line, step_acceptance
 
 REPLY = (
     "# Title\n\nSome **bold** and `code`.\n- one\n- two\n\n"
@@ -81,12 +81,58 @@ def test_reply_footer_gives_speedup_only_once_plain_speed_is_known():
     assert "baseline" in reply_footer(plain, (16.0, "measured"))
 
 
+def test_reply_footer_shows_no_speedup_the_evidence_cannot_support():
+    # 0.4 target passes per token: a step costs at least one pass, so at most 2.5x (plus slack)
+    contended = reply_footer(STATS, (0.3, "measured"))  # a plain speed taken on a busy machine
+    assert "×" not in contended and "speedup n/a" in contended and "does not fit this reply" in contended
+    assert "3.00× vs plain" in reply_footer(STATS, (40.0 / 3, "measured"))
+    short = dict(STATS, tokens_generated=10)
+    assert "×" not in reply_footer(short, (16.0, "measured")) and "too few tokens" in reply_footer(short, (16.0, "measured"))
+
+
+def plain_steps(estimate, seconds_per_step, steps, previous=None):
+    """Feed `steps` plain steps of one reply, as the generation thread does from the stats snapshots."""
+    before = previous or {"steps": 0, "draft_tokens_proposed": 0, "decode_seconds": 0.0}
+    for _ in range(steps):
+        current = {"steps": before["steps"] + 1, "draft_tokens_proposed": before["draft_tokens_proposed"],
+                   "decode_seconds": before["decode_seconds"] + seconds_per_step}
+        estimate.observe(before if before["steps"] else None, current)
+        before = current
+    return before
+
+
+def test_plain_speed_needs_many_steps_and_ignores_a_contended_cancelled_reply():
+    estimate = PlainSpeedEstimate()
+    plain_steps(estimate, 3.47, 10)  # 10 tokens in 34.7 s, then cancelled
+    assert estimate.steps == 10 and estimate.tokens_per_second() is None, "ten steps are no evidence"
+    plain_steps(estimate, 0.01, MIN_PLAIN_STEPS)  # a normal plain reply
+    assert estimate.tokens_per_second() == pytest.approx(100.0)
+    plain_steps(estimate, 3.47, 10)  # the busy spell again
+    assert estimate.tokens_per_second() == pytest.approx(100.0)
+
+
+def test_plain_speed_counts_only_steps_that_drafted_nothing():
+    estimate = PlainSpeedEstimate(min_steps=1)
+    drafted = {"steps": 1, "draft_tokens_proposed": 4, "decode_seconds": 0.02}
+    estimate.observe(None, drafted)
+    assert estimate.steps == 0
+    two_steps = {"steps": 3, "draft_tokens_proposed": 4, "decode_seconds": 0.04}  # not one step: no figure
+    estimate.observe(drafted, two_steps)
+    assert estimate.steps == 0
+    plain = {"steps": 4, "draft_tokens_proposed": 4, "decode_seconds": 0.05}
+    estimate.observe(two_steps, plain)
+    assert estimate.tokens_per_second() == pytest.approx(100.0)
+
+
 def test_stats_line_shows_mode_models_numbers_and_context():
     line = stats_line(mode="draft-model", target="qwen", draft="qwen-small", stats=STATS,
                       draft_tokens=4, context_used=150, n_ctx=4096).plain
     for part in ("draft model", "qwen ← qwen-small", "ctx 150/4,096", "40.0 tok/s", "accept 75%",
                  "0.40 target passes/tok", "draft 4 (avg 3.5/step)"):
         assert part in line
+    measuring = stats_line(mode="ngram", target="qwen", draft=None, stats=None, draft_tokens=4,
+                           context_used=0, n_ctx=4096, status="measuring speed…").plain
+    assert "measuring speed…" in measuring.splitlines()[0]
 
 
 def test_config_file_overrides_defaults_and_flags_override_the_file(tmp_path):

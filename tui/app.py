@@ -14,7 +14,6 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable, Iterator
 
 from rich.text import Text
@@ -92,11 +91,14 @@ class ChatApp(App):
         for action, (keys, description) in KEY_ACTIONS.items()
     ]
 
-    def __init__(self, config: ChatConfig, store: ChatStore, *, n_threads: int | None = None):
+    def __init__(self, config: ChatConfig, store: ChatStore, *, n_threads: int | None = None,
+                 cost_curve: tuple[float, ...] | None = None):
+        """cost_curve fixes the engine's cost curve (see Engine.calibrate) instead of measuring it."""
         super().__init__()
         self.config = config
         self.store = store
         self.n_threads = n_threads
+        self.cost_curve = cost_curve
         self.engine: Engine | None = None
         self.session: ChatSession | None = None
         self.settings = ChatSettings(config.system_prompt, config.sampling(), config.draft_tokens)
@@ -111,6 +113,9 @@ class ChatApp(App):
         self.model_spec = (config.model or "", config.draft)
         self._loading: tuple[LoadingPanel, float] | None = None
         self._stats_dirty = True
+        self.plain_steps = stats_text.PlainSpeedEstimate()  # of the loaded target
+        self._recalibration_idle = threading.Event()  # cleared while the engine re-measures its speed
+        self._recalibration_idle.set()
 
     # -- layout ------------------------------------------------------------------
 
@@ -157,11 +162,19 @@ class ChatApp(App):
     @work(thread=True, exclusive=True, group="load")
     def _load_worker(self, model: str, draft: str) -> None:
         notices: list[str] = []
+
+        def notice(text: str) -> None:  # e.g. "measuring this model's speed": shown while it happens
+            notices.append(text)
+            self.call_from_thread(self._loading_status, text)
+
+        self._recalibration_idle.wait()  # the old engine may still be measuring; it is closed after this
         try:
+            # A stale speed measurement is re-measured after loading, between replies, not here.
             engine = Engine.load(
                 model or models.default_pair()[0], draft, pull=False, n_ctx=self.config.n_ctx, n_gpu_layers=self.config.gpu_layers,
                 draft_gpu_layers=self.config.draft_gpu_layers, draft_tokens=self.settings.draft_tokens,
-                n_threads=self.n_threads, memory_budget=self.config.memory_budget, notice=notices.append)
+                n_threads=self.n_threads, memory_budget=self.config.memory_budget, notice=notice,
+                cost_curve=self.cost_curve, measure_stale_curve=False)
         except EdgespecError as error:
             self.call_from_thread(self._load_failed, str(error), notices)
         except Exception as error:  # a bug must not end the app with a traceback
@@ -169,6 +182,10 @@ class ChatApp(App):
             self.call_from_thread(self._load_failed, f"loading failed: {type(error).__name__}: {error}", notices)
         else:
             self.call_from_thread(self._engine_ready, engine, notices)
+
+    def _loading_status(self, text: str) -> None:
+        if self._loading is not None:
+            self._loading[0].show_status(text)
 
     def _end_loading(self, notices: list[str]) -> None:
         if self._loading is not None:
@@ -190,6 +207,7 @@ class ChatApp(App):
         if self.engine is not None:
             self.engine.close()
         self.engine = engine
+        self.plain_steps = stats_text.PlainSpeedEstimate()
         if previous is not None:  # the chat goes on with the new models
             self.session = ChatSession.from_dict(engine, previous)
         else:
@@ -197,12 +215,38 @@ class ChatApp(App):
         self.sub_title = stats_text.model_name(engine.target_path)
         self._stats_dirty = True
         self.refresh_bindings()
+        self._recalibrate_if_due()
+
+    # -- re-measuring the engine's speed between replies ------------------------------------
+
+    def _recalibrate_if_due(self) -> None:
+        """Re-measure a stale cost curve in the background while no reply runs; the chat can
+        start at once on the old curve, and a reply sent meanwhile waits a few seconds."""
+        engine = self.engine
+        if engine is None or self._loading is not None or self.generation is not None:
+            return
+        if not engine.calibration_due or not self._recalibration_idle.is_set():
+            return
+        self._recalibration_idle.clear()
+        self._stats_dirty = True
+        self._recalibrate(engine)
+
+    @work(thread=True, group="calibrate")
+    def _recalibrate(self, engine: Engine) -> None:
+        try:
+            engine.recalibrate()  # takes the engine's lock: never inside a reply
+        except Exception:  # the old curve stays; a failed measurement must not end the app
+            self.log.error(traceback.format_exc())
+        finally:
+            self._recalibration_idle.set()
+            self._stats_dirty = True
 
     def close_engine(self) -> None:
         """Stop a running reply and free the models (call after the app has exited)."""
         if self.generation is not None and self.session is not None:
             self.session.cancel()
             self.generation.stream.finished.wait(timeout=30)
+        self._recalibration_idle.wait(timeout=30)
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -235,10 +279,12 @@ class ChatApp(App):
     @work(thread=True, group="generate")
     def _generate(self, stream: _Stream, events: Callable[[], Iterator]) -> None:
         previous = None
+        plain_steps = self.plain_steps
         try:
             for event in events():
                 if isinstance(event, Step):
                     stream.add_step(event, stats_text.step_acceptance(previous, event.stats))
+                    plain_steps.observe(previous, event.stats)
                     previous = event.stats
                 elif isinstance(event, Done):
                     stream.result = event.result
@@ -290,30 +336,25 @@ class ChatApp(App):
             reply.set_text(result.text, reply.drafted_ranges())
         self.shown_stats = result.stats
         self.context_used = stats_text.context_used(result.stats)
-        if result.stats["mode"] == "none" and result.stats["tokens_generated"]:
-            self.store.add_plain_speed(self._model_key(), result.stats["tokens_generated"],
-                                       result.stats["decode_seconds"])
         self.drafted_marks[_content_key(result.text)] = reply.drafted_ranges()
         generation.view.footer.update(stats_text.reply_footer(result.stats, self.plain_speed()))
         self._save()
+        self._recalibrate_if_due()
 
     def plain_speed(self) -> tuple[float, str] | None:
         """This model's plain decoding speed in tok/s, and where it comes from.
 
-        Replies generated without drafting measure it best; until there is one,
-        the engine's calibrated time for a one-token target pass stands in.
+        The median of the steps that drafted nothing (any mode) measures it
+        best, once there are enough of them; until then the engine's
+        calibrated one-token target pass stands in (None for a given curve).
         """
         if self.engine is None:
             return None
-        measured = self.store.plain_speed(self._model_key())
-        if measured is not None and measured[1] > 0:
-            return measured[0] / measured[1], "measured"
+        measured = self.plain_steps.tokens_per_second()
+        if measured is not None:
+            return measured, "measured"
         seconds = self.engine.plain_step_seconds
         return (1 / seconds, "calibrated") if seconds else None
-
-    def _model_key(self) -> str:
-        path = Path(self.engine.target_path).resolve()
-        return f"{path}|{path.stat().st_size}|threads={self.engine.target.n_threads}|gpu={self.engine.target.n_gpu_layers}"
 
     def _last_reply_text(self) -> str:
         for message in reversed(self.session.messages):
@@ -333,6 +374,7 @@ class ChatApp(App):
         if self.engine is None:
             self.stats_bar.show(Text("loading models…" if self._loading else "no model loaded"), [])
             return
+        measuring = not self._recalibration_idle.is_set()
         line = stats_text.stats_line(
             mode=self.engine.mode,
             target=stats_text.model_name(self.engine.target_path),
@@ -341,6 +383,7 @@ class ChatApp(App):
             draft_tokens=self.engine.draft_tokens,
             context_used=self.context_used,
             n_ctx=self.engine.n_ctx,
+            status="measuring speed…" if measuring else None,
         )
         self.stats_bar.show(line, list(self.acceptance))
 
@@ -526,7 +569,8 @@ class ChatApp(App):
             return ["No model is loaded."]
         plain = self.plain_speed()
         plain_line = (f"Plain decoding: {plain[0]:.1f} tok/s ({plain[1]})" if plain else
-                      "Plain decoding: n/a (switch drafting to none and send a prompt to measure it)")
+                      f"Plain decoding: n/a (it takes {self.plain_steps.min_steps} steps without drafting: "
+                      "switch drafting to none and send a prompt)")
         lines = [
             f"Drafting now: {stats_text.MODE_LABELS[self.engine.mode]}; draft tokens per step: "
             f"{self.engine.draft_tokens}; context: {self.engine.n_ctx:,} tokens",

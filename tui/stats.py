@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import statistics
+import threading
+from collections import deque
 from pathlib import Path
 
 from rich.text import Text
@@ -35,14 +38,18 @@ def step_acceptance(previous: dict | None, current: dict) -> float | None:
 
 
 def stats_line(*, mode: str, target: str, draft: str | None, stats: dict | None,
-               draft_tokens: int, context_used: int, n_ctx: int) -> Text:
-    """The stats bar: mode, models and context on one line, the current reply's numbers on the next."""
+               draft_tokens: int, context_used: int, n_ctx: int, status: str | None = None) -> Text:
+    """The stats bar: mode, models and context (and status, e.g. a re-measurement in progress)
+    on one line, the current reply's numbers on the next."""
     line = Text()
     line.append(MODE_LABELS.get(mode, mode), "bold")
     line.append(f"  {target}")
     if mode == "draft-model" and draft:
         line.append(f" ← {draft}", "dim")
-    line.append(f"  │  ctx {context_used:,}/{n_ctx:,}\n")
+    line.append(f"  │  ctx {context_used:,}/{n_ctx:,}")
+    if status:
+        line.append(f"  │  {status}", "italic")
+    line.append("\n")
     if stats and stats.get("tokens_generated"):
         fields = [f"{stats['decode_tokens_per_second']:.1f} tok/s",
                   f"accept {stats['acceptance_rate']:.0%}" if stats["draft_tokens_proposed"] else "accept –",
@@ -56,6 +63,58 @@ def stats_line(*, mode: str, target: str, draft: str | None, stats: dict | None,
 
 def context_used(stats: dict) -> int:
     return stats["prompt_tokens"] + stats["tokens_generated"]
+
+
+# A plain-speed estimate stands on at least this many one-token steps, a speedup on a reply of at
+# least this many tokens: fewer say more about the machine's mood than about the model.
+MIN_PLAIN_STEPS = 32
+MIN_REPLY_TOKENS = 16
+# A step costs at least one target pass, so a reply cannot beat plain decoding by more than its
+# tokens per target pass; a claim past that (with slack for noise) means the estimate is off.
+SPEEDUP_SLACK = 1.25
+
+
+class PlainSpeedEstimate:
+    """This model's plain decoding speed, from the steps that drafted nothing, in any mode.
+
+    The median seconds of the last `window` such steps, once there are `min_steps`: a slow,
+    contended or cancelled reply moves a median little, and a short one not at all.  Fed from the
+    generation thread, read from the UI thread.
+    """
+
+    def __init__(self, min_steps: int = MIN_PLAIN_STEPS, window: int = 256):
+        self.min_steps = min_steps
+        self._seconds: deque[float] = deque(maxlen=window)
+        self._lock = threading.Lock()
+
+    def observe(self, previous: dict | None, current: dict) -> None:
+        """Take the step between two stats snapshots of one reply if it was a plain one."""
+        before = previous or {"steps": 0, "draft_tokens_proposed": 0, "decode_seconds": 0.0}
+        plain = (current["steps"] - before["steps"] == 1
+                 and current["draft_tokens_proposed"] == before["draft_tokens_proposed"])
+        seconds = current["decode_seconds"] - before["decode_seconds"]
+        if plain and seconds > 0:
+            with self._lock:
+                self._seconds.append(seconds)
+
+    @property
+    def steps(self) -> int:
+        return len(self._seconds)
+
+    def tokens_per_second(self) -> float | None:
+        with self._lock:
+            if len(self._seconds) < self.min_steps:
+                return None
+            return 1.0 / statistics.median(self._seconds)
+
+
+def _plausible_speedup(stats: dict, plain_speed: float) -> float | None:
+    """This reply's speed over plain decoding's, or None when that is more than it can be."""
+    passes_per_token = stats["target_passes_per_token"]
+    if not passes_per_token > 0 or not plain_speed > 0:
+        return None
+    ratio = stats["decode_tokens_per_second"] / plain_speed
+    return ratio if ratio <= SPEEDUP_SLACK / passes_per_token else None
 
 
 def reply_footer(stats: dict, plain: tuple[float, str] | None) -> str:
@@ -80,9 +139,13 @@ def reply_footer(stats: dict, plain: tuple[float, str] | None) -> str:
         )
     if mode == "none":
         parts.append("plain decoding (the speedup baseline)")
-    elif plain and tokens:
-        plain_speed, source = plain
-        parts.append(f"{speed / plain_speed:.2f}× vs plain {plain_speed:.1f} tok/s ({source})")
-    else:
+    elif not plain:
         parts.append("speedup n/a (no plain-decoding speed known yet)")
+    elif tokens < MIN_REPLY_TOKENS:
+        parts.append("speedup n/a (too few tokens to tell)")
+    else:
+        plain_speed, source = plain
+        ratio = _plausible_speedup(stats, plain_speed)
+        parts.append(f"{ratio:.2f}× vs plain {plain_speed:.1f} tok/s ({source})" if ratio is not None else
+                     f"speedup n/a (plain {plain_speed:.1f} tok/s ({source}) does not fit this reply)")
     return " · ".join(parts)

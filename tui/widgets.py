@@ -193,19 +193,25 @@ class Note(Static):
 
 
 class LoadingPanel(Vertical):
-    """Shown while the models load, so the screen is never frozen."""
+    """Shown while the models load (and, the first time, measure their speed), with a spinner
+    and what is happening now, so the screen is never frozen or silent."""
 
     def __init__(self, description: str):
         super().__init__(id="loading")
         self.description = description
         self.label = Static(description)
+        self.status = Static("", classes="loading-status")
 
     def compose(self):
         yield self.label
+        yield self.status
         yield LoadingIndicator()
 
     def show_elapsed(self, seconds: float) -> None:
         self.label.update(f"{self.description}  {seconds:.1f} s")
+
+    def show_status(self, text: str) -> None:
+        self.status.update(Text(text))
 
 
 class StatsBar(Horizontal):
