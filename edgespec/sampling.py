@@ -23,10 +23,11 @@ import numpy as np
 # if they do not cover the requested mass.
 _HEAD_CANDIDATES = 1024
 
-# The top-k head is looked for first among the logits this close to the best
-# one (one vectorised compare); only a row flatter than that needs a
-# selection over the whole vocabulary.
-_HEAD_LOGIT_GAP = 12.0
+# The top-k head is looked for first among the logits above a threshold read
+# off every _SUBSAMPLE_STEP-th logit, set so that about 8 x k of them pass
+# (one vectorised compare); only when fewer than k pass does the selection run
+# over the whole vocabulary.
+_SUBSAMPLE_STEP = 64
 
 # The float32 partition function decides whether the head covers top_p unless
 # the head's mass is this close to top_p; then it is recomputed in float64.
@@ -120,7 +121,7 @@ def to_probs(logits: np.ndarray, params: SamplingParams) -> SparseProbs:
     if params.top_k == 0 and params.top_p == 1.0:
         head = _min_p_candidates(logits, best, params)
     else:
-        head = _top_ids(logits, params.top_k or _HEAD_CANDIDATES, best)
+        head = _top_ids(logits, params.top_k or _HEAD_CANDIDATES)
     weights = _weights(logits[head], best, params.temperature)
     if params.top_k == 0 and params.top_p < 1.0 and not _covers_top_p(logits, best, weights, params):
         head = np.arange(n_vocab)
@@ -140,11 +141,11 @@ def _weights(logits: np.ndarray, best: float, temperature: float) -> np.ndarray:
     return np.exp(logits.astype(np.float64) / temperature - best / temperature)
 
 
-def _top_ids(logits: np.ndarray, n: int, best: float) -> np.ndarray:
+def _top_ids(logits: np.ndarray, n: int) -> np.ndarray:
     """The ids of the n largest logits, ascending (the lower ids among equal logits)."""
     if n >= logits.size:
         return np.arange(logits.size)
-    candidates = np.flatnonzero(logits >= best - _HEAD_LOGIT_GAP)
+    candidates = _likely_head(logits, n)
     if candidates.size == n:
         return candidates
     if candidates.size < n:
@@ -156,6 +157,16 @@ def _top_ids(logits: np.ndarray, n: int, best: float) -> np.ndarray:
     ties = np.flatnonzero(values == nth)
     keep[ties[: n - int(keep.sum())]] = True
     return candidates[keep]
+
+
+def _likely_head(logits: np.ndarray, n: int) -> np.ndarray:
+    """Ids of logits above a threshold that about 8n of them pass; fewer than n is possible, never wrong."""
+    sample = logits[::_SUBSAMPLE_STEP]
+    rank = max(8, 8 * n // _SUBSAMPLE_STEP)
+    if rank >= sample.size:
+        return np.arange(0)
+    threshold = np.partition(sample, sample.size - rank)[sample.size - rank]
+    return np.flatnonzero(logits >= threshold)
 
 
 def _min_p_candidates(logits: np.ndarray, best: float, params: SamplingParams) -> np.ndarray:

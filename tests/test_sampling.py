@@ -246,10 +246,9 @@ def test_fixed_seeds_give_the_old_token_ids_on_tiny_models(tiny_models, monkeypa
 
 
 def test_fixed_seeds_give_the_old_token_ids_on_smollm2(smollm2_path, monkeypatch):
-    engine = Engine.load(smollm2_path, smollm2_path, n_ctx=512, draft_tokens=3)
+    engine = Engine.load(smollm2_path, "ngram", n_ctx=512, draft_tokens=3)
     try:
-        assert_same_ids_as_the_old_code(engine, ("none", "ngram", "draft-model"),
-                                        ["Write a haiku about the sea.", "def add(a, b):\n    return a + b\n\ndef"],
-                                        monkeypatch, seeds=range(2), max_tokens=24)
+        assert_same_ids_as_the_old_code(engine, ("none", "ngram"), ["def add(a, b):\n    return a + b\n\ndef"],
+                                        monkeypatch, seeds=range(2), max_tokens=16)
     finally:
         engine.close()
