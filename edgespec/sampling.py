@@ -24,7 +24,7 @@ import numpy as np
 _HEAD_CANDIDATES = 1024
 
 # The top-k head is looked for first among the logits above a threshold read
-# off every _SUBSAMPLE_STEP-th logit, set so that about 8 x k of them pass
+# off every _SUBSAMPLE_STEP-th logit, set so that about max(8 x k, 512) pass
 # (one vectorised compare); only when fewer than k pass does the selection run
 # over the whole vocabulary.
 _SUBSAMPLE_STEP = 64
@@ -160,7 +160,7 @@ def _top_ids(logits: np.ndarray, n: int) -> np.ndarray:
 
 
 def _likely_head(logits: np.ndarray, n: int) -> np.ndarray:
-    """Ids of logits above a threshold that about 8n of them pass; fewer than n is possible, never wrong."""
+    """Ids of logits above a threshold that about max(8n, 512) of them pass; fewer than n is possible, never wrong."""
     sample = logits[::_SUBSAMPLE_STEP]
     rank = max(8, 8 * n // _SUBSAMPLE_STEP)
     if rank >= sample.size:
