@@ -125,10 +125,11 @@ class LlamaModel:
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)  # llama.cpp caps it at n_ctx
         self.n_gpu_layers = n_gpu_layers
         self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._batch = self._init_batch(n_batch)
         self._pieces: dict[int, bytes] = {}
         self.cached: list[int] = []
         self.forward_passes = 0
+        self.decode_ns = 0  # time inside llama_decode, summed: what `bench --overhead` subtracts
 
     # -- loading -------------------------------------------------------------
 
@@ -299,12 +300,26 @@ class LlamaModel:
             llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1)
             del self.cached[n_keep:]
 
-    def decode(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray | None:
+    def _init_batch(self, n_batch: int):
+        """The one llama_batch every pass reuses, with numpy views on its token, position and output-flag arrays."""
+        batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        for i in range(n_batch):  # every token belongs to sequence 0, always
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+        self._batch_tokens = np.ctypeslib.as_array(batch.token, shape=(n_batch,))
+        self._batch_positions = np.ctypeslib.as_array(batch.pos, shape=(n_batch,))
+        self._batch_outputs = np.ctypeslib.as_array(batch.logits, shape=(n_batch,))
+        return batch
+
+    def decode(self, tokens: Sequence[int], n_logits: int = 1, *, copy: bool = True) -> np.ndarray | None:
         """Append tokens to the cache; return the logits of the last n_logits of them.
 
         The result has shape (n_logits, n_vocab) and row i predicts the token
         after tokens[len(tokens) - n_logits + i].  Long inputs go in chunks of
-        n_batch.
+        n_batch.  With copy=False the rows are a read-only view of llama.cpp's
+        output buffer, valid until this model's next decode: a verifier that
+        reads one row of four need not copy the other three (600 KB each at a
+        152k vocabulary).
         """
         if not tokens:
             return None
@@ -321,30 +336,35 @@ class LlamaModel:
             wanted = max(0, start + len(chunk) - max(first_row, start))
             self._decode_chunk(chunk, wanted)
             if wanted:
-                rows.append(self._copy_logits(wanted))
-        return np.concatenate(rows) if rows else None
+                rows.append(self._logits_view(wanted))
+        if not rows:
+            return None
+        if len(rows) == 1:
+            return rows[0].copy() if copy else rows[0]
+        return np.concatenate(rows)  # rows from several chunks: one copy of them all
 
     def _decode_chunk(self, chunk: Sequence[int], n_logits: int) -> None:
-        batch = self._batch
         n = len(chunk)
         pos0 = len(self.cached)
-        for i, token in enumerate(chunk):
-            batch.token[i] = token
-            batch.pos[i] = pos0 + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i >= n - n_logits
-        batch.n_tokens = n
-        status = llama_cpp.llama_decode(self._ctx, batch)
+        self._batch_tokens[:n] = chunk
+        self._batch_positions[:n] = np.arange(pos0, pos0 + n)
+        self._batch_outputs[: n - n_logits] = 0
+        self._batch_outputs[n - n_logits : n] = 1
+        self._batch.n_tokens = n
+        started = time.perf_counter_ns()
+        status = llama_cpp.llama_decode(self._ctx, self._batch)
+        self.decode_ns += time.perf_counter_ns() - started
         if status != 0:
             raise ModelLoadError(f"llama_decode failed with status {status} on {self.path.name}: {_last_error()}")
         self.cached.extend(chunk)
         self.forward_passes += 1
 
-    def _copy_logits(self, n_rows: int) -> np.ndarray:
+    def _logits_view(self, n_rows: int) -> np.ndarray:
         # outputs are stored contiguously in batch order
         ptr = llama_cpp.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab)).copy()
+        rows = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab))
+        rows.flags.writeable = False
+        return rows
 
     def exact_pass_width(self, probe: Sequence[int], limit: int, budget_seconds: float | None = None) -> int:
         """The widest pass, up to limit tokens, whose logits equal one-token passes bit for bit.

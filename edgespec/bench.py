@@ -177,10 +177,14 @@ def run_bench(
     max_tokens: int | None = None,
     workloads_dir: Path = WORKLOADS_DIR,
     on_run: Callable[[dict, int, int], None] | None = None,
+    overhead: bool = False,
 ) -> dict:
     """Run the bench and return everything as one JSON-ready dict (meta, configs, runs, summary).
 
-    Raises ExactnessError at the first temperature-0 mismatch with the baseline.
+    With overhead=True every edgespec run also records where its decode time
+    went, per phase of the loop (engine.PhaseClock), and the result gains an
+    "overhead" summary.  Raises ExactnessError at the first temperature-0
+    mismatch with the baseline.
     """
     from .backend import default_threads
     from .engine import Engine
@@ -204,14 +208,14 @@ def run_bench(
             peer = PromptLookupPeer(
                 engine.target_path, n_ctx=engine.n_ctx, n_threads=n_threads, n_gpu_layers=engine.target.n_gpu_layers
             )
-        runner = _Runner(engine, peer)
+        runner = _Runner(engine, peer, overhead)
         runner.warm_up(prompts[0], plan)
         runs = _measure(runner, plan, prompts, temperatures, repeats, seed, on_run)
     finally:
         if peer is not None:
             peer.close()
         engine.close()
-    return {
+    results = {
         "meta": {
             **_meta(engine.target_path, engine.draft_path, prompts, repeats, temperatures, seed, n_ctx, n_threads, started,
                     runner.rss_scope, peer is not None),
@@ -224,6 +228,9 @@ def run_bench(
         "near_ties": runner.near_ties,
         "summary": summarize(runs, plan),
     }
+    if overhead:
+        results["overhead"] = summarize_overhead(runs, plan, engine.plain_step_seconds)
+    return results
 
 
 def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> list[dict]:
@@ -250,9 +257,10 @@ def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> list
 
 
 class _Runner:
-    def __init__(self, engine, peer):
+    def __init__(self, engine, peer, overhead: bool = False):
         self.engine = engine
         self.peer = peer
+        self.overhead = overhead
         self._prompt_ids: dict[str, list[int]] = {}
         self.near_ties: list[dict] = []
         self.rss_scope = "run" if _reset_peak_rss() else "process"
@@ -288,19 +296,24 @@ class _Runner:
         }
 
     def _run_edgespec(self, ids: list[int], params: SamplingParams, config: BenchConfig) -> dict:
-        from .engine import Done
+        from .engine import Done, PhaseClock
 
         engine = self.engine
         engine.set_mode("none" if config.drafter == "baseline" else config.drafter)
         if config.draft_tokens is not None:
             engine.draft_tokens = config.draft_tokens
         engine.forget_cache()  # a bench run must pay (and time) its prefill in full
+        clock = engine.phase_clock = PhaseClock(engine.target, engine.draft) if self.overhead else None
         result = None
-        for event in engine.stream_tokens(ids, params):
-            if isinstance(event, Done):
-                result = event.result
+        try:
+            for event in engine.stream_tokens(ids, params):
+                if isinstance(event, Done):
+                    result = event.result
+        finally:
+            engine.phase_clock = None
         stats = result.stats
         return {
+            **({"phase_ns": dict(clock.ns), "phase_steps": clock.steps} if clock else {}),
             "prompt_tokens": stats["prompt_tokens"],
             "prompt_tokens_evaluated": stats["prompt_tokens_evaluated"],
             "tokens_generated": stats["tokens_generated"],
@@ -577,6 +590,79 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+# ----------------------------------------------------------------- overhead
+
+# PhaseClock's phases that are llama.cpp's own work; every other phase is the loop's overhead.
+DECODE_PHASES = ("target_decode", "draft_decode")
+
+
+def summarize_overhead(runs: list[dict], plan: list[BenchConfig], plain_step_seconds: float | None) -> list[dict]:
+    """Per temperature, suite ("all" included) and configuration: milliseconds per step in each phase.
+
+    overhead_ms is everything outside llama_decode; overhead_of_t1 divides it
+    by T(1), the target's calibrated one-token pass.
+    """
+    rows = []
+    timed = [r for r in runs if "phase_ns" in r]
+    suites = list(dict.fromkeys(r["suite"] for r in timed)) + ["all"]
+    for temperature in sorted({r["temperature"] for r in timed}):
+        for suite in suites:
+            for config in plan:
+                mine = [r for r in timed if r["config"] == config.name and r["temperature"] == temperature
+                        and suite in ("all", r["suite"])]
+                steps = sum(r["phase_steps"] for r in mine)
+                if not steps:
+                    continue
+                per_step = {phase: sum(r["phase_ns"][phase] for r in mine) / steps / 1e6 for phase in mine[0]["phase_ns"]}
+                overhead = sum(ms for phase, ms in per_step.items() if phase not in DECODE_PHASES)
+                rows.append({
+                    "temperature": temperature, "suite": suite, "config": config.name, "steps": steps,
+                    "phase_ms_per_step": per_step, "overhead_ms_per_step": overhead,
+                    "t1_ms": plain_step_seconds * 1e3 if plain_step_seconds else None,
+                    "overhead_of_t1": overhead / (plain_step_seconds * 1e3) if plain_step_seconds else None,
+                })
+    return rows
+
+
+SAMPLING_VOCAB = 151_936  # Qwen2.5's
+
+
+def run_sampling_microbench(n_vocab: int = SAMPLING_VOCAB, rows: int = 200, repeats: int = 3, seed: int = 0) -> dict:
+    """Milliseconds per row for to_probs + sample over realistic logits (normal * 3 plus a few peaks).
+
+    Each case draws `rows` different rows and reports the best of `repeats`
+    passes over them; also the cost of copying one row, which the engine no
+    longer pays (it reads llama.cpp's buffer in place).
+    """
+    import numpy as np
+
+    from .sampling import sample, to_probs
+
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal((rows, n_vocab)) * 3.0).astype(np.float32)
+    for row in logits:
+        row[rng.integers(0, n_vocab, 4)] += rng.uniform(8.0, 14.0, 4).astype(np.float32)
+    cases = {
+        "T=0.8 (top-k 40, top-p 0.95, min-p 0.05)": SamplingParams(temperature=0.8),
+        "T=0.8, top-k off": SamplingParams(temperature=0.8, top_k=0),
+        "T=0": SamplingParams(temperature=0.0),
+    }
+
+    def per_row_ms(work) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter_ns()
+            for row in logits:
+                work(row)
+            best = min(best, (time.perf_counter_ns() - start) / rows / 1e6)
+        return best
+
+    results = {name: per_row_ms(lambda row, p=params: sample(to_probs(row, p), rng)) for name, params in cases.items()}
+    results["copy of one logits row"] = per_row_ms(np.copy)
+    return {"n_vocab": n_vocab, "rows": rows, "repeats": repeats, "ms_per_row": results,
+            "machine": machine_description(), "load_average": _load_average()}
+
+
 # --------------------------------------------------------------- cost curve
 
 
@@ -705,6 +791,38 @@ def print_tables(results: dict, console=None) -> None:
         )
 
 
+def print_overhead(results: dict, console=None) -> None:
+    from rich.table import Table
+
+    console = console or _stdout_console()
+    phases = [p for p in results["overhead"][0]["phase_ms_per_step"] if p not in DECODE_PHASES] if results["overhead"] else []
+    for temperature in results["meta"]["temperatures"]:
+        table = Table(title=f"T = {temperature:g}: milliseconds per step outside llama_decode")
+        for column in ("suite", "config", "steps", "llama_decode", *phases, "overhead", "of T(1)"):
+            table.add_column(column, justify="left" if column in ("suite", "config") else "right")
+        for row in (r for r in results["overhead"] if r["temperature"] == temperature):
+            ms = row["phase_ms_per_step"]
+            table.add_row(row["suite"], row["config"], str(row["steps"]),
+                          f"{sum(ms[p] for p in DECODE_PHASES):.2f}", *(f"{ms[p]:.3f}" for p in phases),
+                          f"{row['overhead_ms_per_step']:.3f}", _fmt(row["overhead_of_t1"], ".1%"))
+        console.print(table)
+    console.print("llama_decode: target and draft passes; logits: filling the batch and mapping the output rows; "
+                  "verify: to_probs and rejection sampling; of T(1): overhead over the calibrated one-token pass")
+
+
+def print_sampling(results: dict, console=None) -> None:
+    from rich.table import Table
+
+    console = console or _stdout_console()
+    table = Table(title=f"sampling one row of a {results['n_vocab']:,}-token vocabulary (best of {results['repeats']} "
+                        f"passes over {results['rows']} rows)")
+    table.add_column("case")
+    table.add_column("ms per row", justify="right")
+    for name, ms in results["ms_per_row"].items():
+        table.add_row(name, f"{ms:.3f}")
+    console.print(table)
+
+
 def print_cost_curve(results: dict, console=None) -> None:
     from rich.table import Table
 
@@ -817,6 +935,11 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG", help="plot speedups (or the cost curve); needs edgespec[bench]")
     parser.add_argument("--cost-curve", action="store_true",
                         help=f"only measure the target's time per forward pass over 1..{COST_CURVE_MAX_TOKENS} tokens")
+    parser.add_argument("--overhead", action="store_true",
+                        help="also report the milliseconds per step spent outside llama_decode, per phase of the loop, "
+                             "and the sampling microbenchmark")
+    parser.add_argument("--sampling", action="store_true",
+                        help=f"only time to_probs + sample per row over a {SAMPLING_VOCAB:,}-token vocabulary (no model)")
     parser.set_defaults(func=handle_bench)
 
 
@@ -824,7 +947,10 @@ def handle_bench(args) -> int:
     try:
         if args.plot:
             _pyplot()  # fail before the long part, not after it
-        if args.cost_curve:
+        if args.sampling:
+            results = {"meta": {}, "sampling": run_sampling_microbench()}
+            print_sampling(results["sampling"])
+        elif args.cost_curve:
             results = run_cost_curve(args.model, repeats=args.repeats, n_ctx=args.n_ctx, n_threads=args.threads,
                                      workloads_dir=args.workloads)
             print_cost_curve(results)
@@ -843,12 +969,17 @@ def handle_bench(args) -> int:
                 max_tokens=args.max_tokens,
                 workloads_dir=args.workloads,
                 on_run=lambda run, done, total: print(_progress_line(run, done, total), file=sys.stderr, flush=True),
+                overhead=args.overhead,
             )
             print_tables(results)
+            if args.overhead:
+                print_overhead(results)
+                results["sampling"] = run_sampling_microbench()
+                print_sampling(results["sampling"])
         results["meta"]["command"] = shlex.join(["edgespec", *sys.argv[1:]])
         if args.json:
             args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-        if args.plot:
+        if args.plot and not args.sampling:
             (plot_cost_curve if args.cost_curve else plot_speedups)(results, args.plot)
         return EXIT_OK
     except ExactnessError as err:

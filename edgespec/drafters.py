@@ -71,7 +71,8 @@ class NgramDrafter:
 
     def __init__(self, n_max: int = 4, n_min: int = 1):
         self.n_max, self.n_min = n_max, n_min
-        self._indexed: list[int] = []
+        self._indexed: list[int] = []  # the context list last indexed (the caller's own object)
+        self._n_indexed = 0  # how many of its tokens the index covers
         self._next_after: dict[tuple[int, ...], int] = {}
 
     def peek(self, context: list[int]) -> Hint:
@@ -101,15 +102,23 @@ class NgramDrafter:
         return None
 
     def _sync(self, context: list[int]) -> None:
-        n_common = common_prefix_length(self._indexed, context)
-        if n_common < len(self._indexed):
-            self._indexed, self._next_after = [], {}
-            n_common = 0
+        # The engine only ever appends to the context list of a generation, so
+        # the same list as last time needs no comparison: each step costs
+        # O(new tokens), not O(context).  (A stale index could only cost
+        # acceptance: every draft is verified.)  A new list, a new turn, is
+        # compared once with the old one.
+        if context is self._indexed and len(context) >= self._n_indexed:
+            n_common = self._n_indexed
+        else:
+            n_common = common_prefix_length(self._indexed[: self._n_indexed], context)
+            if n_common < self._n_indexed:
+                self._next_after = {}
+                n_common = 0
         # index the n-grams that end before the last token: those have a known successor
         for end in range(max(n_common - 1, 0), len(context) - 1):
             for n in range(self.n_min, min(self.n_max, end + 1) + 1):
                 self._next_after[tuple(context[end - n + 1 : end + 1])] = end + 1
-        self._indexed = list(context)
+        self._indexed, self._n_indexed = context, len(context)
 
 
 class DraftModelDrafter:
@@ -125,6 +134,11 @@ class DraftModelDrafter:
     def __init__(self, model: LlamaModel, n_vocab: int):
         self.model = model
         self.n_vocab = n_vocab  # the target's: q rows must line up with p rows
+        # The context list of the last call and how long a prefix of it the
+        # draft's cache was known to hold: the engine only appends to a
+        # generation's context, so only the new tail needs comparing.
+        self._context: list[int] = []
+        self._n_known = 0
         # Like llama.cpp's p_min: stop drafting before position i (1-based) when
         # the draft's own top probability is below stop_threshold(i).
         self.stop_threshold: Callable[[int], float] = lambda position: 0.0
@@ -139,9 +153,10 @@ class DraftModelDrafter:
     def propose(self, context, k, params: SamplingParams, rng: np.random.Generator) -> Proposal:
         if k <= 0:
             return NO_PROPOSAL
-        n_keep = min(common_prefix_length(self.model.cached, context), len(context) - 1)
+        n_keep = min(self._cached_prefix(context), len(context) - 1)
         self.model.rewind(n_keep)
-        logits = self.model.decode(context[n_keep:], 1)[0]
+        # views into llama.cpp's buffer: each row is read before the next decode
+        logits = self.model.decode(context[n_keep:], 1, copy=False)[0]
         tokens, rows = [], []
         for i in range(k):
             logits = self._fit_vocab(logits)
@@ -153,8 +168,16 @@ class DraftModelDrafter:
             tokens.append(token)
             rows.append(q)
             if i + 1 < k:
-                logits = self.model.decode([token], 1)[0]
+                logits = self.model.decode([token], 1, copy=False)[0]
+        self._context, self._n_known = context, len(context)
         return Proposal(tokens, rows)
+
+    def _cached_prefix(self, context: list[int]) -> int:
+        """How many leading tokens of context the draft's cache holds."""
+        cached = self.model.cached
+        # rewinds since then (a forgotten cache) only shorten what is known
+        known = min(self._n_known, len(cached)) if context is self._context else 0
+        return known + common_prefix_length(cached[known:], context[known:])
 
     def _fit_vocab(self, logits: np.ndarray) -> np.ndarray:
         # A draft whose vocabulary is a little shorter or longer than the target's

@@ -27,7 +27,7 @@ from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter, check_vocab_co
 from .errors import ContextOverflowError, CorruptModelError, EdgespecError
 from .models import load_catalog, local_path, resolve_draft, resolve_model
 from .planner import Plan, plan_models
-from .sampling import SamplingParams, to_probs
+from .sampling import SamplingParams, SparseProbs, to_probs
 from .verify import verify
 
 # The longest draft the adaptive controller may choose; on a 2-core CPU a pass
@@ -103,6 +103,41 @@ class _Counters:
             "decode_tokens_per_second": ratio(self.tokens_generated, self.decode_seconds),
             "finish_reason": self.finish_reason,
         }
+
+
+class PhaseClock:
+    """Nanoseconds per phase of the decoding loop, summed over steps (for `edgespec bench --overhead`).
+
+    A lap charges the time since the previous lap to a phase, except what the
+    models spent inside llama_decode meanwhile, which goes to target_decode or
+    draft_decode: the other phases are the loop's own overhead.  The engine
+    holds None by default, which costs one test per phase.
+    """
+
+    PHASES = ("target_decode", "draft_decode", "propose", "logits", "verify", "rewind", "text", "controller", "stats")
+
+    def __init__(self, target: LlamaModel, draft: LlamaModel | None = None):
+        self.ns = dict.fromkeys(self.PHASES, 0)
+        self.steps = 0
+        self._models = {"target_decode": target, "draft_decode": draft} if draft is not None else {"target_decode": target}
+        self._last = 0
+        self._decode_seen: dict[str, int] = {}
+
+    def start(self) -> None:
+        """Begin a step: what happened since the last lap (the caller's own work) is not charged."""
+        self._decode_seen = {name: model.decode_ns for name, model in self._models.items()}
+        self._last = time.perf_counter_ns()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter_ns()
+        elapsed = now - self._last
+        for name, model in self._models.items():
+            inside = model.decode_ns - self._decode_seen[name]
+            self._decode_seen[name] = model.decode_ns
+            self.ns[name] += inside
+            elapsed -= inside
+        self.ns[phase] += elapsed
+        self._last = now
 
 
 class _TextAssembler:
@@ -222,6 +257,7 @@ class Engine:
         self._step_watch: StepTimeWatch | None = None
         self._calibration: tuple[CalibrationCache, CalibrationKey] | None = None  # None: the curve was given
         self._stale_curve = False  # a stale cached curve is in use until recalibrate()
+        self.phase_clock: PhaseClock | None = None  # set by `bench --overhead`
         self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft is not None:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
@@ -501,8 +537,11 @@ class Engine:
         counters.prefill_seconds = time.perf_counter() - start
         draft_passes_before = drafter.forward_passes
         decode_start = time.perf_counter()
+        clock = self.phase_clock
 
         while counters.finish_reason is None:
+            if clock:
+                clock.start()
             if cancel is not None and cancel.is_set():
                 counters.finish_reason = "cancelled"
                 break
@@ -525,15 +564,21 @@ class Engine:
                 if len(generated) >= params.max_tokens:
                     counters.finish_reason = "length"
                     break
-            context.extend(new_tokens)
-            counters.tokens_generated = len(generated)
-            counters.draft_forward_passes = drafter.forward_passes - draft_passes_before
-            counters.decode_seconds = time.perf_counter() - decode_start
             if counters.finish_reason is not None:
                 tail = text.flush()
                 if tail and tokens:
                     tokens[-1] = Token(tokens[-1].id, tokens[-1].text + tail, tokens[-1].drafted)
-            yield Step(tokens, counters.as_dict())
+            if clock:
+                clock.lap("text")
+            context.extend(new_tokens)
+            counters.tokens_generated = len(generated)
+            counters.draft_forward_passes = drafter.forward_passes - draft_passes_before
+            counters.decode_seconds = time.perf_counter() - decode_start
+            step = Step(tokens, counters.as_dict())
+            if clock:
+                clock.lap("stats")
+                clock.steps += 1
+            yield step
 
         counters.decode_seconds = time.perf_counter() - decode_start
         yield Done(GenerationResult(text.text, generated, counters.finish_reason, counters.as_dict()))
@@ -547,26 +592,46 @@ class Engine:
 
     def _step(self, drafter, context, params, rng, counters: _Counters, room: int) -> tuple[list[int], int]:
         """One draft/verify step; returns the new tokens and how many of them came from the draft."""
+        clock = self.phase_clock
         hint = drafter.peek(context)
+        if clock:
+            clock.lap("propose")
         limit = min(params.max_tokens - counters.tokens_generated - 1, room - 1)
         if hint.available is not None:
             limit = min(limit, hint.available)
         k = self._draft_length(drafter, hint, limit)
+        if clock:
+            clock.lap("controller")
         proposal = drafter.propose(context, k, params, rng) if k > 0 else None
         drafts = proposal.tokens if proposal else []
+        if clock:
+            clock.lap("propose")
 
         # The cache holds context[:-1]; one pass scores the last token and every draft.
         self.target.rewind(len(context) - 1)
+        if clock:
+            clock.lap("rewind")
         started = time.perf_counter()
-        logits = self.target.decode([context[-1], *drafts], n_logits=len(drafts) + 1)
+        # a view of llama.cpp's rows, read by the verifier before the next pass
+        logits = self.target.decode([context[-1], *drafts], n_logits=len(drafts) + 1, copy=False)
+        if clock:
+            clock.lap("logits")
         if self._step_watch is not None:
             self._step_watch.observe(len(drafts) + 1, time.perf_counter() - started)
+        if clock:
+            clock.lap("controller")
         verdict = verify(_LazyRows(logits, params), drafts, proposal.probs if proposal else None, rng)
         accepted = drafts[: verdict.n_accepted]
+        if clock:
+            clock.lap("verify")
         self.target.rewind(len(context) + len(accepted))
+        if clock:
+            clock.lap("rewind")
         controller = self._controllers.get(drafter.name)
         if controller is not None:
             controller.update(drafter.name, len(drafts), len(accepted), hint.signal)
+        if clock:
+            clock.lap("controller")
 
         counters.steps += 1
         counters.target_forward_passes += 1
@@ -590,16 +655,20 @@ class Engine:
 
 
 class _LazyRows:
-    """Target probability rows, computed only for the positions the verifier reaches."""
+    """Target probability rows, computed only for the positions the verifier reaches.
+
+    The logits are read where llama.cpp wrote them (no copy), and a row
+    becomes a SparseProbs only when the verifier asks for it.
+    """
 
     def __init__(self, logits: np.ndarray, params: SamplingParams):
         self._logits, self._params = logits, params
-        self._rows: dict[int, np.ndarray] = {}
+        self._rows: dict[int, SparseProbs] = {}
 
     def __len__(self) -> int:
         return len(self._logits)
 
-    def __getitem__(self, i: int) -> np.ndarray:
+    def __getitem__(self, i: int) -> SparseProbs:
         row = self._rows.get(i)
         if row is None:
             if not np.isfinite(self._logits[i].max()):  # max is NaN if any logit is

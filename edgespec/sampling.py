@@ -4,6 +4,12 @@ The same transform is applied to the target's logits (p) and to the draft's
 (q).  Exactness of speculative decoding only needs p to be the distribution
 plain decoding would sample from, so every filter here is a deterministic
 function of one row of logits.
+
+Every filter keeps only the head of the distribution, so the transform picks
+that head on the float32 logits first and computes probabilities for it
+alone: a row of a 151,936-token vocabulary costs O(vocabulary) only in
+vectorised compares, never in float64 exponentials.  The result is a
+SparseProbs (ids and probabilities), which the verifier compares in O(head).
 """
 
 from __future__ import annotations
@@ -17,6 +23,16 @@ import numpy as np
 # off, look at this many candidates first and sort the whole vocabulary only
 # if they do not cover the requested mass.
 _HEAD_CANDIDATES = 1024
+
+# The top-k head is looked for first among the logits above a threshold read
+# off every _SUBSAMPLE_STEP-th logit, set so that about max(8 x k, 512) pass
+# (one vectorised compare); only when fewer than k pass does the selection run
+# over the whole vocabulary.
+_SUBSAMPLE_STEP = 64
+
+# The float32 partition function decides whether the head covers top_p unless
+# the head's mass is this close to top_p; then it is recomputed in float64.
+_COVER_MARGIN = 1e-4
 
 
 # Below this a temperature can overflow float64 when it divides logits; above
@@ -82,71 +98,147 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+class SparseProbs:
+    """A probability vector over the vocabulary that stores only its nonzero entries.
+
+    ids ascend, so a cumulative sum over probs runs in the same order as one
+    over the dense vector: the same uniform draws the same id from either.
+    It reads like the dense vector: len() is the vocabulary size, row[id] a
+    probability (0.0 off the support), np.asarray(row) the dense copy.
+    """
+
+    __slots__ = ("ids", "probs", "n_vocab")
+
+    def __init__(self, ids: np.ndarray, probs: np.ndarray, n_vocab: int):
+        self.ids, self.probs, self.n_vocab = ids, probs, n_vocab
+
+    @classmethod
+    def from_dense(cls, row) -> "SparseProbs":
+        row = np.asarray(row, dtype=np.float64)
+        ids = np.flatnonzero(row)
+        return cls(ids, row[ids], row.size)
+
+    def __len__(self) -> int:
+        return self.n_vocab
+
+    def __getitem__(self, token) -> float:
+        i = int(np.searchsorted(self.ids, token))
+        return float(self.probs[i]) if i < self.ids.size and self.ids[i] == token else 0.0
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        dense = np.zeros(self.n_vocab, dtype=dtype or np.float64)
+        dense[self.ids] = self.probs
+        return dense
+
+    def values_at(self, ids: np.ndarray) -> np.ndarray:
+        """The probabilities at ids, a sorted superset of this row's support."""
+        values = np.zeros(ids.size, dtype=np.float64)
+        values[np.searchsorted(ids, self.ids)] = self.probs
+        return values
 
 
-def _finite(value, name: str, valid: str) -> float:
-    """value as a float, or ValueError for what is not a finite number (NaN, inf, text, bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a number {valid}, not {value!r}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError(f"{name} must be a finite number {valid}, not {value!r}")
-    return number
+def as_sparse(row) -> SparseProbs:
+    return row if isinstance(row, SparseProbs) else SparseProbs.from_dense(row)
 
 
-def to_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """One row of logits -> a probability vector over the whole vocabulary.
+def to_probs(logits: np.ndarray, params: SamplingParams) -> SparseProbs:
+    """One row of logits -> the probabilities of the tokens the filters keep.
 
     Temperature comes first, then top-k, top-p and min-p, each renormalising.
+    Among tokens with equal logits at a cut, the lower ids are kept.
     """
+    n_vocab = logits.shape[-1]
     if params.greedy:
-        probs = np.zeros(logits.shape[-1], dtype=np.float64)
-        probs[int(np.argmax(logits))] = 1.0
-        return probs
-    full = _softmax(logits.astype(np.float64) / params.temperature)
+        return SparseProbs(np.array([int(np.argmax(logits))]), np.ones(1), n_vocab)
+    best = float(logits.max())
     if params.top_k == 0 and params.top_p == 1.0:
-        if params.min_p > 0.0:
-            full[full < params.min_p * full.max()] = 0.0
-        return full / full.sum()
-    ids, kept = _sorted_head(full, params)
-    if params.top_p < 1.0:
-        # the smallest head whose mass reaches top_p (at least one token)
-        cut = int(np.searchsorted(np.cumsum(kept), params.top_p * kept.sum())) + 1
-        ids, kept = ids[:cut], kept[:cut]
-    if params.min_p > 0.0:
-        keep = kept >= params.min_p * kept[0]
-        ids, kept = ids[keep], kept[keep]
-    probs = np.zeros_like(full)
-    probs[ids] = kept / kept.sum()
-    return probs
-
-
-def _sorted_head(full: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """Candidate ids by falling probability: the top-k, or enough of the head to reach top_p."""
-    if params.top_k > 0:
-        ids = _top_ids(full, params.top_k)
+        head = _min_p_candidates(logits, best, params)
     else:
-        ids = _top_ids(full, _HEAD_CANDIDATES)
-        if full[ids].sum() < params.top_p:
-            ids = np.argsort(-full, kind="stable")
-    return ids, full[ids]
+        head = _top_ids(logits, params.top_k or _HEAD_CANDIDATES)
+    weights = _weights(logits[head], best, params.temperature)
+    if params.top_k == 0 and params.top_p < 1.0 and not _covers_top_p(logits, best, weights, params):
+        head = np.arange(n_vocab)
+        weights = _weights(logits, best, params.temperature)
+    keep = weights > 0.0
+    if params.top_p < 1.0:
+        keep = _nucleus(weights, params.top_p)
+    if params.min_p > 0.0:
+        # weights are relative to the best token (its weight is exp(0) = 1)
+        keep &= weights >= params.min_p * weights.max()
+    kept = weights[keep]
+    return SparseProbs(head[keep], kept / kept.sum(), n_vocab)
 
 
-def _top_ids(probs: np.ndarray, n: int) -> np.ndarray:
-    if n >= probs.size:
-        return np.argsort(-probs, kind="stable")
-    head = np.argpartition(-probs, n - 1)[:n]
-    return head[np.argsort(-probs[head], kind="stable")]
+def _weights(logits: np.ndarray, best: float, temperature: float) -> np.ndarray:
+    """exp(x / T - max / T) in float64: the unnormalised probabilities."""
+    return np.exp(logits.astype(np.float64) / temperature - best / temperature)
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
+def _top_ids(logits: np.ndarray, n: int) -> np.ndarray:
+    """The ids of the n largest logits, ascending (the lower ids among equal logits)."""
+    if n >= logits.size:
+        return np.arange(logits.size)
+    candidates = _likely_head(logits, n)
+    if candidates.size == n:
+        return candidates
+    if candidates.size < n:
+        candidates, values = np.arange(logits.size), logits
+    else:
+        values = logits[candidates]
+    nth = np.partition(values, values.size - n)[values.size - n]
+    keep = values > nth
+    ties = np.flatnonzero(values == nth)
+    keep[ties[: n - int(keep.sum())]] = True
+    return candidates[keep]
 
 
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one id from a probability vector (inverse CDF, so one uniform per draw)."""
-    cdf = np.cumsum(probs)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), probs.size - 1))
+def _likely_head(logits: np.ndarray, n: int) -> np.ndarray:
+    """Ids of logits above a threshold that about max(8n, 512) of them pass; fewer than n is possible, never wrong."""
+    sample = logits[::_SUBSAMPLE_STEP]
+    rank = max(8, 8 * n // _SUBSAMPLE_STEP)
+    if rank >= sample.size:
+        return np.arange(0)
+    threshold = np.partition(sample, sample.size - rank)[sample.size - rank]
+    return np.flatnonzero(logits >= threshold)
+
+
+def _min_p_candidates(logits: np.ndarray, best: float, params: SamplingParams) -> np.ndarray:
+    """Every id that could pass min-p (its logit within T * ln(1 / min_p) of the best), with room for round-off."""
+    if params.min_p == 0.0:
+        return np.arange(logits.size)
+    gap = params.temperature * -np.log(params.min_p) + 1e-3 * (1.0 + abs(best))
+    return np.flatnonzero(logits >= best - gap)
+
+
+def _covers_top_p(logits: np.ndarray, best: float, head_weights: np.ndarray, params: SamplingParams) -> bool:
+    """Whether the head holds top_p of the whole distribution's mass.
+
+    That needs the partition function over the whole vocabulary: float32
+    exponentials are cheap and accurate to ~1e-6, float64 ones only run where
+    the answer is that close.
+    """
+    scaled = (logits - np.float32(best)) / np.float32(params.temperature)
+    mass = head_weights.sum() / np.exp(scaled).sum(dtype=np.float64)
+    if abs(mass - params.top_p) > _COVER_MARGIN:
+        return mass >= params.top_p
+    return head_weights.sum() / _weights(logits, best, params.temperature).sum() >= params.top_p
+
+
+def _nucleus(weights: np.ndarray, top_p: float) -> np.ndarray:
+    """A mask of the smallest set of heaviest entries whose weight reaches top_p of the total (at least one)."""
+    order = np.argsort(-weights, kind="stable")
+    sorted_weights = weights[order]
+    cut = int(np.searchsorted(np.cumsum(sorted_weights), top_p * sorted_weights.sum())) + 1
+    keep = np.zeros(weights.size, dtype=bool)
+    keep[order[:cut]] = True
+    return keep & (weights > 0.0)
+
+
+def sample(probs, rng: np.random.Generator) -> int:
+    """Draw one id from a probability vector, sparse or dense (inverse CDF in id order, one uniform per draw)."""
+    row = as_sparse(probs)
+    u = rng.random()
+    if row.ids.size == 1:
+        return int(row.ids[0])
+    cdf = np.cumsum(row.probs)
+    return int(row.ids[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), row.ids.size - 1)])

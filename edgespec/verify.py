@@ -10,6 +10,10 @@ A deterministic proposal (n-gram lookup) has q = one-hot(x): then the rule is
 "accept with probability p(x)", and the residual is p with x removed.  At
 temperature 0 every p row is one-hot at its argmax, so the same rule reduces
 to argmax equality without drawing any random number.
+
+Rows are SparseProbs (what to_probs returns) or dense vectors; a residual is
+computed over the union of the two rows' supports, so a step costs O(head)
+however large the vocabulary.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import sample
+from .sampling import SparseProbs, as_sparse, sample
 
 
 @dataclass(frozen=True)
@@ -50,13 +54,19 @@ def verify(
     return Verdict(k, sample(p[k], rng))
 
 
-def _residual(p_row: np.ndarray, x: int, q_row: np.ndarray | None) -> np.ndarray:
+def _residual(p_row, x: int, q_row) -> SparseProbs:
+    """norm(max(0, p - q)) up to its scale (sample normalises); p with x removed for a one-hot q."""
+    p_row = as_sparse(p_row)
     if q_row is None:
-        residual = p_row.copy()
-        residual[x] = 0.0
+        keep = p_row.ids != x
+        residual = SparseProbs(p_row.ids[keep], p_row.probs[keep], p_row.n_vocab)
     else:
-        residual = np.maximum(p_row - q_row, 0.0)
-    if residual.sum() <= 0.0:
+        q_row = as_sparse(q_row)
+        ids = np.union1d(p_row.ids, q_row.ids)
+        excess = np.maximum(p_row.values_at(ids) - q_row.values_at(ids), 0.0)
+        keep = excess > 0.0
+        residual = SparseProbs(ids[keep], excess[keep], p_row.n_vocab)
+    if residual.ids.size == 0:
         # only reachable through float round-off when p == q; p itself is then the right law
         return p_row
     return residual
