@@ -35,6 +35,9 @@ class SteppingClock:
         self.now += 0.01
         return self.now
 
+    def perf_counter_ns(self) -> int:
+        return round(self.perf_counter() * 1e9)
+
 
 @pytest.fixture
 def app(tmp_path, monkeypatch):
