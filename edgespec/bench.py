@@ -1,7 +1,7 @@
 """`edgespec bench`: edgespec's drafting modes against plain decoding and a peer, in one process.
 
 The target is loaded once; every configuration runs on that same model, with
-drafting switched between runs (``Engine.set_mode`` and the draft length).
+drafting switched between runs (``Engine.configure``).
 The only exception is the peer, llama-cpp-python's own prompt lookup, which
 needs its own ``llama_cpp.Llama`` (``backend.PromptLookupPeer``), loaded once too.
 For each prompt the configuration order is rotated, so drift (thermal, page
@@ -299,9 +299,9 @@ class _Runner:
         from .engine import Done, PhaseClock
 
         engine = self.engine
-        engine.set_mode("none" if config.drafter == "baseline" else config.drafter)
+        engine.configure(mode="none" if config.drafter == "baseline" else config.drafter)
         if config.draft_tokens is not None:
-            engine.draft_tokens = config.draft_tokens
+            engine.configure(draft_tokens=config.draft_tokens)
         engine.forget_cache()  # a bench run must pay (and time) its prefill in full
         clock = engine.phase_clock = PhaseClock(engine.target, engine.draft) if self.overhead else None
         result = None

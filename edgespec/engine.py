@@ -249,7 +249,7 @@ class Engine:
         self.target = target
         self.draft = draft
         self.plan = plan
-        self.draft_tokens = draft_tokens
+        self._draft_tokens = draft_tokens
         self._controllers: dict[str, DraftLengthController] = {}  # filled by calibrate()
         self.cost: CostModel | None = None  # the cost curve the controllers use, once calibrated
         self.plain_step_seconds: float | None = None  # measured one-token target pass; None for a given curve
@@ -261,7 +261,7 @@ class Engine:
         self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft is not None:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
-        self.set_mode(mode)
+        self.configure(mode=mode)
         self.chat_template = ChatTemplate(
             target.metadata("tokenizer.chat_template"),
             bos_token=target.token_bytes(target.bos_id).decode("utf-8", "replace") if target.bos_id >= 0 else "",
@@ -454,11 +454,23 @@ class Engine:
     def mode(self) -> str:
         return self._drafter.name
 
-    def set_mode(self, mode: str) -> None:
-        if mode not in self._drafters:
+    @property
+    def draft_tokens(self) -> int | str:
+        """The draft length: a fixed k, or "auto" to follow the cost curve."""
+        return self._draft_tokens
+
+    def configure(self, *, mode: str | None = None, draft_tokens: int | str | None = None) -> None:
+        """Switch the drafting mode and/or the draft length; what is left None stays."""
+        if mode is not None and mode not in self._drafters:
             have = ", ".join(self._drafters)
             raise EdgespecError(f"drafting mode {mode!r} is not available (available: {have}; draft-model needs --draft FILE)")
-        self._drafter = self._drafters[mode]
+        if draft_tokens is not None and draft_tokens != "auto" and not (
+                isinstance(draft_tokens, int) and 0 <= draft_tokens <= MAX_DRAFT_TOKENS):
+            raise EdgespecError(f"draft tokens must be 'auto' or a whole number from 0 to {MAX_DRAFT_TOKENS}, not {draft_tokens!r}")
+        if mode is not None:
+            self._drafter = self._drafters[mode]
+        if draft_tokens is not None:
+            self._draft_tokens = draft_tokens
 
     @property
     def n_ctx(self) -> int:

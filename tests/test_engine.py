@@ -35,8 +35,8 @@ def engine(tiny_models):
 
 
 def generate_ids(engine, mode, prompt, params, draft_tokens):
-    engine.set_mode(mode)
-    engine.draft_tokens = draft_tokens
+    engine.configure(mode=mode)
+    engine.configure(draft_tokens=draft_tokens)
     return engine.generate(prompt, params, raw=True)
 
 
@@ -81,8 +81,8 @@ def test_sampled_draft_model_output_has_the_targets_distribution(engine, tiny_mo
     prompt = PROMPTS[0]
     prompt_ids = engine.prompt_tokens(prompt, raw=True)
     law = exact_two_token_law(tiny_models["target"], prompt_ids, SamplingParams(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0))
-    engine.set_mode("draft-model")
-    engine.draft_tokens = 2
+    engine.configure(mode="draft-model")
+    engine.configure(draft_tokens=2)
     n = 3000
     counts, proposed, accepted = Counter(), 0, 0
     for seed in range(n):
@@ -111,7 +111,7 @@ def test_sampled_draft_model_output_has_the_targets_distribution(engine, tiny_mo
 
 
 def test_a_fixed_seed_reproduces_a_sampled_run(engine):
-    engine.set_mode("draft-model")
+    engine.configure(mode="draft-model")
     params = SamplingParams(temperature=0.9, max_tokens=24, seed=42)
     first = engine.generate(PROMPTS[2], params, raw=True)
     again = engine.generate(PROMPTS[2], params, raw=True)
@@ -126,7 +126,7 @@ def test_vocabulary_mismatch_names_both_files(tiny_models):
 
 
 def test_stop_string_max_tokens_and_context_limit(engine, tiny_models):
-    engine.set_mode("ngram")
+    engine.configure(mode="ngram")
     plain = engine.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=40), raw=True)
     assert plain.finish_reason == "length" and len(plain.token_ids) == 40
     stop = plain.text[10:14]
@@ -144,7 +144,7 @@ def test_stop_string_max_tokens_and_context_limit(engine, tiny_models):
 
 
 def test_streamed_pieces_add_up_to_the_text(engine):
-    engine.set_mode("draft-model")
+    engine.configure(mode="draft-model")
     events = list(engine.stream(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=30), raw=True))
     assert isinstance(events[-1], Done)
     steps = [e for e in events if isinstance(e, Step)]
@@ -156,7 +156,7 @@ def test_streamed_pieces_add_up_to_the_text(engine):
 
 
 def test_cancel_stops_within_a_step(engine):
-    engine.set_mode("ngram")
+    engine.configure(mode="ngram")
     cancel = threading.Event()
     steps = 0
     for event in engine.stream(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=200), raw=True, cancel=cancel):
@@ -170,7 +170,7 @@ def test_cancel_stops_within_a_step(engine):
     # the cache stayed consistent: the next greedy run equals a fresh plain run
     params = SamplingParams(temperature=0.0, max_tokens=20)
     after = engine.generate(PROMPTS[2], params, raw=True)
-    engine.set_mode("none")
+    engine.configure(mode="none")
     assert engine.generate(PROMPTS[2], params, raw=True).token_ids == after.token_ids
 
 
@@ -244,12 +244,12 @@ def auto_engine(tiny_models):
                          cost_curve=CPU_LIKE_COST)
     assert engine.max_draft_tokens == len(CPU_LIKE_COST) - 1
     prompt_ids = engine.prompt_tokens(PROMPTS[0], raw=True)
-    engine.set_mode("none")
+    engine.configure(mode="none")
     reference = engine.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=3000), raw=True).token_ids
     wrong = engine.tokenize("<|user|>")[0]  # a control token: its output row is zero, so never the argmax
     drafter = ScriptedDrafter(reference, len(prompt_ids), wrong)
     engine._drafters["ngram"] = drafter
-    engine.set_mode("ngram")
+    engine.configure(mode="ngram")
     yield engine, prompt_ids, drafter, reference
     engine.close()
 

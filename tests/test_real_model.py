@@ -35,9 +35,9 @@ def smollm(smollm2_path):
 def test_greedy_ngram_equals_greedy_plain(smollm):
     params = SamplingParams(temperature=0.0, max_tokens=128)
     prompt = f"Rewrite this function with type hints and a docstring. Then explain, line by line, what it does and when it fails:\n\n{CODE}"
-    smollm.set_mode("none")
+    smollm.configure(mode="none")
     plain = smollm.generate(prompt, params)
-    smollm.set_mode("ngram")
+    smollm.configure(mode="ngram")
     spec = smollm.generate(prompt, params)
     assert len(plain.token_ids) >= 64
     assert spec.token_ids == plain.token_ids and spec.text == plain.text
@@ -55,7 +55,7 @@ def test_greedy_ngram_equals_greedy_plain(smollm):
 
 
 def test_two_turn_chat_with_reuse_equals_a_fresh_session(smollm):
-    smollm.set_mode("ngram")
+    smollm.configure(mode="ngram")
     params = SamplingParams(temperature=0.0, max_tokens=80)
     code_only = SamplingParams(temperature=0.0, max_tokens=80, stop=("\n```\n",))
     session = ChatSession(smollm)
@@ -72,7 +72,7 @@ def test_two_turn_chat_with_reuse_equals_a_fresh_session(smollm):
     assert second.stats["target_passes_per_token"] < 0.6
 
     smollm.forget_cache()  # nothing cached: a truly fresh session
-    smollm.set_mode("none")
+    smollm.configure(mode="none")
     fresh = ChatSession(smollm)
     fresh.messages = session.messages[:3]
     reference = list(fresh.stream_reply(code_only))[-1].result

@@ -219,8 +219,8 @@ def generate_with(engine, mode, prompt, params, draft_tokens, monkeypatch, refer
             patch.setattr(edgespec.engine, "verify", reference_verify)
             patch.setattr(edgespec.drafters, "to_probs", reference_to_probs)
             patch.setattr(edgespec.drafters, "sample", reference_sample)
-        engine.set_mode(mode)
-        engine.draft_tokens = draft_tokens
+        engine.configure(mode=mode)
+        engine.configure(draft_tokens=draft_tokens)
         return engine.generate(prompt, params, raw=True).token_ids
 
 

@@ -38,7 +38,7 @@ def reply_ids(events):
 @pytest.mark.parametrize("mode", ["draft-model", "ngram", "none"])
 def test_three_turns_with_reuse_equal_fresh_sessions(engines, mode):
     engine, fresh = engines
-    engine.set_mode(mode)
+    engine.configure(mode=mode)
     session = ChatSession(engine, system_prompt="be brief")
     for turn, text in enumerate(TURNS):
         session.messages.append({"role": "user", "content": text})
@@ -56,7 +56,7 @@ def test_three_turns_with_reuse_equal_fresh_sessions(engines, mode):
 
 def test_cancel_keeps_the_partial_reply_and_the_next_turn_is_exact(engines):
     engine, fresh = engines
-    engine.set_mode("ngram")
+    engine.configure(mode="ngram")
     session = ChatSession(engine)
     long = SamplingParams(temperature=0.0, max_tokens=400)
     steps = []
@@ -85,7 +85,7 @@ def test_cancel_keeps_the_partial_reply_and_the_next_turn_is_exact(engines):
 
 def test_regenerate_and_edit_roll_back(engines):
     engine, fresh = engines
-    engine.set_mode("draft-model")
+    engine.configure(mode="draft-model")
     session = ChatSession(engine)
     session.send(TURNS[0], GREEDY)
     session.send(TURNS[1], GREEDY)

@@ -429,7 +429,7 @@ class ChatApp(App):
         self.drafted_marks = dict(stored.extras.get("drafted", {}))
         self._apply_settings(ChatSettings.from_dict(stored.settings, self.session.system_prompt or "", self.settings))
         if stored.settings.get("mode") in self._available_modes():
-            self.engine.set_mode(stored.settings["mode"])
+            self.engine.configure(mode=stored.settings["mode"])
         self.shown_stats = None
         self.acceptance.clear()
         visible = self.session.visible_messages()
@@ -451,7 +451,7 @@ class ChatApp(App):
             self.session.set_system_prompt(settings.system_prompt or None)
         self.settings = settings
         if self.engine is not None:
-            self.engine.draft_tokens = settings.draft_tokens
+            self.engine.configure(draft_tokens=settings.draft_tokens)
         self._stats_dirty = True
 
     # -- actions ----------------------------------------------------------------------------
@@ -514,7 +514,7 @@ class ChatApp(App):
         if mode not in self._available_modes():
             self.notify("No draft model is loaded; use “Load model…” with a draft.", severity="warning")
             return
-        self.engine.set_mode(mode)
+        self.engine.configure(mode=mode)
         when = " from the next reply" if self.generation is not None else ""
         self.notify(f"Drafting: {stats_text.MODE_LABELS[mode]}{when}.")
         self._stats_dirty = True
