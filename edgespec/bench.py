@@ -187,7 +187,7 @@ def run_bench(
     mismatch with the baseline.
     """
     from .backend import default_threads
-    from .engine import Engine
+    from .loading import load_engine
 
     if repeats < 1:
         raise BenchError("--repeats must be at least 1")
@@ -198,7 +198,7 @@ def run_bench(
     n_threads = n_threads or default_threads()
     started = time.time()
     load_at_start = _load_average()
-    engine = Engine.load(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads)
+    engine = load_engine(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads)
     peer = None
     try:
         plan = resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft is not None, configs is not None)
@@ -682,11 +682,11 @@ def run_cost_curve(
     tokens come out of a step on average.
     """
     from .backend import default_threads
-    from .engine import Engine
+    from .loading import load_engine
 
     n_threads = n_threads or default_threads()
     prompt = load_workloads(["code-edit"], 1, workloads_dir)[0]
-    engine = Engine.load(model, "none", n_ctx=n_ctx, n_threads=n_threads, draft_tokens=0)  # no calibration needed
+    engine = load_engine(model, "none", n_ctx=n_ctx, n_threads=n_threads, draft_tokens=0)  # no calibration needed
     try:
         ids = engine.prompt_tokens(prompt.prompt)
         # A realistic KV length: attention cost grows with it.

@@ -73,8 +73,8 @@ class ModelMemory:
 class Plan:
     mode: str  # "draft-model" | "ngram" | "none"
     device: str  # "cuda" | "metal" | "cpu": where the counted bytes live
-    target_gpu_layers: int  # pass to Engine.load(n_gpu_layers=...)
-    draft_gpu_layers: int  # pass to Engine.load(draft_gpu_layers=...); 0 without a draft model
+    target_gpu_layers: int  # pass to load_engine(n_gpu_layers=...)
+    draft_gpu_layers: int  # pass to load_engine(draft_gpu_layers=...); 0 without a draft model
     parts: tuple[ModelMemory, ...]  # the target, then the draft model when the plan loads one
     total_bytes: int
     budget_bytes: int
