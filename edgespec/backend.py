@@ -24,24 +24,13 @@ import llama_cpp
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from .errors import ContextOverflowError, ModelFileError, ModelLoadError
-from .limits import checked_threads, usable_cores
+from .limits import MAX_OUTPUT_ROWS, N_UBATCH, checked_threads, usable_cores
 from .sampling import SamplingParams
-
-# The most logits rows one decode may return.  llama.cpp sizes its output
-# buffer and compute graph for n_outputs_max (n_batch by default: 512 rows x
-# 152k vocab x 4 bytes = 311 MB for Qwen); we only ever verify k+1 rows.
-MAX_OUTPUT_ROWS = 64
 
 # Token kinds llama.cpp's tokenizer splits text at; the control ones only with parse_special.
 _CONTROL_ATTRS = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
 _SPECIAL_ATTRS = _CONTROL_ATTRS | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
 _C_WHITESPACE = " \t\n\v\f\r"  # C's isspace(), which llama.cpp strips with
-
-# Tokens per physical pass during prefill.  Without flash attention the
-# attention scores of one layer take n_ubatch x n_ctx x n_head floats, so a
-# smaller ubatch keeps long contexts affordable; verification passes (at most
-# MAX_DRAFT_TOKENS + 1 wide) always fit in one.
-N_UBATCH = 128
 
 _recent_log_lines: deque[str] = deque(maxlen=20)
 

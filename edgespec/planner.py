@@ -25,15 +25,14 @@ from dataclasses import dataclass
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from rich.table import Table
 
-from edgespec.drafters import MODES
 from edgespec.gguf_info import GGUFInfo, read_gguf_info
+from edgespec.limits import MAX_OUTPUT_ROWS, MODES, N_UBATCH
 from edgespec.memory import MemoryBudget, budget_override, detect_memory, format_size, parse_size
 
 
-# What edgespec.backend.LlamaModel asks llama.cpp for (n_ubatch = N_UBATCH,
-# n_outputs_max = MAX_OUTPUT_ROWS); the compute buffer scales with both.
-DEFAULT_N_BATCH = 128
-DEFAULT_N_OUTPUTS = 64
+# What edgespec.backend.LlamaModel asks llama.cpp for; the compute buffer scales with both.
+DEFAULT_N_BATCH = N_UBATCH
+DEFAULT_N_OUTPUTS = MAX_OUTPUT_ROWS
 
 # llama.cpp keeps the tokenizer (token strings, merge table, lookup maps) and a
 # copy of the GGUF header in RAM.  Loading with vocab_only grew the RSS by
