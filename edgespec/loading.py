@@ -15,7 +15,8 @@ from .controller import CostModel
 from .drafters import check_vocab_compatible
 from .engine import Engine
 from .errors import EdgespecError
-from .models import load_catalog, local_path, resolve_draft, resolve_model
+from .fetch import resolve_draft, resolve_model
+from .catalog import load_catalog, local_path
 from .notices import print_notice
 from .planner import Plan, plan_models
 

@@ -15,7 +15,7 @@ from edgespec.errors import EdgespecError
 from edgespec.gguf_info import GGUFInfo, read_gguf_info
 from edgespec.memory import MemoryBudget, budget_override
 from edgespec.units import parse_size
-from edgespec.models import resolve_model
+from edgespec.fetch import resolve_model
 from edgespec.planner import (
     compute_bytes,
     format_plan_table,

@@ -24,7 +24,8 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Header
 
-from edgespec import ChatSession, Done, EdgespecError, Engine, Notice, Step, models
+from edgespec import ChatSession, Done, EdgespecError, Engine, Notice, Step
+from edgespec.catalog import default_pair
 from edgespec.drafters import MODES
 from edgespec.gguf_info import read_gguf_info
 from edgespec.loading import load_engine
@@ -172,7 +173,7 @@ class ChatApp(App):
         try:
             # A stale speed measurement is re-measured after loading, between replies, not here.
             engine = load_engine(
-                model or models.default_pair()[0], draft, pull=False, n_ctx=self.config.n_ctx, n_gpu_layers=self.config.gpu_layers,
+                model or default_pair()[0], draft, pull=False, n_ctx=self.config.n_ctx, n_gpu_layers=self.config.gpu_layers,
                 draft_gpu_layers=self.config.draft_gpu_layers, draft_tokens=self.settings.draft_tokens,
                 n_threads=self.n_threads, memory_budget=self.config.memory_budget, notice=notice,
                 cost_curve=self.cost_curve, measure_stale_curve=False)
