@@ -312,7 +312,7 @@ def test_compute_allowance_grows_with_context_and_batch(smol):
 
 
 def test_the_planner_imports_without_starting_llama_cpp():
-    # `edgespec plan` is GGUF arithmetic: it must not load llama.cpp (backend.py calls llama_backend_init at import)
+    # `edgespec plan` is GGUF arithmetic: it must not load llama.cpp (the backend calls llama_backend_init at import)
     check = "import sys; import edgespec.planner; assert 'llama_cpp' not in sys.modules, sorted(sys.modules)"
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
