@@ -369,9 +369,6 @@ class Engine:
         """Text with its control-token spellings parsed, like --raw input: never for user text in a chat."""
         return self.target.tokenize(text, add_special=add_special, parse_special=True)
 
-    def detokenize(self, ids: Sequence[int]) -> str:
-        return b"".join(self.target.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
-
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         return self.chat_template.render(messages, add_generation_prompt).text
 
