@@ -2,9 +2,10 @@
 
 Run: .venv/bin/python benchmarks/two_turn_chat.py (interleaves 3 repeats of each mode)."""
 import statistics, time, json
-from edgespec import ChatSession, Engine, SamplingParams, Step, Done
+from edgespec import ChatSession, SamplingParams, Step, Done
+from edgespec.loading import load_engine
 
-engine = Engine.load("qwen2.5-coder-1.5b-instruct", "ngram", n_ctx=4096)
+engine = load_engine("qwen2.5-coder-1.5b-instruct", "ngram", n_ctx=4096)
 turn1 = ("Write a Python function `parse_log_line(line)` that parses an nginx access log line "
          "into a dict with ip, time, method, path, status and size, using a regular expression. "
          "Only the code, no explanation.")

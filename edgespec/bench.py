@@ -35,6 +35,7 @@ from typing import Callable, Iterable
 
 from .errors import EdgespecError
 from .sampling import SamplingParams
+from .sysinfo import cpu_model
 
 WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "workloads"
 SUITES = ("code-edit", "summarize", "qa-context", "chat", "creative")
@@ -187,7 +188,7 @@ def run_bench(
     mismatch with the baseline.
     """
     from .backend import default_threads
-    from .engine import Engine
+    from .loading import load_engine
 
     if repeats < 1:
         raise BenchError("--repeats must be at least 1")
@@ -198,7 +199,7 @@ def run_bench(
     n_threads = n_threads or default_threads()
     started = time.time()
     load_at_start = _load_average()
-    engine = Engine.load(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads)
+    engine = load_engine(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads)
     peer = None
     try:
         plan = resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft is not None, configs is not None)
@@ -572,15 +573,7 @@ def _load_average() -> list[float] | None:
 
 
 def machine_description() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    return {"cpu": cpu_model() or platform.machine(), "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
 
 
 def _version(distribution: str) -> str | None:
@@ -682,11 +675,11 @@ def run_cost_curve(
     tokens come out of a step on average.
     """
     from .backend import default_threads
-    from .engine import Engine
+    from .loading import load_engine
 
     n_threads = n_threads or default_threads()
     prompt = load_workloads(["code-edit"], 1, workloads_dir)[0]
-    engine = Engine.load(model, "none", n_ctx=n_ctx, n_threads=n_threads, draft_tokens=0)  # no calibration needed
+    engine = load_engine(model, "none", n_ctx=n_ctx, n_threads=n_threads, draft_tokens=0)  # no calibration needed
     try:
         ids = engine.prompt_tokens(prompt.prompt)
         # A realistic KV length: attention cost grows with it.

@@ -26,6 +26,9 @@ from typing import Callable
 import numpy as np
 import platformdirs
 
+from .files import atomic_write
+from .sysinfo import cpu_model
+
 # Every width up to 4 (where drafts usually land on a CPU), then sizes around which llama.cpp's
 # batched kernels change; widths in between are interpolated. On Qwen2.5-Coder-1.5B with 2 CPU
 # threads (T(1) ~ 90 ms) one pass over 1..16 takes ~1.9 s, inside the default budget.
@@ -132,19 +135,6 @@ class CalibrationKey:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                # x86 says "model name"; many ARM kernels say "Hardware" or "Processor".
-                if name.strip() in ("model name", "Hardware", "Processor") and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def cache_dir() -> Path:
     override = os.environ.get("EDGESPEC_CACHE_DIR")
     return Path(override) if override else Path(platformdirs.user_cache_dir("edgespec"))
@@ -231,16 +221,11 @@ class CalibrationCache:
 
     def _write(self, entries: dict) -> None:
         text = json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1)
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, self.path)
+            atomic_write(self.path, text)
         except OSError:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
+            pass  # an unwritable cache means measuring again next time
 
 
 class StepTimeWatch:

@@ -74,7 +74,6 @@ class ChatTemplate:
     def __init__(self, source: str | None, *, bos_token: str, eos_token: str):
         # compiled on first render, in the sandbox: a broken template must not stop --raw use
         self.source = source or FALLBACK_TEMPLATE
-        self.is_fallback = source is None
         self.bos_token, self.eos_token = bos_token, eos_token
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> RenderedChat:

@@ -76,10 +76,10 @@ def sampling_params(args: argparse.Namespace):
 
 def load_engine(args: argparse.Namespace, notice=None):
     """The Engine the flags of add_engine_options describe."""
-    from .engine import Engine
+    from . import loading
 
     extra = {"notice": notice} if notice is not None else {}
-    return Engine.load(
+    return loading.load_engine(
         args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
         draft_gpu_layers=args.draft_gpu_layers, draft_tokens=args.draft_tokens,
         n_threads=args.threads, memory_budget=args.memory_budget, **extra,
@@ -172,7 +172,7 @@ def _add_plan_parser(subparsers) -> None:
 def _plan(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .engine import plan_load
+    from .loading import plan_load
 
     _, _, plan = plan_load(args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
                            draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget)

@@ -21,11 +21,8 @@ import numpy as np
 
 from .backend import LlamaModel, common_prefix_length
 from .errors import VocabMismatchError
+from .limits import MODES  # noqa: F401  (the modes these drafters implement; the chat app reads them here)
 from .sampling import SamplingParams, sample, to_probs
-
-
-# Drafting modes by drafter name, best first; "none" is plain decoding.
-MODES = ("draft-model", "ngram", "none")
 
 
 @dataclass(frozen=True)

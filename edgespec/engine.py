@@ -10,25 +10,26 @@ baseline) runs through this same loop.
 from __future__ import annotations
 
 import codecs
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import RUNTIME, LlamaModel, common_prefix_length, supports_gpu_offload, width_independent_kernels
+from .backend import RUNTIME, LlamaModel, common_prefix_length
 from .calibration import WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
 from .controller import CostModel, DraftLengthController
 from .chat_template import ChatTemplate
-from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter, check_vocab_compatible
+from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextOverflowError, CorruptModelError, EdgespecError
-from .models import load_catalog, local_path, resolve_draft, resolve_model
-from .planner import Plan, plan_models
+from .notices import print_notice
 from .sampling import SamplingParams, SparseProbs, to_probs
 from .verify import verify
+
+if TYPE_CHECKING:  # the engine only keeps the plan it was loaded with, for its reason and for display
+    from .planner import Plan
 
 # The longest draft the adaptive controller may choose; on a 2-core CPU a pass
 # over 33 tokens still costs only ~18 single steps, so copying long spans pays.
@@ -182,68 +183,6 @@ def _overlap(text: str, stop: str) -> int:
     return 0
 
 
-def _print_notice(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def _resolve_draft(target, draft, pull: bool, notice) -> Path | None:
-    """The draft GGUF to consider, or None for n-gram / plain decoding."""
-    if draft in (None, "none", "ngram"):
-        return None
-    if draft == "auto":
-        name = _catalog_draft_for(target)
-        return resolve_draft(name, pull=pull, notice=notice) if name else None
-    return resolve_model(draft, pull=pull, notice=notice)
-
-
-def _catalog_draft_for(target) -> str | None:
-    """The draft the catalog pairs with target, given by name or by the path of a catalog file."""
-    catalog = load_catalog()
-    names = {str(target)}
-    target_path = Path(target).expanduser()
-    if target_path.is_file():
-        names |= {e.name for e in catalog.models.values() if local_path(e) == target_path}
-    return next((pair.draft for pair in catalog.pairs if pair.target in names), None)
-
-
-def plan_load(
-    target, draft="auto", *, n_ctx: int, n_gpu_layers=None, draft_gpu_layers=None,
-    memory_budget=None, pull: bool = True, notice: Callable[[str], None] = _print_notice,
-) -> tuple[Path, Path | None, Plan]:
-    """Resolve the model names to files and plan their memory: what Engine.load will do.
-
-    pull=False never downloads: a missing target is an error, a missing draft means n-grams.
-    """
-    target_path = resolve_model(target, pull=pull, notice=notice)
-    draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, pull, notice)
-    # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
-    forced_mode = (draft or "none") if draft in (None, "none", "ngram") else None
-    plan = plan_models(
-        target_path, draft_path, n_ctx=n_ctx, gpu_offload=supports_gpu_offload(),
-        memory_budget=memory_budget, force_mode=forced_mode,
-        force_gpu_layers=n_gpu_layers, force_draft_gpu_layers=draft_gpu_layers,
-    )
-    for warning in plan.warnings:
-        notice(warning)
-    if draft_path is not None and plan.mode != "draft-model":
-        notice(f"not loading draft {draft_path.name}: {plan.reason}")
-    return target_path, draft_path, plan
-
-
-def _load_draft(target: LlamaModel, path: Path, n_ctx: int, gpu_layers: int, n_threads) -> LlamaModel:
-    """Load the draft and check it against the target; on failure free both."""
-    draft = None
-    try:
-        draft = LlamaModel(path, n_ctx=n_ctx, n_gpu_layers=gpu_layers, n_threads=n_threads)
-        check_vocab_compatible(target, draft)
-    except EdgespecError:
-        if draft is not None:
-            draft.close()
-        target.close()
-        raise
-    return draft
-
-
 class Engine:
     def __init__(self, target: LlamaModel, draft: LlamaModel | None, mode: str, draft_tokens: int | str, plan: Plan | None = None):
         self.target = target
@@ -268,54 +207,6 @@ class Engine:
             eos_token=target.token_bytes(target.eos_id).decode("utf-8", "replace") if target.eos_id >= 0 else "",
         )
         self._lock = threading.Lock()
-
-    @classmethod
-    def load(
-        cls,
-        target: str | Path,
-        draft: str | Path | None = "auto",
-        *,
-        n_ctx: int = 4096,
-        n_gpu_layers: int | None = None,
-        draft_gpu_layers: int | None = None,
-        draft_tokens: int | str = "auto",
-        n_threads: int | None = None,
-        memory_budget: str | int | None = None,
-        pull: bool = True,
-        notice: Callable[[str], None] = _print_notice,
-        cost_curve: Sequence[float] | CostModel | None = None,
-        measure_stale_curve: bool = True,
-    ) -> "Engine":
-        """Load a target and its drafter.
-
-        target and draft take a GGUF path or a catalog name.  draft is "auto"
-        (the catalog's draft for this target if it is present or can be
-        fetched and fits in memory, else n-grams), a model, "ngram", or
-        "none"/None.  GPU layers left as None come from the memory plan.
-        draft_tokens is a fixed k, or "auto" to choose k per step from the
-        target's measured cost curve and the acceptance seen so far.
-        cost_curve and measure_stale_curve are passed to calibrate().
-        """
-        target_path, draft_path, plan = plan_load(
-            target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
-            memory_budget=memory_budget, pull=pull, notice=notice,
-        )
-        if not width_independent_kernels():
-            notice("this llama.cpp build has llamafile kernels, so greedy output may differ from plain decoding "
-                   "where two tokens nearly tie; rebuild llama-cpp-python with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF (make does)")
-        target_model = LlamaModel(target_path, n_ctx=n_ctx, n_gpu_layers=plan.target_gpu_layers, n_threads=n_threads)
-        draft_model = None
-        if plan.mode == "draft-model":
-            draft_model = _load_draft(target_model, draft_path, n_ctx, plan.draft_gpu_layers, n_threads)
-        engine = cls(target_model, draft_model, plan.mode, draft_tokens, plan=plan)
-        engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
-        if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
-            given = len(engine.cost.forward_seconds) if cost_curve is not None else None
-            why = (f"the cost curve given covers passes up to {given} tokens" if engine.max_draft_tokens + 1 == given
-                   else "wider verification passes were not found bit-identical to plain decoding with this model "
-                        "and llama.cpp build")
-            notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {why}")
-        return engine
 
     def close(self) -> None:
         self.target.close()
@@ -364,11 +255,11 @@ class Engine:
         self._calibration = cache, key
         self._stale_curve = False
         if cached is None:
-            (notice or _print_notice)("measuring this model's speed, once (a few seconds; later runs reuse it) ...")
+            (notice or print_notice)("measuring this model's speed, once (a few seconds; later runs reuse it) ...")
             width = self.target.exact_pass_width(self._probe_tokens(), MAX_DRAFT_TOKENS + 1, WIDTH_PROBE_BUDGET_SECONDS)
             curve = self._measure_and_store(width)
         elif cached.stale and measure_stale_curve:
-            (notice or _print_notice)("measuring this model's speed again: the last measurement no longer "
+            (notice or print_notice)("measuring this model's speed again: the last measurement no longer "
                                       "matches this machine (a few seconds) ...")
             width, curve = cached.max_width, self._measure_and_store(cached.max_width)
         else:
@@ -489,9 +380,6 @@ class Engine:
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
         """Text with its control-token spellings parsed, like --raw input: never for user text in a chat."""
         return self.target.tokenize(text, add_special=add_special, parse_special=True)
-
-    def detokenize(self, ids: Sequence[int]) -> str:
-        return b"".join(self.target.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         return self.chat_template.render(messages, add_generation_prompt).text

@@ -31,3 +31,7 @@ class VocabMismatchError(EdgespecError):
 
 class ContextOverflowError(EdgespecError):
     """The prompt (or the conversation) does not fit in the context window."""
+
+
+class DecodeError(EdgespecError):
+    """llama.cpp failed a forward pass over a loaded model (llama_decode returned an error)."""

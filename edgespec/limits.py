@@ -1,4 +1,5 @@
-"""The ranges of the engine settings that the CLI, config.toml and the chat app accept.
+"""The ranges of the engine settings that the CLI, config.toml and the chat app accept, and the
+sizes the backend asks llama.cpp for (which the memory planner must know without loading llama.cpp).
 
 Sampling values are checked by SamplingParams; these are the settings that
 size the models' contexts and threads.  A value outside its range is refused
@@ -21,6 +22,20 @@ MAX_N_CTX = 2**31 - 1
 # layer count mean every layer.
 MAX_GPU_LAYERS = 2**31 - 1
 MAX_DRAFT_TOKENS = 32  # engine.MAX_DRAFT_TOKENS
+
+# Drafting modes by drafter name, best first; "none" is plain decoding.
+MODES = ("draft-model", "ngram", "none")
+
+# The most logits rows one decode may return.  llama.cpp sizes its output
+# buffer and compute graph for n_outputs_max (n_batch by default: 512 rows x
+# 152k vocab x 4 bytes = 311 MB for Qwen); we only ever verify k+1 rows.
+MAX_OUTPUT_ROWS = 64
+
+# Tokens per physical pass during prefill.  Without flash attention the
+# attention scores of one layer take n_ubatch x n_ctx x n_head floats, so a
+# smaller ubatch keeps long contexts affordable; verification passes (at most
+# MAX_DRAFT_TOKENS + 1 wide) always fit in one.
+N_UBATCH = 128
 
 # setting -> (lowest, highest, what the range means, when that needs saying)
 RANGES: dict[str, tuple[int, int, str]] = {

@@ -9,16 +9,13 @@ that can be allocated without swapping.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 
 from edgespec.errors import EdgespecError
-
-GiB = 1024**3
-MiB = 1024**2
+from edgespec.units import GiB, MiB, format_size
 
 # NVML reports free VRAM before this process has a CUDA context; the context,
 # cuBLAS workspaces and the CUDA kernels then take several hundred MiB.
@@ -29,13 +26,6 @@ CUDA_HEADROOM_BYTES = 1 * GiB
 # only read through PyObjC's Metal bindings.  Apple sets it to about 2/3 of
 # unified memory on small Macs and 3/4 on large ones; 70% sits between.
 METAL_SHARE_OF_UNIFIED_MEMORY = 0.70
-
-_SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?)(b?)|(b?))\s*$", re.IGNORECASE)
-_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
-
-
-class InvalidSizeError(EdgespecError, ValueError):
-    """A memory size such as --memory-budget could not be read."""
 
 
 class MemoryDetectionError(EdgespecError):
@@ -48,34 +38,6 @@ class MemoryBudget:
     total_bytes: int
     available_bytes: int  # what a plan may use
     source: str  # how the numbers were found, for the plan's table
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "total_bytes": self.total_bytes,
-                "available_bytes": self.available_bytes, "source": self.source}
-
-
-def parse_size(text: str) -> int:
-    """Bytes in "6GiB", "512MB", "1.5G", "2048": MB/GB are decimal, MiB/GiB and a bare M/G binary."""
-    match = _SIZE_PATTERN.match(str(text))
-    if not match:
-        raise InvalidSizeError(
-            f"memory size {text!r} is not understood; write a number with a unit, like 6GiB, 512MB or 1.5G"
-        )
-    number, prefix, binary, byte_suffix, _ = match.groups()
-    prefix = (prefix or "").lower()
-    decimal = bool(prefix) and bool(byte_suffix) and not binary
-    size = float(number) * (1000 if decimal else 1024) ** _POWERS[prefix]
-    if size < 1:
-        raise InvalidSizeError(f"memory size {text!r} is zero; give a positive size like 6GiB")
-    return int(size)
-
-
-def format_size(n_bytes: int) -> str:
-    if abs(n_bytes) >= GiB:
-        return f"{n_bytes / GiB:.2f} GiB"
-    if abs(n_bytes) >= MiB:
-        return f"{n_bytes / MiB:.1f} MiB"
-    return f"{n_bytes / 1024:.1f} KiB"
 
 
 def budget_override(size_bytes: int, *, gpu_offload: bool) -> MemoryBudget:

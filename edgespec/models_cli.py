@@ -8,8 +8,10 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from edgespec import models
+from edgespec.catalog import default_pair, import_model, load_catalog, local_path, store_dir
+from edgespec.fetch import pull, resolve_model
 from edgespec.errors import EdgespecError
+from edgespec.units import format_size
 
 
 def add_models_parser(subparsers) -> None:
@@ -47,19 +49,19 @@ def _reporting_errors(command):
 
 @_reporting_errors
 def _list(args: argparse.Namespace) -> int:
-    catalog = models.load_catalog()
-    target, draft = models.default_pair()
+    catalog = load_catalog()
+    target, draft = default_pair()
     roles = {target: "default target", draft: "default draft"}
-    table = Table(title=f"models (store: {models.store_dir()})")
+    table = Table(title=f"models (store: {store_dir()})")
     for column in ("name", "arch", "quant", "size", "status", "where"):
         table.add_column(column, no_wrap=column in ("name", "size", "status"))
     for entry in catalog.models.values():
-        present = models.local_path(entry)
+        present = local_path(entry)
         size = present.stat().st_size if present else entry.size
         label = entry.name + (f" ({roles[entry.name]})" if entry.name in roles else "")
         table.add_row(
             label, entry.architecture, entry.quantization,
-            models.human_size(size) if size else "?",
+            format_size(size) if size else "?",
             "[green]present[/]" if present else "[yellow]missing[/]",
             str(present) if present else " | ".join(source.describe() for source in entry.sources),
         )
@@ -76,19 +78,19 @@ def _list(args: argparse.Namespace) -> int:
 
 @_reporting_errors
 def _pull(args: argparse.Namespace) -> int:
-    print(models.pull(args.name, progress=not args.quiet))
+    print(pull(args.name, progress=not args.quiet))
     return 0
 
 
 @_reporting_errors
 def _path(args: argparse.Namespace) -> int:
-    print(models.resolve_model(args.name, pull=False))
+    print(resolve_model(args.name, pull=False))
     return 0
 
 
 @_reporting_errors
 def _import(args: argparse.Namespace) -> int:
-    entry = models.import_model(args.file, name=args.name)
+    entry = import_model(args.file, name=args.name)
     print(f"imported {entry.name}: {entry.architecture} {entry.quantization}, "
-          f"{models.human_size(entry.size)}, {entry.sources[0].path}")
+          f"{format_size(entry.size)}, {entry.sources[0].path}")
     return 0

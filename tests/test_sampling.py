@@ -14,7 +14,7 @@ import pytest
 
 import edgespec.drafters
 import edgespec.engine
-from edgespec import Engine
+from edgespec.loading import load_engine
 from edgespec.sampling import SamplingParams, SparseProbs, sample, to_probs
 from edgespec.verify import Verdict, _residual, verify
 
@@ -236,7 +236,7 @@ def assert_same_ids_as_the_old_code(engine, modes, prompts, monkeypatch, seeds, 
 
 
 def test_fixed_seeds_give_the_old_token_ids_on_tiny_models(tiny_models, monkeypatch):
-    engine = Engine.load(tiny_models["target"], tiny_models["draft"], n_ctx=512, draft_tokens=3)
+    engine = load_engine(tiny_models["target"], tiny_models["draft"], n_ctx=512, draft_tokens=3)
     try:
         assert_same_ids_as_the_old_code(engine, ("none", "ngram", "draft-model"),
                                         ["the cat sat on the mat and the cat", "hello world, hello"],
@@ -246,7 +246,7 @@ def test_fixed_seeds_give_the_old_token_ids_on_tiny_models(tiny_models, monkeypa
 
 
 def test_fixed_seeds_give_the_old_token_ids_on_smollm2(smollm2_path, monkeypatch):
-    engine = Engine.load(smollm2_path, "ngram", n_ctx=512, draft_tokens=3)
+    engine = load_engine(smollm2_path, "ngram", n_ctx=512, draft_tokens=3)
     try:
         assert_same_ids_as_the_old_code(engine, ("none", "ngram"), ["def add(a, b):\n    return a + b\n\ndef"],
                                         monkeypatch, seeds=range(2), max_tokens=16)

@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from edgespec import ChatSession, Done, Engine, Notice, SamplingParams, Step
+from edgespec import ChatSession, Done, Notice, SamplingParams, Step
+from edgespec.loading import load_engine
 from edgespec.errors import ContextOverflowError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
@@ -16,8 +17,8 @@ TURNS = ["the cat sat on the mat", "and then the dog came in", "tell me about th
 @pytest.fixture(scope="module")
 def engines(tiny_models):
     """One engine for the sessions under test, one kept apart for fresh reference sessions."""
-    reused = Engine.load(tiny_models["target"], tiny_models["draft"], n_ctx=512, draft_tokens=3)
-    fresh = Engine.load(tiny_models["target"], "none", n_ctx=512, draft_tokens=0)
+    reused = load_engine(tiny_models["target"], tiny_models["draft"], n_ctx=512, draft_tokens=3)
+    fresh = load_engine(tiny_models["target"], "none", n_ctx=512, draft_tokens=0)
     yield reused, fresh
     reused.close()
     fresh.close()
@@ -102,7 +103,7 @@ def test_regenerate_and_edit_roll_back(engines):
 
 
 def test_context_overflow_drops_oldest_turns_or_raises(tiny_models):
-    engine = Engine.load(tiny_models["target"], "ngram", n_ctx=256, draft_tokens=2)
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=256, draft_tokens=2)
     params = SamplingParams(temperature=0.0, max_tokens=40)
     session = ChatSession(engine, system_prompt="system")
     notices = []

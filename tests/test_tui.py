@@ -379,12 +379,12 @@ async def test_a_short_plain_reply_does_not_become_the_plain_speed(models):
 
 @pilot_test
 async def test_a_stale_speed_measurement_is_redone_between_replies_not_at_start(models):
-    from edgespec import Engine
+    from edgespec.loading import load_engine
     from edgespec.backend import RUNTIME
     from edgespec.calibration import CalibrationCache, CalibrationKey
 
     # What an earlier run measured under load and StepTimeWatch then marked stale: exact up to width 3.
-    probe = Engine.load(models["target"], "none", n_ctx=256, n_threads=1, cost_curve=(1.0,))
+    probe = load_engine(models["target"], "none", n_ctx=256, n_threads=1, cost_curve=(1.0,))
     cache = CalibrationCache()
     key = CalibrationKey.for_model(probe.target.path, probe.target.n_gpu_layers, probe.target.n_threads, RUNTIME)
     probe.close()

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-import edgespec.backend
+import edgespec.backend.model
 import edgespec.engine
 from tinygguf import write_model_family
 from tui.app import ChatApp
@@ -48,7 +48,7 @@ def app(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
     clock = SteppingClock()
     monkeypatch.setattr(edgespec.engine, "time", clock)
-    monkeypatch.setattr(edgespec.backend, "time", clock)  # the calibration's timings too
+    monkeypatch.setattr(edgespec.backend.model, "time", clock)  # the calibration's timings too
     config = ChatConfig(model=str(models["target"]), draft=str(models["draft"]), draft_tokens=4,
                         temperature=0.0, max_tokens=48, memory_budget="8GiB")
     app = ChatApp(config, ChatStore(), n_threads=1)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.errors import EdgespecError
-from edgespec.models import resolve_model
+from edgespec.fetch import resolve_model
 
 EDGESPEC = Path(sys.executable).with_name("edgespec")
 FOOTER = re.compile(r"\d+ tokens · [\d.]+ tok/s")

@@ -44,6 +44,10 @@ def control_ids(engine: Engine, ids: list[int]) -> list[int]:
     return [t for t in ids if engine.target.token_bytes(t) == b""]  # control tokens render as nothing
 
 
+def text_of(engine: Engine, ids: list[int]) -> str:
+    return b"".join(engine.target.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
+
+
 def conversation(content_of: dict[str, str]) -> list[dict]:
     return [
         {"role": "system", "content": content_of.get("system", "Be brief.")},
@@ -60,7 +64,7 @@ def test_control_token_spellings_in_a_message_stay_plain_text(engines, model, ro
     injected = engine.chat_tokens(conversation({role: INJECTIONS[model]}))
     clean = engine.chat_tokens(conversation({role: "fine."}))
     assert control_ids(engine, injected) == control_ids(engine, clean)
-    assert INJECTIONS[model] in engine.detokenize(injected)  # every marker is still there, as text
+    assert INJECTIONS[model] in text_of(engine, injected)  # every marker is still there, as text
 
 
 @pytest.mark.parametrize("model", ["smollm2", "tiny"])

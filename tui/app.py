@@ -24,9 +24,11 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Header
 
-from edgespec import ChatSession, Done, EdgespecError, Engine, Notice, Step, models
+from edgespec import ChatSession, Done, EdgespecError, Engine, Notice, Step
+from edgespec.catalog import default_pair
 from edgespec.drafters import MODES
 from edgespec.gguf_info import read_gguf_info
+from edgespec.loading import load_engine
 from edgespec.planner import format_plan_table
 from tui import stats as stats_text
 from tui.config import KEY_ACTIONS, ChatConfig, load_config, save_defaults
@@ -170,8 +172,8 @@ class ChatApp(App):
         self._recalibration_idle.wait()  # the old engine may still be measuring; it is closed after this
         try:
             # A stale speed measurement is re-measured after loading, between replies, not here.
-            engine = Engine.load(
-                model or models.default_pair()[0], draft, pull=False, n_ctx=self.config.n_ctx, n_gpu_layers=self.config.gpu_layers,
+            engine = load_engine(
+                model or default_pair()[0], draft, pull=False, n_ctx=self.config.n_ctx, n_gpu_layers=self.config.gpu_layers,
                 draft_gpu_layers=self.config.draft_gpu_layers, draft_tokens=self.settings.draft_tokens,
                 n_threads=self.n_threads, memory_budget=self.config.memory_budget, notice=notice,
                 cost_curve=self.cost_curve, measure_stale_curve=False)

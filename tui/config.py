@@ -37,8 +37,9 @@ from rich.color import Color, ColorParseError
 from textual.keys import REPLACED_KEYS, Keys, key_to_character
 
 from edgespec.errors import EdgespecError
+from edgespec.files import atomic_write
 from edgespec.limits import RANGES, SettingError, checked_setting
-from edgespec.memory import InvalidSizeError, parse_size
+from edgespec.units import InvalidSizeError, parse_size
 from edgespec.sampling import SamplingParams
 
 CONFIG_FILE = "config.toml"
@@ -222,10 +223,7 @@ def save_defaults(config: ChatConfig, path: Path | None = None) -> Path:
         lines += ["", "[keymap]"]
         lines += [f"{action} = {_toml_value(keys)}" for action, keys in sorted(config.keymap.items())]
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
-    return path
+    return atomic_write(path, "\n".join(lines) + "\n")
 
 
 def _toml_value(value) -> str:

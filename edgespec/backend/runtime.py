@@ -1,0 +1,62 @@
+"""llama.cpp itself: started once at import, with its log captured and its build's features read."""
+
+from __future__ import annotations
+
+import ctypes
+from collections import deque
+
+import llama_cpp
+
+from ..limits import usable_cores
+
+_recent_log_lines: deque[str] = deque(maxlen=20)
+
+
+@llama_cpp.llama_log_callback
+def _capture_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp talks a lot on stderr; keep its last lines to explain a failed load instead.
+    line = text.decode("utf-8", errors="replace").strip()
+    if line:
+        _recent_log_lines.append(line)
+
+
+llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+_SYSTEM_INFO: bytes = llama_cpp.llama_print_system_info()
+EXTRA_BUFFER_TYPES_SAFE = b"AMX_INT8 = 1" not in _SYSTEM_INFO
+
+
+# What a calibrated cost curve depends on besides the model and the machine.
+RUNTIME = f"llama-cpp-python {llama_cpp.__version__}"
+
+
+def width_independent_kernels() -> bool:
+    """False when llama.cpp was built with llamafile's tinyBLAS kernels.
+
+    Those take over matrix products of two or more tokens but not of one, and
+    round differently, so a token's logits would depend on how many tokens
+    share its forward pass.  `make` builds llama-cpp-python with
+    -DGGML_LLAMAFILE=OFF for that reason.
+    """
+    return b"LLAMAFILE = 1" not in _SYSTEM_INFO
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def default_threads() -> int:
+    return min(usable_cores(), 8)
+
+
+def forget_log() -> None:
+    """Start a fresh log, so last_error() explains the next failure and not an older one."""
+    _recent_log_lines.clear()
+
+
+def last_error() -> str:
+    """The line of llama.cpp's recent log that best explains a failure."""
+    for line in reversed(_recent_log_lines):
+        if "error" in line.lower() or "failed" in line.lower():
+            return line
+    return _recent_log_lines[-1] if _recent_log_lines else "no details from llama.cpp"

@@ -1,0 +1,99 @@
+"""Text <-> token ids through llama.cpp's vocabulary, and its split of text at special tokens.
+
+LlamaModel keeps the vocabulary pointer and the caches; these functions do
+the C calls and the splitting that keeps message contents plain text.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+
+# Token kinds llama.cpp's tokenizer splits text at; the control ones only with parse_special.
+CONTROL_ATTRS = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+SPECIAL_ATTRS = CONTROL_ATTRS | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+_C_WHITESPACE = " \t\n\v\f\r"  # C's isspace(), which llama.cpp strips with
+
+
+def tokenize(vocab, text: str, add_special: bool, parse_special: bool) -> list[int]:
+    """llama.cpp's tokenization of the whole text."""
+    data = text.encode("utf-8")
+    capacity = len(data) + 16
+    buf = (llama_cpp.llama_token * capacity)()
+    n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, capacity, add_special, parse_special)
+    if n < 0:
+        capacity = -n
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, capacity, add_special, parse_special)
+    return list(buf[:n])
+
+
+def token_piece(vocab, token: int) -> bytes:
+    """The raw bytes a token stands for (special tokens render as empty)."""
+    buf = ctypes.create_string_buffer(64)
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+    return buf.raw[:n]
+
+
+def token_text(vocab, token: int) -> bytes:
+    """The token's entry in the vocabulary, as stored (for comparing vocabularies)."""
+    return llama_cpp.llama_vocab_get_text(vocab, token) or b""
+
+
+def special_tokens(vocab, n_vocab: int) -> list[tuple[int, str, int]]:
+    """(id, text, attributes) of every token llama.cpp splits text at, longest text first."""
+    found = []
+    for token in range(n_vocab):
+        attr = llama_cpp.llama_vocab_get_attr(vocab, token)
+        if attr & SPECIAL_ATTRS and token_text(vocab, token):
+            found.append((token, token_text(vocab, token).decode("utf-8", "replace"), attr))
+    found.sort(key=lambda special: -len(special[1].encode("utf-8")))  # as llama.cpp orders them
+    return found
+
+
+def split_at_special_tokens(text: str, specials: list[tuple[int, str, int]], plain_spans: list[tuple[int, int]]) -> list:
+    """llama.cpp's partition of text into special token ids and (start, end) ranges of text.
+
+    The longest special tokens go first, each splitting every range still
+    text at its occurrences; a control token overlapping a plain span stays
+    text.  User-defined tokens split everywhere, as llama.cpp does with
+    parse_special off.
+    """
+    pieces: list = [(0, len(text))]
+    for special in specials:
+        if special[1] in text:
+            pieces = [part for piece in pieces for part in
+                      ([piece] if isinstance(piece, int) else _split_range(text, *piece, special, plain_spans))]
+    return pieces
+
+
+def _split_range(text: str, base: int, end: int, special: tuple[int, str, int], plain_spans) -> list:
+    """text[base:end] split at one special token's occurrences, as llama.cpp's tokenizer does."""
+    token, spelling, attr = special
+    controls = attr & CONTROL_ATTRS
+    pieces: list = []
+    match = text.find(spelling, base, end)
+    while match >= 0:
+        stop = match + len(spelling)
+        if controls and any(a < stop and match < b for a, b in plain_spans):
+            match = text.find(spelling, match + 1, end)  # inside a message: plain text
+            continue
+        left = match
+        if attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP:
+            while left > base and text[left - 1] in _C_WHITESPACE:
+                left -= 1
+        if left > base:
+            pieces.append((base, left))
+        pieces.append(token)
+        base = stop
+        if attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP:
+            while base < end and text[base] in _C_WHITESPACE:
+                base += 1
+        match = text.find(spelling, base, end)
+    if base < end:
+        pieces.append((base, end))
+    return pieces

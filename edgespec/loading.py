@@ -1,0 +1,131 @@
+"""Model names -> files -> a memory plan -> a loaded Engine.
+
+The engine runs the decoding loop over models it is given; this module
+decides which files those are (catalog lookup and download), whether the
+draft model fits next to the target (the planner), and loads them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .backend import LlamaModel, supports_gpu_offload, width_independent_kernels
+from .controller import CostModel
+from .drafters import check_vocab_compatible
+from .engine import Engine
+from .errors import EdgespecError
+from .fetch import resolve_draft, resolve_model
+from .catalog import load_catalog, local_path
+from .notices import print_notice
+from .planner import Plan, plan_models
+
+
+def plan_load(
+    target, draft="auto", *, n_ctx: int, n_gpu_layers=None, draft_gpu_layers=None,
+    memory_budget=None, pull: bool = True, notice: Callable[[str], None] = print_notice,
+) -> tuple[Path, Path | None, Plan]:
+    """Resolve the model names to files and plan their memory: what load_engine will do.
+
+    pull=False never downloads: a missing target is an error, a missing draft means n-grams.
+    """
+    target_path = resolve_model(target, pull=pull, notice=notice)
+    draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, pull, notice)
+    # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
+    forced_mode = (draft or "none") if draft in (None, "none", "ngram") else None
+    plan = plan_models(
+        target_path, draft_path, n_ctx=n_ctx, gpu_offload=supports_gpu_offload(),
+        memory_budget=memory_budget, force_mode=forced_mode,
+        force_gpu_layers=n_gpu_layers, force_draft_gpu_layers=draft_gpu_layers,
+    )
+    for warning in plan.warnings:
+        notice(warning)
+    if draft_path is not None and plan.mode != "draft-model":
+        notice(f"not loading draft {draft_path.name}: {plan.reason}")
+    return target_path, draft_path, plan
+
+
+def load_engine(
+    target: str | Path,
+    draft: str | Path | None = "auto",
+    *,
+    n_ctx: int = 4096,
+    n_gpu_layers: int | None = None,
+    draft_gpu_layers: int | None = None,
+    draft_tokens: int | str = "auto",
+    n_threads: int | None = None,
+    memory_budget: str | int | None = None,
+    pull: bool = True,
+    notice: Callable[[str], None] = print_notice,
+    cost_curve: Sequence[float] | CostModel | None = None,
+    measure_stale_curve: bool = True,
+) -> Engine:
+    """Load a target and its drafter.
+
+    target and draft take a GGUF path or a catalog name.  draft is "auto"
+    (the catalog's draft for this target if it is present or can be
+    fetched and fits in memory, else n-grams), a model, "ngram", or
+    "none"/None.  GPU layers left as None come from the memory plan.
+    draft_tokens is a fixed k, or "auto" to choose k per step from the
+    target's measured cost curve and the acceptance seen so far.
+    cost_curve and measure_stale_curve are passed to Engine.calibrate().
+    """
+    target_path, draft_path, plan = plan_load(
+        target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
+        memory_budget=memory_budget, pull=pull, notice=notice,
+    )
+    if not width_independent_kernels():
+        notice("this llama.cpp build has llamafile kernels, so greedy output may differ from plain decoding "
+               "where two tokens nearly tie; rebuild llama-cpp-python with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF (make does)")
+    target_model = LlamaModel(target_path, n_ctx=n_ctx, n_gpu_layers=plan.target_gpu_layers, n_threads=n_threads)
+    draft_model = None
+    if plan.mode == "draft-model":
+        draft_model = _load_draft(target_model, draft_path, n_ctx, plan.draft_gpu_layers, n_threads)
+    engine = Engine(target_model, draft_model, plan.mode, draft_tokens, plan=plan)
+    engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
+    if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
+        notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {_why_narrower(engine, cost_curve)}")
+    return engine
+
+
+def _why_narrower(engine: Engine, cost_curve) -> str:
+    """Why the engine drafts fewer tokens per step than asked for."""
+    given = len(engine.cost.forward_seconds) if cost_curve is not None else None
+    if engine.max_draft_tokens + 1 == given:
+        return f"the cost curve given covers passes up to {given} tokens"
+    return ("wider verification passes were not found bit-identical to plain decoding with this model "
+            "and llama.cpp build")
+
+
+def _resolve_draft(target, draft, pull: bool, notice) -> Path | None:
+    """The draft GGUF to consider, or None for n-gram / plain decoding."""
+    if draft in (None, "none", "ngram"):
+        return None
+    if draft == "auto":
+        name = _catalog_draft_for(target)
+        return resolve_draft(name, pull=pull, notice=notice) if name else None
+    return resolve_model(draft, pull=pull, notice=notice)
+
+
+def _catalog_draft_for(target) -> str | None:
+    """The draft the catalog pairs with target, given by name or by the path of a catalog file."""
+    catalog = load_catalog()
+    names = {str(target)}
+    target_path = Path(target).expanduser()
+    if target_path.is_file():
+        names |= {e.name for e in catalog.models.values() if local_path(e) == target_path}
+    return next((pair.draft for pair in catalog.pairs if pair.target in names), None)
+
+
+def _load_draft(target: LlamaModel, path: Path, n_ctx: int, gpu_layers: int, n_threads) -> LlamaModel:
+    """Load the draft and check it against the target; on failure free both."""
+    draft = None
+    try:
+        draft = LlamaModel(path, n_ctx=n_ctx, n_gpu_layers=gpu_layers, n_threads=n_threads)
+        check_vocab_compatible(target, draft)
+    except EdgespecError:
+        if draft is not None:
+            draft.close()
+        target.close()
+        raise
+    return draft
