@@ -59,6 +59,7 @@ from edgespec.cli import add_engine_options, add_sampling_options, load_engine, 
 from edgespec.engine import Done, Step
 from edgespec.errors import ContextOverflowError, EdgespecError
 from edgespec.session import ChatSession
+from edgespec.stats import Stats
 
 EXIT_OK = 0
 EXIT_REQUESTS_FAILED = 1
@@ -497,8 +498,8 @@ def _new_id(prefix: str) -> str:
 
 
 def success_record(request: BatchRequest, result, model_name: str) -> dict:
-    stats = dict(result.stats)
-    prompt_tokens = int(stats.get("prompt_tokens", 0))
+    stats = result.stats.as_dict()
+    prompt_tokens = result.stats.prompt_tokens
     completion_tokens = len(result.token_ids)
     # OpenAI knows only "stop" and "length"; running out of context is a length stop.
     finish_reason = "stop" if result.finish_reason == "stop" else "length"
@@ -590,10 +591,10 @@ class RunTally:
     started: float = dataclasses.field(default_factory=time.monotonic)
     interrupted: bool = False
 
-    def add(self, stats: dict) -> None:
-        self.tokens += int(stats.get("tokens_generated", 0))
-        self.proposed += int(stats.get("draft_tokens_proposed", 0))
-        self.accepted += int(stats.get("draft_tokens_accepted", 0))
+    def add(self, stats: Stats) -> None:
+        self.tokens += stats.tokens_generated
+        self.proposed += stats.draft_tokens_proposed
+        self.accepted += stats.draft_tokens_accepted
 
 
 def run_batch(
@@ -603,7 +604,7 @@ def run_batch(
     base_params,
     finished: dict[str, dict],
     interrupt: Interrupt,
-    on_progress: Callable[[RunTally, dict | None], None] = lambda tally, live: None,
+    on_progress: Callable[[RunTally, Stats | None], None] = lambda tally, live: None,
 ) -> RunTally:
     """Run every entry not yet done (see is_done), appending each record as it is done.
 
@@ -865,7 +866,7 @@ def _run_with_engine(args, entries, writer, finished, resumed) -> RunTally:
 
 
 @contextmanager
-def _progress_bar(total: int, done: int) -> Iterator[Callable[[RunTally, dict | None], None]]:
+def _progress_bar(total: int, done: int) -> Iterator[Callable[[RunTally, Stats | None], None]]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -881,11 +882,10 @@ def _progress_bar(total: int, done: int) -> Iterator[Callable[[RunTally, dict | 
     )
     task = progress.add_task("batch", total=total, completed=done, speed="- tok/s", acceptance="acceptance -")
 
-    def on_progress(tally: RunTally, live: dict | None) -> None:
-        live = live or {}
-        tokens = tally.tokens + int(live.get("tokens_generated", 0))
-        proposed = tally.proposed + int(live.get("draft_tokens_proposed", 0))
-        accepted = tally.accepted + int(live.get("draft_tokens_accepted", 0))
+    def on_progress(tally: RunTally, live: Stats | None) -> None:
+        tokens = tally.tokens + (live.tokens_generated if live else 0)
+        proposed = tally.proposed + (live.draft_tokens_proposed if live else 0)
+        accepted = tally.accepted + (live.draft_tokens_accepted if live else 0)
         elapsed = time.monotonic() - tally.started
         progress.update(
             task,

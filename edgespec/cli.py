@@ -10,6 +10,7 @@ import sys
 from . import __version__
 from .errors import EdgespecError
 from .limits import MIN_N_CTX, SettingError, checked_setting, checked_threads
+from .stats import Stats
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 
@@ -116,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     if args.json:
-        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats}))
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats.as_dict()}))
     else:
         print(flush=True)
         print(summary_line(result.stats), file=sys.stderr)
@@ -148,13 +149,13 @@ def utf8_text(data: bytes, where: str) -> str:
         ) from None
 
 
-def summary_line(stats: dict) -> str:
+def summary_line(stats: Stats) -> str:
     return (
-        f"[{stats['mode']}] {stats['tokens_generated']} tokens, "
-        f"{stats['decode_tokens_per_second']:.1f} tok/s decode, "
-        f"acceptance {stats['acceptance_rate']:.0%} ({stats['draft_tokens_accepted']}/{stats['draft_tokens_proposed']}), "
-        f"{stats['target_passes_per_token']:.2f} target passes/token, "
-        f"prefill {stats['prefill_seconds']:.2f}s, stop: {stats['finish_reason']}"
+        f"[{stats.mode}] {stats.tokens_generated} tokens, "
+        f"{stats.decode_tokens_per_second:.1f} tok/s decode, "
+        f"acceptance {stats.acceptance_rate:.0%} ({stats.draft_tokens_accepted}/{stats.draft_tokens_proposed}), "
+        f"{stats.target_passes_per_token:.2f} target passes/token, "
+        f"prefill {stats.prefill_seconds:.2f}s, stop: {stats.finish_reason}"
     )
 
 

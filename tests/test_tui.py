@@ -151,8 +151,8 @@ async def test_escape_stops_the_reply_and_keeps_what_arrived(models):
         last = app.session.messages[-1]
         assert last["role"] == "assistant" and last.get("cancelled")
         assert last["content"] == reply.reply.text != ""
-        assert app.shown_stats["finish_reason"] == "cancelled"
-        assert app.shown_stats["tokens_generated"] < 3000
+        assert app.shown_stats.finish_reason == "cancelled"
+        assert app.shown_stats.tokens_generated < 3000
         assert str(reply.footer.render()).startswith("stopped")
         app.settings = dataclasses.replace(
             app.settings, sampling=dataclasses.replace(app.settings.sampling, max_tokens=20))
@@ -178,13 +178,13 @@ async def test_regenerate_mode_switch_and_new_chat(models):
         await pilot.press("ctrl+g")
         assert app.engine.mode == "ngram"
         await send(pilot, "and the cat")
-        assert app.shown_stats["mode"] == "ngram"
+        assert app.shown_stats.mode == "ngram"
         await pilot.press("ctrl+g")
         assert app.engine.mode == "none"
         plain_steps = app.plain_steps.steps
         await send(pilot, "sat on the")
-        assert app.shown_stats["mode"] == "none" and app.shown_stats["draft_tokens_proposed"] == 0
-        assert app.plain_steps.steps == plain_steps + app.shown_stats["steps"], "a plain reply measures the baseline"
+        assert app.shown_stats.mode == "none" and app.shown_stats.draft_tokens_proposed == 0
+        assert app.plain_steps.steps == plain_steps + app.shown_stats.steps, "a plain reply measures the baseline"
         assert app.plain_speed() is not None
         await send(pilot, "world")
         await pilot.press("ctrl+g")
@@ -373,7 +373,7 @@ async def test_a_short_plain_reply_does_not_become_the_plain_speed(models):
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Hello world")
-        assert app.shown_stats["mode"] == "none" and 0 < app.shown_stats["steps"] < app.plain_steps.min_steps
+        assert app.shown_stats.mode == "none" and 0 < app.shown_stats.steps < app.plain_steps.min_steps
         assert app.plain_speed() == (1 / app.engine.plain_step_seconds, "calibrated")
 
 

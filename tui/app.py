@@ -28,6 +28,7 @@ from edgespec import ChatSession, Done, EdgespecError, Engine, Notice, Step, mod
 from edgespec.drafters import MODES
 from edgespec.gguf_info import read_gguf_info
 from edgespec.planner import format_plan_table
+from edgespec.stats import Stats
 from tui import stats as stats_text
 from tui.config import KEY_ACTIONS, ChatConfig, load_config, save_defaults
 from tui.history import ChatStore
@@ -50,7 +51,7 @@ class _Stream:
         self._pieces: list[tuple[str, bool]] = []
         self._acceptance: list[float] = []
         self._notices: list[str] = []
-        self._stats: dict | None = None
+        self._stats: Stats | None = None
         self.result = None  # the GenerationResult, once Done arrived
         self.error: str | None = None
         self.finished = threading.Event()
@@ -66,7 +67,7 @@ class _Stream:
         with self._lock:
             self._notices.append(text)
 
-    def take(self) -> tuple[list[tuple[str, bool]], list[float], list[str], dict | None]:
+    def take(self) -> tuple[list[tuple[str, bool]], list[float], list[str], Stats | None]:
         with self._lock:
             taken = self._pieces, self._acceptance, self._notices, self._stats
             self._pieces, self._acceptance, self._notices, self._stats = [], [], [], None
@@ -107,7 +108,7 @@ class ChatApp(App):
         self.generation: _Generation | None = None
         self.mark_drafts = True
         self.renderer = BlockRenderer(config.draft_tint)
-        self.shown_stats: dict | None = None  # live stats of the running reply, or the last reply's
+        self.shown_stats: Stats | None = None  # live stats of the running reply, or the last reply's
         self.context_used = 0
         self.acceptance: deque[float] = deque(maxlen=SPARKLINE_STEPS)
         self.model_spec = (config.model or "", config.draft)
@@ -278,14 +279,14 @@ class ChatApp(App):
 
     @work(thread=True, group="generate")
     def _generate(self, stream: _Stream, events: Callable[[], Iterator]) -> None:
-        previous = None
+        decode_seconds = 0.0  # of the reply so far, to time each step
         plain_steps = self.plain_steps
         try:
             for event in events():
                 if isinstance(event, Step):
-                    stream.add_step(event, stats_text.step_acceptance(previous, event.stats))
-                    plain_steps.observe(previous, event.stats)
-                    previous = event.stats
+                    stream.add_step(event, stats_text.step_acceptance(event.drafted, event.accepted))
+                    plain_steps.observe(event.drafted, event.stats.decode_seconds - decode_seconds)
+                    decode_seconds = event.stats.decode_seconds
                 elif isinstance(event, Done):
                     stream.result = event.result
                 elif isinstance(event, Notice):
@@ -410,7 +411,7 @@ class ChatApp(App):
         if self.session.system_prompt:
             self.conversation.mount(Note(f"system prompt: {self.session.system_prompt}", "note"))
         plain = self.plain_speed()
-        stats_by_message = {s["message_index"]: s for s in self.session.turn_stats}
+        stats_by_message = {s["message_index"]: Stats.from_dict(s) for s in self.session.turn_stats}
         for index, message in enumerate(self.session.messages):
             if message["role"] == "user":
                 self.conversation.mount(UserMessage(message["content"]))
