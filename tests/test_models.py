@@ -1,4 +1,3 @@
-import argparse
 import hashlib
 import json
 import time
@@ -7,7 +6,8 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 
-from edgespec import models, models_cli
+from edgespec import models
+from edgespec.commands import main
 from edgespec.errors import EdgespecError, ModelFileError
 from edgespec.gguf_info import read_gguf_info
 from models_gguf import write_tiny_gguf
@@ -49,10 +49,7 @@ def leftovers(store):
 
 
 def run_cli(*argv) -> int:
-    parser = argparse.ArgumentParser()
-    models_cli.add_models_parser(parser.add_subparsers())
-    args = parser.parse_args(["models", *argv])
-    return args.func(args)
+    return main(["models", *argv])
 
 
 # ------------------------------------------------------------------ catalog
@@ -265,6 +262,7 @@ def test_cli_path_of_a_missing_model_is_one_line_and_exit_1(store, capsys):
     assert run_cli("path", "qwen2.5-coder-0.5b-instruct") == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "edgespec models pull qwen2.5-coder-0.5b-instruct" in err
+    assert err.startswith("edgespec: "), "every command reports a user error in one style"
 
 
 def test_cli_list_shows_catalog_with_present_and_missing(store, tmp_path, tiny_bytes, capsys):
