@@ -10,7 +10,7 @@ from edgespec import models
 from edgespec.commands import main
 from edgespec.errors import EdgespecError, ModelFileError
 from edgespec.gguf_info import read_gguf_info
-from models_gguf import write_tiny_gguf
+from tinygguf import write_tiny_model
 from models_helpers import HubServer, build_wheel, closed_port
 
 REPO = "test-org/tiny-GGUF"
@@ -32,7 +32,7 @@ def store(tmp_path, monkeypatch):
 
 @pytest.fixture
 def tiny_bytes(tmp_path):
-    return write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes()
+    return write_tiny_model(tmp_path / "tiny.gguf", seed=0).read_bytes()
 
 
 def add_user_models(store, *entries):
@@ -236,7 +236,7 @@ def test_server_closing_mid_file_leaves_nothing_listed_as_present(store, tiny_by
 
 
 def test_import_registers_a_local_gguf(store, tmp_path, capsys):
-    tiny = write_tiny_gguf(tmp_path / "My_Tiny Model.gguf")
+    tiny = write_tiny_model(tmp_path / "My_Tiny Model.gguf", seed=0)
     assert run_cli("import", str(tiny)) == 0
     assert "imported my-tiny-model: llama F32" in capsys.readouterr().out
     assert models.resolve_model("my-tiny-model", pull=False) == tiny
