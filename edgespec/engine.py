@@ -10,6 +10,8 @@ baseline) runs through this same loop.
 from __future__ import annotations
 
 import codecs
+import dataclasses
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from .errors import ContextOverflowError, CorruptModelError, EdgespecError
 from .notices import print_notice
 from .sampling import SamplingParams, SparseProbs, to_probs
+from .stats import Stats
 from .verify import verify
 
 if TYPE_CHECKING:  # the engine only keeps the plan it was loaded with, for its reason and for display
@@ -46,7 +49,9 @@ class Token:
 @dataclass(frozen=True)
 class Step:
     tokens: list[Token]
-    stats: dict
+    stats: Stats  # the whole generation's figures so far
+    drafted: int = 0  # tokens the drafter proposed in this step
+    accepted: int = 0  # of those, accepted by the verifier
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,7 @@ class GenerationResult:
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" | "length" | "context" | "cancelled"
-    stats: dict
+    stats: Stats
 
 
 @dataclass(frozen=True)
@@ -79,31 +84,8 @@ class _Counters:
     decode_seconds: float = 0.0
     finish_reason: str | None = None
 
-    def as_dict(self) -> dict:
-        def ratio(a, b):
-            return a / b if b else 0.0
-
-        return {
-            "mode": self.mode,
-            "plan_reason": self.plan_reason,
-            "prompt_tokens": self.prompt_tokens,
-            "prompt_tokens_reused": self.prompt_tokens_reused,
-            "prompt_tokens_evaluated": self.prompt_tokens - self.prompt_tokens_reused,
-            "tokens_generated": self.tokens_generated,
-            "draft_tokens_proposed": self.draft_tokens_proposed,
-            "draft_tokens_accepted": self.draft_tokens_accepted,
-            "acceptance_rate": ratio(self.draft_tokens_accepted, self.draft_tokens_proposed),
-            "target_forward_passes": self.target_forward_passes,
-            "draft_forward_passes": self.draft_forward_passes,
-            "target_passes_per_token": ratio(self.target_forward_passes, self.tokens_generated),
-            "steps": self.steps,
-            "k0_steps": self.k0_steps,
-            "mean_draft_tokens": ratio(self.draft_tokens_proposed, self.steps),
-            "prefill_seconds": self.prefill_seconds,
-            "decode_seconds": self.decode_seconds,
-            "decode_tokens_per_second": ratio(self.tokens_generated, self.decode_seconds),
-            "finish_reason": self.finish_reason,
-        }
+    def snapshot(self) -> Stats:
+        return Stats.from_counts(**dataclasses.asdict(self))
 
 
 class PhaseClock:
@@ -449,6 +431,7 @@ class Engine:
             if room <= 0:
                 counters.finish_reason = "context"
                 break
+            proposed_before = counters.draft_tokens_proposed
             new_tokens, n_drafted = self._step(drafter, context, params, rng, counters, room)
             tokens = []
             for i, token in enumerate(new_tokens):
@@ -474,14 +457,14 @@ class Engine:
             counters.tokens_generated = len(generated)
             counters.draft_forward_passes = drafter.forward_passes - draft_passes_before
             counters.decode_seconds = time.perf_counter() - decode_start
-            step = Step(tokens, counters.as_dict())
+            step = Step(tokens, counters.snapshot(), counters.draft_tokens_proposed - proposed_before, n_drafted)
             if clock:
                 clock.lap("stats")
                 clock.steps += 1
             yield step
 
         counters.decode_seconds = time.perf_counter() - decode_start
-        yield Done(GenerationResult(text.text, generated, counters.finish_reason, counters.as_dict()))
+        yield Done(GenerationResult(text.text, generated, counters.finish_reason, counters.snapshot()))
 
     def _prefill(self, context: list[int]) -> int:
         """Put all but the last prompt token in the target's cache; return how many were cached already."""

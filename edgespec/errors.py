@@ -1,12 +1,15 @@
 """Errors that reach a user.
 
 Every class here carries a one-line message that names the problem and the
-fix; the CLI and the chat app print ``str(error)`` and never a traceback.
+fix; the CLI (edgespec.commands.main) and the chat app print ``str(error)``
+and never a traceback.
 """
 
 
 class EdgespecError(Exception):
     """Base class for errors meant for the user."""
+
+    exit_code = 1  # what `edgespec` exits with when this error ends a command
 
 
 class ModelFileError(EdgespecError):

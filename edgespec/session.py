@@ -155,7 +155,7 @@ class ChatSession:
         if result.finish_reason == "cancelled":
             message["cancelled"] = True
         self.messages.append(message)
-        self.turn_stats.append({"message_index": len(self.messages) - 1, **result.stats})
+        self.turn_stats.append({"message_index": len(self.messages) - 1, **result.stats.as_dict()})
 
     # -- persistence ---------------------------------------------------------
 

@@ -28,7 +28,7 @@ from tui.history import ChatStore, HistoryError
 from tui.screens import SettingsScreen
 from tui.widgets import Note
 
-EDGESPEC = [sys.executable, "-m", "edgespec.cli"]
+EDGESPEC = [sys.executable, "-m", "edgespec"]
 PAGE = 4096  # SQLite's default page size
 
 
@@ -328,7 +328,7 @@ async def test_the_app_starts_on_a_damaged_history_and_says_so_once(tiny_models,
     overwrite_pages(path, 3, seed=2)
     app = tiny_app(tiny_models)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.session is not None)
+        await wait_for(pilot, lambda: app.chat.session is not None)
         notes = [str(note.render()) for note in app.query(Note)]
         assert sum("chat history was damaged" in note for note in notes) == 1, notes
         await pilot.press("ctrl+o")
@@ -340,7 +340,7 @@ async def test_the_app_starts_on_a_damaged_history_and_says_so_once(tiny_models,
 async def test_the_settings_screen_refuses_nan(tiny_models):
     app = tiny_app(tiny_models)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.session is not None)
+        await wait_for(pilot, lambda: app.chat.session is not None)
         await pilot.press("ctrl+s")
         assert isinstance(app.screen, SettingsScreen)
         app.screen.query_one("#temperature").value = "nan"
@@ -356,4 +356,4 @@ async def test_the_settings_screen_refuses_nan(tiny_models):
         await wait_for(pilot, lambda: "draft_tokens" in str(error.render()))
         assert isinstance(app.screen, SettingsScreen)
         await pilot.press("escape")
-        assert math.isclose(app.settings.sampling.temperature, 0.0)
+        assert math.isclose(app.chat.settings.sampling.temperature, 0.0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import subprocess
@@ -12,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import batch
+from edgespec.commands import batch, main
+from edgespec.commands.batch import output as batch_output
+from edgespec.commands.batch import requests as batch_requests
 from tinygguf import write_model_family
 
 SYSTEM = "You are a terse assistant."
@@ -51,10 +52,7 @@ def read_records(path: Path) -> list[dict]:
 
 
 def run_cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="edgespec")
-    batch.add_batch_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return main(argv)
 
 
 def batch_argv(models, source: Path, out: Path, *extra: str) -> list[str]:
@@ -89,9 +87,9 @@ def assert_openai_success(record: dict, custom_id: str) -> None:
 # ---------------------------------------------------------------- parsing, no model
 
 
-def parse(value) -> batch.BatchRequest | batch.InvalidRequest:
+def parse(value) -> batch_requests.BatchRequest | batch_requests.InvalidRequest:
     raw = value if isinstance(value, bytes) else json.dumps(value).encode()
-    return batch.parse_line(raw, 7)
+    return batch_requests.parse_line(raw, 7)
 
 
 def test_openai_chat_request_keeps_messages_and_sampling_fields():
@@ -99,8 +97,8 @@ def test_openai_chat_request_keeps_messages_and_sampling_fields():
                      "body": {"messages": [{"role": "developer", "content": "Be brief."},
                                            {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
                               "max_tokens": 5, "temperature": 0, "top_p": 0.5, "seed": 3, "stop": "x"}})
-    assert request == batch.BatchRequest(
-        "a", 7, batch.CHAT_URL,
+    assert request == batch_requests.BatchRequest(
+        "a", 7, batch_requests.CHAT_URL,
         messages=({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}),
         overrides=(("max_tokens", 5), ("temperature", 0.0), ("top_p", 0.5), ("seed", 3), ("stop", ("x",))))
 
@@ -108,7 +106,7 @@ def test_openai_chat_request_keeps_messages_and_sampling_fields():
 def test_plain_forms_get_ids_from_line_numbers_and_become_chat_turns():
     for value in ("Hello", {"prompt": "Hello"}):
         request = parse(value)
-        assert request.custom_id == "line-7" and request.url == batch.CHAT_URL
+        assert request.custom_id == "line-7" and request.url == batch_requests.CHAT_URL
         assert request.messages == ({"role": "user", "content": "Hello"},)
     assert parse({"prompt": "Hello", "custom_id": "mine"}).custom_id == "mine"
 
@@ -133,7 +131,7 @@ def test_plain_forms_get_ids_from_line_numbers_and_become_chat_turns():
 ])
 def test_bad_lines_become_invalid_requests(value, code):
     entry = parse(value)
-    assert isinstance(entry, batch.InvalidRequest)
+    assert isinstance(entry, batch_requests.InvalidRequest)
     assert entry.code == code and "line 7" in entry.message
     expected_id = value["custom_id"] if isinstance(value, dict) else "line-7"
     assert entry.custom_id == expected_id
@@ -142,8 +140,8 @@ def test_bad_lines_become_invalid_requests(value, code):
 def test_duplicate_custom_ids_are_refused_before_the_run(tmp_path):
     source = write_lines(tmp_path / "in.jsonl", [chat_line("a", "x"), completion_line("b", "y"),
                                                  '"plain"', chat_line("a", "z"), completion_line("line-3", "w")])
-    with pytest.raises(batch.BatchError) as caught:
-        batch.check_unique_ids(batch.read_requests(source))
+    with pytest.raises(batch_requests.BatchError) as caught:
+        batch_requests.check_unique_ids(batch_requests.read_requests(source))
     assert "'a' (lines 1 and 4)" in str(caught.value) and "'line-3' (lines 3 and 5)" in str(caught.value)
 
 
@@ -157,7 +155,7 @@ def test_duplicate_custom_ids_exit_before_loading_a_model(tmp_path, capsys):
 
 
 def load_finished(out: Path) -> tuple[dict, bool]:
-    writer = batch.RecordWriter(out)
+    writer = batch_output.RecordWriter(out)
     try:
         return writer.load_finished()
     finally:
@@ -166,7 +164,7 @@ def load_finished(out: Path) -> tuple[dict, bool]:
 
 def test_load_finished_cuts_a_torn_last_line(tmp_path):
     out = tmp_path / "out.jsonl"
-    good = [json.dumps(batch.error_record(f"r{i}", "x", "y")) for i in range(2)]
+    good = [json.dumps(batch_output.error_record(f"r{i}", "x", "y")) for i in range(2)]
     out.write_bytes(("\n".join(good) + "\n").encode() + b'{"id": "batch_req_1", "custom_id": "r2", "resp')
     finished, torn = load_finished(out)
     assert torn and set(finished) == {"r0", "r1"}
@@ -176,18 +174,18 @@ def test_load_finished_cuts_a_torn_last_line(tmp_path):
 
 def test_load_finished_refuses_a_bad_line_before_good_records(tmp_path):
     out = tmp_path / "out.jsonl"
-    good = json.dumps(batch.error_record("r0", "x", "y"))
+    good = json.dumps(batch_output.error_record("r0", "x", "y"))
     out.write_text(f"{good}\nnot a record\n{good}\n")
-    with pytest.raises(batch.BatchError, match="line 2"):
+    with pytest.raises(batch_requests.BatchError, match="line 2"):
         load_finished(out)
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_a_failed_write_is_a_clear_error():
-    writer = batch.RecordWriter(Path("/dev/full"))
+    writer = batch_output.RecordWriter(Path("/dev/full"))
     try:
-        with pytest.raises(batch.BatchError, match="No space left on device.*rerun to resume"):
-            writer.append(batch.error_record("r0", "x", "y"))
+        with pytest.raises(batch_requests.BatchError, match="No space left on device.*rerun to resume"):
+            writer.append(batch_output.error_record("r0", "x", "y"))
     finally:
         writer.close()
 
@@ -284,7 +282,7 @@ def test_requests_sharing_a_system_prompt_reuse_the_kv_cache(models, tmp_path):
 
 def edgespec_command() -> list[str]:
     script = Path(sys.executable).parent / "edgespec"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "edgespec.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "edgespec"]
 
 
 def line_count(path: Path) -> int:

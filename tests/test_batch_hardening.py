@@ -9,7 +9,9 @@ import subprocess
 
 import pytest
 
-from edgespec import batch
+from edgespec.commands import batch
+from edgespec.commands.batch import output as batch_output
+from edgespec.commands.batch import requests as batch_requests
 from test_batch import (
     assert_openai_success,
     batch_argv,
@@ -24,7 +26,7 @@ from test_batch import (
 
 
 def one_line_error(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.startswith("edgespec batch:")]
+    lines = [line for line in err.splitlines() if line.startswith("edgespec:")]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 
@@ -59,7 +61,7 @@ def test_an_out_file_that_is_not_batch_output_is_refused_and_left_untouched(tiny
     assert run_cli(batch_argv(tiny_models, source, notes)) == batch.EXIT_REFUSED
     assert "is not an edgespec batch output record" in one_line_error(capsys.readouterr().err)
     assert notes.read_bytes() == content
-    assert not (tmp_path / ("notes.txt" + batch.HOLDER_SUFFIX)).exists()
+    assert not (tmp_path / ("notes.txt" + batch_output.HOLDER_SUFFIX)).exists()
 
 
 @pytest.mark.parametrize("kind", ["openai", "plain"])
@@ -75,7 +77,7 @@ def test_swapped_in_and_out_are_refused_and_both_left_untouched(tiny_models, tmp
 
 def out_with_tail(tmp_path, tail: bytes):
     out = tmp_path / "out.jsonl"
-    good = b"".join(batch.encode_record(batch.error_record(f"r{i}", "x", "y", "f")) for i in range(2))
+    good = b"".join(batch_output.encode_record(batch_output.error_record(f"r{i}", "x", "y", "f")) for i in range(2))
     out.write_bytes(good + tail)
     return out, good
 
@@ -83,7 +85,7 @@ def out_with_tail(tmp_path, tail: bytes):
 @pytest.mark.parametrize("tail", [b'{"id": "batch_req_12', b'{"id"', b'{"id": "batch_req_1", "cus\0\0\0', b"\0" * 4096])
 def test_only_a_torn_edgespec_record_is_cut_off(tmp_path, tail):
     out, good = out_with_tail(tmp_path, tail)
-    writer = batch.RecordWriter(out)
+    writer = batch_output.RecordWriter(out)
     try:
         finished, torn = writer.load_finished()
     finally:
@@ -94,9 +96,9 @@ def test_only_a_torn_edgespec_record_is_cut_off(tmp_path, tail):
 @pytest.mark.parametrize("tail", [b"a note", b'{"custom_id": "r9"}', b"not a record\n", b'{"id": "batch_req_9"}\n'])
 def test_any_other_last_line_is_refused_untouched(tmp_path, tail):
     out, good = out_with_tail(tmp_path, tail)
-    writer = batch.RecordWriter(out)
+    writer = batch_output.RecordWriter(out)
     try:
-        with pytest.raises(batch.BatchError, match="line 3 is not an edgespec batch output record"):
+        with pytest.raises(batch_requests.BatchError, match="line 3 is not an edgespec batch output record"):
             writer.load_finished()
     finally:
         writer.close()
@@ -105,9 +107,9 @@ def test_any_other_last_line_is_refused_untouched(tmp_path, tail):
 
 def test_every_record_line_starts_with_the_prefix_the_repair_relies_on(tiny_models, tmp_path):
     _, out = finished_run(tiny_models, tmp_path)
-    assert all(line.startswith(batch.RECORD_PREFIX) for line in out.read_text().splitlines())
+    assert all(line.startswith(batch_output.RECORD_PREFIX) for line in out.read_text().splitlines())
     with pytest.raises(ValueError):
-        batch.encode_record({"custom_id": "a", "id": "batch_req_1", "response": None, "error": None})
+        batch_output.encode_record({"custom_id": "a", "id": "batch_req_1", "response": None, "error": None})
 
 
 # ---------------------------------------------------------------- --summary and OUT against IN
@@ -178,13 +180,13 @@ def test_a_second_batch_on_the_same_out_is_refused_naming_the_holder(tiny_models
     write_lines(source, [lines[0], lines[2]])
     assert run_cli(batch_argv(tiny_models, source, out)) == batch.EXIT_OK
     assert [r["custom_id"] for r in read_records(out)] == ["first", "last"]
-    assert not (tmp_path / ("out.jsonl" + batch.HOLDER_SUFFIX)).exists()
+    assert not (tmp_path / ("out.jsonl" + batch_output.HOLDER_SUFFIX)).exists()
 
 
 def test_the_lock_comes_before_any_repair(tiny_models, tmp_path, capsys):
     out, good = out_with_tail(tmp_path, b'{"id": "batch_req_12')
     source = write_lines(tmp_path / "in.jsonl", three_requests())
-    holder = batch.RecordWriter(out)  # another batch holds OUT, its last record half written
+    holder = batch_output.RecordWriter(out)  # another batch holds OUT, its last record half written
     try:
         assert run_cli(batch_argv(tiny_models, source, out)) == batch.EXIT_REFUSED
         assert f"pid {os.getpid()}" in one_line_error(capsys.readouterr().err)
@@ -229,10 +231,10 @@ def test_reformatting_a_line_keeps_its_fingerprint():
     line = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 3}}
     spaced = json.dumps(line, indent=None, separators=(" , ", " : "))
     reordered = json.dumps(dict(reversed(list(line.items()))))
-    fingerprints = {batch.parse_line(text.encode(), 1).fingerprint for text in (json.dumps(line), spaced, reordered)}
+    fingerprints = {batch_requests.parse_line(text.encode(), 1).fingerprint for text in (json.dumps(line), spaced, reordered)}
     assert len(fingerprints) == 1
     changed = json.dumps({**line, "body": {"prompt": "x", "max_tokens": 4}})
-    assert batch.parse_line(changed.encode(), 1).fingerprint not in fingerprints
+    assert batch_requests.parse_line(changed.encode(), 1).fingerprint not in fingerprints
 
 
 def test_records_without_a_fingerprint_are_kept_with_a_note(tiny_models, tmp_path, capsys):

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 import edgespec.engine
-from edgespec import bench, cli
+from edgespec.commands import bench, main
+from edgespec.commands.bench import configs, exactness, microbench, report, runner, workloads
 
-CONFIGS = ["baseline", "ngram-k2", "ngram-k4", "draft-model-k3", "peer-k2"]
+CONFIGS = ["baseline", "ngram-k2", "ngram-k4", "draft-model-k3"]
 RUN_FIELDS = {
     "suite", "prompt_id", "config", "temperature", "repeat", "seed", "prompt_tokens", "prompt_tokens_evaluated",
     "tokens_generated", "finish_reason", "prefill_seconds", "decode_seconds", "end_to_end_seconds",
@@ -40,7 +41,7 @@ def quick_bench(models, **overrides) -> dict:
         temperatures=[0.0], max_tokens=24, n_ctx=2048, n_threads=1,
     )
     options.update(overrides)
-    return bench.run_bench(models["target"], models["draft"], **options)
+    return runner.run_bench(models["target"], models["draft"], **options)
 
 
 def test_quick_bench_reports_every_field_and_passes_the_exactness_check(models):
@@ -57,7 +58,7 @@ def test_quick_bench_reports_every_field_and_passes_the_exactness_check(models):
     for prompt_id in ("code-edit-01", "chat-01"):
         base = next(r for r in runs if r["prompt_id"] == prompt_id and r["config"] == "baseline")
         for run in runs:
-            if run["prompt_id"] == prompt_id and run["config"] != "peer-k2":
+            if run["prompt_id"] == prompt_id:
                 assert run["matches_baseline"] is True and run["token_ids"] == base["token_ids"]
     assert any(r["draft_tokens_accepted"] for r in runs if r["config"].startswith("ngram"))
 
@@ -70,12 +71,10 @@ def test_quick_bench_reports_every_field_and_passes_the_exactness_check(models):
         assert row["decode_tps_min"] <= row["decode_tps_median"] <= row["decode_tps_max"]
     baseline = next(r for r in summary if r["suite"] == "all" and r["config"] == "baseline")
     assert baseline["speedup"] == pytest.approx(1.0) and baseline["end_to_end_bound"] == pytest.approx(1.0)
-    peer = next(r for r in summary if r["suite"] == "all" and r["config"] == "peer-k2")
-    assert peer["acceptance_rate"] is None and peer["speedup"] > 0
 
     meta = results["meta"]
     assert meta["suites"] == {"code-edit": 1, "chat": 1} and meta["repeats"] == 1
-    assert "logits_all=True" in meta["peer_workaround"]
+    assert meta["llama_cpp_bin"] is None  # no peer without --llama-cpp-bin
     assert meta["machine"]["cores"] >= 1
     json.dumps(results)  # everything is JSON-ready
 
@@ -106,47 +105,58 @@ def test_a_mode_that_changes_tokens_fails_the_bench_loudly(models, monkeypatch):
 def test_sampled_runs_are_not_held_to_token_equality(models):
     results = quick_bench(models, configs=["baseline", "ngram-k4"], suites=["chat"], temperatures=[0.7], repeats=2)
 
-    assert {r["seed"] for r in results["runs"]} == {bench.DEFAULT_SEED, bench.DEFAULT_SEED + 1}
+    assert {r["seed"] for r in results["runs"]} == {runner.DEFAULT_SEED, runner.DEFAULT_SEED + 1}
     assert all(r["matches_baseline"] is None for r in results["runs"])
     assert all(r["matches_baseline"] is None for r in results["summary"])
 
 
 def test_configuration_names():
-    assert bench.parse_config("baseline") == ("baseline", None)
-    assert bench.parse_config("ngram") == ("ngram", None)
-    assert bench.parse_config("ngram-k8") == ("ngram", 8)
-    assert bench.parse_config("draft-model-auto") == ("draft-model", "auto")
-    assert bench.parse_config("peer-k2") == ("peer", 2)
-    for bad in ("peer-auto", "ngram-k0", "baseline-k2", "medusa", "ngram-8"):
+    assert configs.parse_config("baseline") == ("baseline", None)
+    assert configs.parse_config("ngram") == ("ngram", None)
+    assert configs.parse_config("ngram-k8") == ("ngram", 8)
+    assert configs.parse_config("draft-model-auto") == ("draft-model", "auto")
+    assert configs.parse_config("llamacpp-ngram-simple") == ("llamacpp-ngram-simple", None)
+    assert configs.parse_config("llamacpp-draft-n3") == ("llamacpp-draft", 3)
+    assert configs.parse_config("llamacpp-ngram-mod-n8") == ("llamacpp-ngram-mod", 8)
+    for bad in ("peer-k2", "ngram-k0", "baseline-k2", "medusa", "ngram-8", "llamacpp-ngram-simple-k3",
+                "llamacpp-none-n2", "llamacpp-draft-auto", "llamacpp-ngram-simple-n0"):
         with pytest.raises(bench.BenchError):
-            bench.parse_config(bad)
+            configs.parse_config(bad)
 
 
 def test_configurations_resolve_to_distinct_draft_lengths():
-    names = [c.name for c in bench.resolve_configs(bench.DEFAULT_CONFIGS, 4, has_draft=False, explicit=False)]
-    assert names == ["baseline", "ngram-k4", "ngram-k2", "ngram-k8", "peer-k4"]
-    names = [c.name for c in bench.resolve_configs(bench.DEFAULT_CONFIGS, "auto", has_draft=True, explicit=False)]
-    assert names == ["baseline", "ngram-auto", "ngram-k2", "ngram-k4", "ngram-k8", "draft-model-auto", "peer-k4"]
-    assert bench.resolve_configs(["ngram-k2"], 4, False, True)[-1].name == "baseline"  # always measured
+    names = [c.name for c in configs.resolve_configs(configs.DEFAULT_CONFIGS, 4, has_draft=False, explicit=False)]
+    assert names == ["baseline", "ngram-k4", "ngram-k2", "ngram-k8"]
+    names = [c.name for c in configs.resolve_configs(configs.DEFAULT_CONFIGS, "auto", has_draft=True, explicit=False)]
+    assert names == ["baseline", "ngram-auto", "ngram-k2", "ngram-k4", "ngram-k8", "draft-model-auto"]
+    names = [c.name for c in configs.resolve_configs(configs.DEFAULT_CONFIGS, 4, has_draft=True, explicit=False,
+                                                     has_peer=True)]
+    assert names == ["baseline", "ngram-k4", "ngram-k2", "ngram-k8", "draft-model-k4", "llamacpp-none",
+                     "llamacpp-ngram-simple", "llamacpp-ngram-mod", "llamacpp-draft"]
+    peers = configs.resolve_configs(["llamacpp-ngram-simple-n3", "llamacpp-ngram-simple"], 4, False, True, has_peer=True)
+    assert [(c.name, c.drafter, c.draft_tokens, c.is_peer) for c in peers] == [
+        ("llamacpp-ngram-simple-n3", "llamacpp-ngram-simple", 3, True),
+        ("llamacpp-ngram-simple", "llamacpp-ngram-simple", None, True), ("baseline", "baseline", None, False)]
+    assert configs.resolve_configs(["ngram-k2"], 4, False, True)[-1].name == "baseline"  # always measured
     with pytest.raises(bench.BenchError, match="--draft"):
-        bench.resolve_configs(["draft-model"], 4, has_draft=False, explicit=True)
+        configs.resolve_configs(["draft-model"], 4, has_draft=False, explicit=True)
 
 
 def test_rotation_moves_every_configuration_through_every_slot():
-    plan = bench.resolve_configs(["baseline", "ngram-k2", "ngram-k4"], 4, False, True)
-    orders = [[c.name for c in bench.rotated(plan, i)] for i in range(3)]
+    plan = configs.resolve_configs(["baseline", "ngram-k2", "ngram-k4"], 4, False, True)
+    orders = [[c.name for c in configs.rotated(plan, i)] for i in range(3)]
     assert [order[0] for order in orders] == ["baseline", "ngram-k2", "ngram-k4"]
     assert all(sorted(order) == sorted(orders[0]) for order in orders)
 
 
 def test_end_to_end_bound_follows_the_prefill_share():
-    assert bench.end_to_end_bound(0.2, 2.5) == pytest.approx(1 / (0.2 + 0.8 / 2.5))
-    assert bench.end_to_end_bound(0.0, 3.0) == pytest.approx(3.0)
-    assert bench.end_to_end_bound(1.0, 3.0) == pytest.approx(1.0)
+    assert report.end_to_end_bound(0.2, 2.5) == pytest.approx(1 / (0.2 + 0.8 / 2.5))
+    assert report.end_to_end_bound(0.0, 3.0) == pytest.approx(3.0)
+    assert report.end_to_end_bound(1.0, 3.0) == pytest.approx(1.0)
 
 
 def test_workload_suites_are_complete_and_well_formed():
-    prompts = bench.load_workloads()
+    prompts = workloads.load_workloads()
     for suite in bench.SUITES:
         mine = [p for p in prompts if p.suite == suite]
         assert len(mine) >= 12, suite
@@ -173,13 +183,13 @@ def test_batch_file_is_thirty_openai_batch_requests():
 def test_bad_workload_line_names_the_file_and_line(tmp_path):
     (tmp_path / "chat.jsonl").write_text('{"id": "chat-01", "prompt": "hi"}\n{"prompt": "no id"}\n')
     with pytest.raises(bench.BenchError, match=r"chat.jsonl:2"):
-        bench.load_workloads(["chat"], directory=tmp_path)
+        workloads.load_workloads(["chat"], directory=tmp_path)
     with pytest.raises(bench.BenchError, match="no workload file"):
-        bench.load_workloads(["poetry"], directory=tmp_path)
+        workloads.load_workloads(["poetry"], directory=tmp_path)
 
 
 def bench_cli(*argv) -> int:
-    return cli.main(["bench", *map(str, argv)])
+    return main(["bench", *map(str, argv)])
 
 
 def test_command_writes_json_and_prints_the_table(models, tmp_path, capsys):
@@ -215,14 +225,14 @@ def test_plot_without_matplotlib_is_refused_before_running(models, monkeypatch, 
 def test_plots_are_written_when_matplotlib_is_installed(models, tmp_path):
     pytest.importorskip("matplotlib")
     results = quick_bench(models, configs=["baseline", "ngram-k2"], suites=["chat"])
-    bench.plot_speedups(results, tmp_path / "speedup.png")
-    bench.plot_cost_curve(bench.run_cost_curve(models["target"], max_tokens=3, repeats=1, n_threads=1), tmp_path / "cost.png")
+    report.plot_speedups(results, tmp_path / "speedup.png")
+    report.plot_cost_curve(microbench.run_cost_curve(models["target"], max_tokens=3, repeats=1, n_threads=1), tmp_path / "cost.png")
     for name in ("speedup.png", "cost.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
 
 
 def test_cost_curve_times_every_width(models):
-    results = bench.run_cost_curve(models["target"], max_tokens=6, repeats=2, n_threads=1)
+    results = microbench.run_cost_curve(models["target"], max_tokens=6, repeats=2, n_threads=1)
     points = results["cost_curve"]
     assert [p["tokens"] for p in points] == [1, 2, 3, 4, 5, 6]
     assert points[0]["relative_to_one"] == pytest.approx(1.0)
@@ -235,7 +245,7 @@ def test_a_near_tie_of_the_target_is_reported_not_failed():
     other = {"config": "ngram-k4", "prompt_id": "p", "repeat": 0, "prompt_ids": [1, 2], "token_ids": [5, 8, 7], "text": ""}
     close = lambda ids: [0.0] * 6 + [3.0, 0.0, 2.9]  # tokens 6 and 8 are 0.1 apart after [1, 2, 5]
     far = lambda ids: [0.0] * 6 + [3.0, 0.0, 0.5]
-    ties = bench.check_exactness([baseline, other], close)
+    ties = exactness.check_exactness([baseline, other], close)
     assert ties == [{"config": "ngram-k4", "prompt_id": "p", "repeat": 0, "position": 1, "logit_gap": pytest.approx(0.1)}]
     with pytest.raises(bench.ExactnessError, match="2.50 logits apart"):
-        bench.check_exactness([baseline, other], far)
+        exactness.check_exactness([baseline, other], far)

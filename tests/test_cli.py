@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-EDGESPEC = [sys.executable, "-m", "edgespec.cli"]
+EDGESPEC = [sys.executable, "-m", "edgespec"]
 
 
 def run_cli(*args, stdin=None):

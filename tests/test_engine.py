@@ -46,22 +46,22 @@ def generate_ids(engine, mode, prompt, params, draft_tokens):
 def test_greedy_output_is_identical_in_every_mode(engine, prompt, draft_tokens):
     params = SamplingParams(temperature=0.0, max_tokens=48)
     plain = generate_ids(engine, "none", prompt, params, draft_tokens)
-    assert plain.stats["target_passes_per_token"] >= 1.0
+    assert plain.stats.target_passes_per_token >= 1.0
     for mode in ("draft-model", "ngram"):
         result = generate_ids(engine, mode, prompt, params, draft_tokens)
         assert result.token_ids == plain.token_ids, mode
         assert result.text == plain.text
-        assert result.stats["draft_tokens_accepted"] <= result.stats["draft_tokens_proposed"]
+        assert result.stats.draft_tokens_accepted <= result.stats.draft_tokens_proposed
 
 
 def test_speculation_saves_target_passes_on_a_repetitive_text(engine):
     params = SamplingParams(temperature=0.0, max_tokens=64)
     result = generate_ids(engine, "ngram", PROMPTS[1], params, 4)
     stats = result.stats
-    assert 0 < stats["draft_tokens_accepted"] <= stats["draft_tokens_proposed"]
-    assert stats["target_forward_passes"] == stats["steps"]
-    assert stats["target_forward_passes"] == stats["tokens_generated"] - stats["draft_tokens_accepted"]
-    assert stats["target_passes_per_token"] < 1.0
+    assert 0 < stats.draft_tokens_accepted <= stats.draft_tokens_proposed
+    assert stats.target_forward_passes == stats.steps
+    assert stats.target_forward_passes == stats.tokens_generated - stats.draft_tokens_accepted
+    assert stats.target_passes_per_token < 1.0
 
 
 def exact_two_token_law(target_path, prompt_ids, params):
@@ -90,8 +90,8 @@ def test_sampled_draft_model_output_has_the_targets_distribution(engine, tiny_mo
         params = SamplingParams(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0, max_tokens=2, seed=seed)
         result = engine.generate(prompt, params, raw=True)
         counts[tuple(result.token_ids)] += 1
-        proposed += result.stats["draft_tokens_proposed"]
-        accepted += result.stats["draft_tokens_accepted"]
+        proposed += result.stats.draft_tokens_proposed
+        accepted += result.stats.draft_tokens_accepted
     assert 0.2 < accepted / proposed < 0.95, "the draft must be right sometimes and wrong sometimes"
     assert set(counts) <= set(law), "emitted a pair the target gives probability 0"
     # chi-square over outcomes with enough expected mass, the rest pooled
@@ -153,7 +153,7 @@ def test_streamed_pieces_add_up_to_the_text(engine):
     assert pieces == events[-1].result.text
     assert [t.id for e in steps for t in e.tokens] == events[-1].result.token_ids
     drafted = sum(t.drafted for e in steps for t in e.tokens)
-    assert drafted == events[-1].result.stats["draft_tokens_accepted"]
+    assert drafted == events[-1].result.stats.draft_tokens_accepted
 
 
 def test_cancel_stops_within_a_step(engine):
@@ -226,12 +226,11 @@ class ScriptedDrafter:
 
 def drive(engine, prompt_ids, steps):
     """Proposed draft tokens per step, and the tokens each step emitted."""
-    proposed, emitted, before = [], [], 0
+    proposed, emitted = [], []
     events = engine.stream_tokens(prompt_ids, SamplingParams(temperature=0.0, max_tokens=steps * 40))
     for event in events:
         if isinstance(event, Step):
-            proposed.append(event.stats["draft_tokens_proposed"] - before)
-            before = event.stats["draft_tokens_proposed"]
+            proposed.append(event.drafted)
             emitted.append(len(event.tokens))
             if len(proposed) == steps:
                 break
@@ -307,11 +306,10 @@ def k_per_step(tiny_models, measured_curve, **load):
     plant_curve(probe, measured_curve)
     probe.close()
     engine = load_engine(tiny_models["target"], "ngram", n_ctx=1024, draft_tokens="auto", n_threads=1, **load)
-    ks, before = [], 0
+    ks = []
     for event in engine.stream(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=120), raw=True):
         if isinstance(event, Step):
-            ks.append(event.stats["draft_tokens_proposed"] - before)
-            before = event.stats["draft_tokens_proposed"]
+            ks.append(event.drafted)
     engine.close()
     return ks
 

@@ -5,7 +5,16 @@ from gguf import GGUFReader
 
 from edgespec.errors import EdgespecError, ModelFileError
 from edgespec.gguf_info import read_gguf_info
-from models_gguf import TOKENS, write_tiny_gguf
+from tinygguf import bos_eos_ids, vocab_size, write_tiny_model
+
+TEMPLATE = "{{ messages[0]['content'] }}"
+N_EMBD, N_HEAD, N_HEAD_KV, N_FF = 8, 2, 1, 16
+
+
+def write_tiny_gguf(path, **overrides):
+    """A two-block file with a 256-token context: small enough to check every size by hand."""
+    return write_tiny_model(path, seed=0, n_layer=2, n_embd=N_EMBD, n_head=N_HEAD, n_head_kv=N_HEAD_KV, n_ff=N_FF,
+                            n_ctx_train=256, chat_template=TEMPLATE, **overrides)
 
 
 @pytest.fixture
@@ -17,17 +26,17 @@ def test_reads_metadata_of_a_written_file(tiny):
     info = read_gguf_info(tiny)
     assert info.path == tiny
     assert info.architecture == "llama"
-    assert info.name == "tiny test llama"
+    assert info.name == "tiny-llama-base-L2-s0"
     assert info.quantization == "F32"
     assert (info.n_layer, info.n_embd, info.n_head, info.n_head_kv) == (2, 8, 2, 1)
     assert info.head_dim == 4
     assert info.context_length == 256
-    assert info.vocab_size == len(TOKENS)
+    assert info.vocab_size == vocab_size()
     assert info.tokenizer_model == "gpt2"
-    assert (info.bos_id, info.eos_id) == (0, 1)
-    assert info.chat_template == "{{ messages[0]['content'] }}"
+    assert (info.bos_id, info.eos_id) == bos_eos_ids()
+    assert info.chat_template == TEMPLATE
     assert info.file_size == os.path.getsize(tiny)
-    assert info.array_lengths["tokenizer.ggml.tokens"] == len(TOKENS)
+    assert info.array_lengths["tokenizer.ggml.tokens"] == vocab_size()
 
 
 def test_tensor_sizes_agree_with_gguf_reader(tiny):
@@ -35,9 +44,11 @@ def test_tensor_sizes_agree_with_gguf_reader(tiny):
     reference = GGUFReader(tiny)
     assert info.tensor_bytes == sum(int(t.n_bytes) for t in reference.tensors)
     assert info.parameter_count == sum(int(t.n_elements) for t in reference.tensors)
-    per_block = (8 * 8 + 8) * 4
+    kv = N_EMBD // N_HEAD * N_HEAD_KV
+    # two norms, q and output, k and v, gate, up and down: F32 each
+    per_block = (2 * N_EMBD + 2 * N_EMBD * N_EMBD + 2 * kv * N_EMBD + 3 * N_FF * N_EMBD) * 4
     assert info.layer_tensor_bytes == (per_block, per_block)
-    assert info.other_tensor_bytes == (len(TOKENS) * 8 + 8) * 4
+    assert info.other_tensor_bytes == (2 * vocab_size() * N_EMBD + N_EMBD) * 4  # embeddings, output, output norm
     last = max(reference.tensors, key=lambda t: t.data_offset)
     assert info.file_size >= last.data_offset + last.n_bytes
 

@@ -1,4 +1,3 @@
-import argparse
 import hashlib
 import json
 import time
@@ -7,12 +6,12 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 
-from edgespec import models_cli
 from edgespec.catalog import default_pair, import_model, load_catalog, local_path, UnknownModelError
+from edgespec.commands import main
 from edgespec.fetch import ModelUnavailableError, pull, resolve_draft, resolve_model
 from edgespec.errors import EdgespecError, ModelFileError
 from edgespec.gguf_info import read_gguf_info
-from models_gguf import write_tiny_gguf
+from tinygguf import write_tiny_model
 from models_helpers import HubServer, build_wheel, closed_port
 
 REPO = "test-org/tiny-GGUF"
@@ -34,7 +33,7 @@ def store(tmp_path, monkeypatch):
 
 @pytest.fixture
 def tiny_bytes(tmp_path):
-    return write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes()
+    return write_tiny_model(tmp_path / "tiny.gguf", seed=0).read_bytes()
 
 
 def add_user_models(store, *entries):
@@ -51,10 +50,7 @@ def leftovers(store):
 
 
 def run_cli(*argv) -> int:
-    parser = argparse.ArgumentParser()
-    models_cli.add_models_parser(parser.add_subparsers())
-    args = parser.parse_args(["models", *argv])
-    return args.func(args)
+    return main(["models", *argv])
 
 
 # ------------------------------------------------------------------ catalog
@@ -241,7 +237,7 @@ def test_server_closing_mid_file_leaves_nothing_listed_as_present(store, tiny_by
 
 
 def test_import_registers_a_local_gguf(store, tmp_path, capsys):
-    tiny = write_tiny_gguf(tmp_path / "My_Tiny Model.gguf")
+    tiny = write_tiny_model(tmp_path / "My_Tiny Model.gguf", seed=0)
     assert run_cli("import", str(tiny)) == 0
     assert "imported my-tiny-model: llama F32" in capsys.readouterr().out
     assert resolve_model("my-tiny-model", pull=False) == tiny
@@ -267,6 +263,7 @@ def test_cli_path_of_a_missing_model_is_one_line_and_exit_1(store, capsys):
     assert run_cli("path", "qwen2.5-coder-0.5b-instruct") == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "edgespec models pull qwen2.5-coder-0.5b-instruct" in err
+    assert err.startswith("edgespec: "), "every command reports a user error in one style"
 
 
 def test_cli_list_shows_catalog_with_present_and_missing(store, tmp_path, tiny_bytes, capsys):

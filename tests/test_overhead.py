@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec import bench
+from edgespec.commands.bench import microbench, report, runner
 from edgespec.engine import PhaseClock
 
 
 def test_every_phase_of_every_step_is_accounted_for(tiny_models):
-    results = bench.run_bench(
+    results = runner.run_bench(
         tiny_models["target"], tiny_models["draft"], suites=["code-edit"], configs=["baseline", "ngram-k2", "draft-model-k3"],
         prompts_per_suite=1, repeats=1, temperatures=[0.0, 0.8], max_tokens=16, n_ctx=1024, n_threads=1, overhead=True,
     )
@@ -24,18 +24,18 @@ def test_every_phase_of_every_step_is_accounted_for(tiny_models):
         row = rows[(run["temperature"], "all", run["config"])]
         assert row["steps"] == run["steps"]
         assert row["overhead_ms_per_step"] == pytest.approx(sum(
-            ns for phase, ns in run["phase_ns"].items() if phase not in bench.DECODE_PHASES) / run["steps"] / 1e6)
+            ns for phase, ns in run["phase_ns"].items() if phase not in report.DECODE_PHASES) / run["steps"] / 1e6)
         assert row["overhead_of_t1"] == pytest.approx(row["overhead_ms_per_step"] / row["t1_ms"])
 
 
 def test_a_plain_bench_records_no_phases(tiny_models):
-    results = bench.run_bench(tiny_models["target"], None, suites=["chat"], configs=["baseline"], prompts_per_suite=1,
+    results = runner.run_bench(tiny_models["target"], None, suites=["chat"], configs=["baseline"], prompts_per_suite=1,
                               repeats=1, temperatures=[0.0], max_tokens=4, n_ctx=1024, n_threads=1)
     assert "overhead" not in results and all("phase_ns" not in run for run in results["runs"])
 
 
 def test_the_sampling_microbenchmark_times_each_case():
-    results = bench.run_sampling_microbench(n_vocab=4096, rows=3, repeats=1)
+    results = microbench.run_sampling_microbench(n_vocab=4096, rows=3, repeats=1)
     assert set(results["ms_per_row"]) == {"T=0.8 (top-k 40, top-p 0.95, min-p 0.05)", "T=0.8, top-k off", "T=0",
                                           "copy of one logits row"}
     assert all(ms > 0 for ms in results["ms_per_row"].values())

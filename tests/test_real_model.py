@@ -44,15 +44,15 @@ def test_greedy_ngram_equals_greedy_plain(smollm):
     assert spec.token_ids == plain.token_ids and spec.text == plain.text
 
     stats = spec.stats
-    assert stats["mode"] == "ngram" and plain.stats["mode"] == "none"
-    assert 0 < stats["draft_tokens_accepted"] <= stats["draft_tokens_proposed"]
-    assert stats["acceptance_rate"] == stats["draft_tokens_accepted"] / stats["draft_tokens_proposed"]
+    assert stats.mode == "ngram" and plain.stats.mode == "none"
+    assert 0 < stats.draft_tokens_accepted <= stats.draft_tokens_proposed
+    assert stats.acceptance_rate == stats.draft_tokens_accepted / stats.draft_tokens_proposed
     # one target pass per step; each step emits its accepted drafts plus one target token
-    assert stats["target_forward_passes"] == stats["steps"]
-    emitted = stats["tokens_generated"] + (stats["finish_reason"] == "stop")
-    assert emitted == stats["steps"] + stats["draft_tokens_accepted"]
-    assert stats["target_passes_per_token"] < plain.stats["target_passes_per_token"]
-    assert plain.stats["target_forward_passes"] == plain.stats["steps"]
+    assert stats.target_forward_passes == stats.steps
+    emitted = stats.tokens_generated + (stats.finish_reason == "stop")
+    assert emitted == stats.steps + stats.draft_tokens_accepted
+    assert stats.target_passes_per_token < plain.stats.target_passes_per_token
+    assert plain.stats.target_forward_passes == plain.stats.steps
 
 
 def test_two_turn_chat_with_reuse_equals_a_fresh_session(smollm):
@@ -63,14 +63,14 @@ def test_two_turn_chat_with_reuse_equals_a_fresh_session(smollm):
     first = session.send(f"Here is a function:\n\n```python\n{CODE}```\n\nWhat does it do?", params)
     second = session.send("Repeat the function exactly as I wrote it, in a code block.", code_only)
     assert "def mean(values):" in second.text
-    assert second.stats["prompt_tokens_reused"] > second.stats["prompt_tokens_evaluated"]
+    assert second.stats.prompt_tokens_reused > second.stats.prompt_tokens_evaluated
     # The n-gram drafter copies the function from the first turn: a large share of the reply comes
     # from accepted drafts. (Not the share of proposals accepted: how much of the function greedy
     # decoding repeats verbatim differs between CPUs, e.g. AVX2 and AVX-512 kernels, and every
     # token it rewrites costs a rejected 4-token draft.)
-    assert second.stats["draft_tokens_accepted"] >= 0.4 * second.stats["tokens_generated"], second.stats
-    assert second.stats["acceptance_rate"] > 2 * first.stats["acceptance_rate"]
-    assert second.stats["target_passes_per_token"] < 0.6
+    assert second.stats.draft_tokens_accepted >= 0.4 * second.stats.tokens_generated, second.stats
+    assert second.stats.acceptance_rate > 2 * first.stats.acceptance_rate
+    assert second.stats.target_passes_per_token < 0.6
 
     smollm.forget_cache()  # nothing cached: a truly fresh session
     smollm.configure(mode="none")

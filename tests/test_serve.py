@@ -38,7 +38,7 @@ class ServerProcess:
 
     def __init__(self, argv: list[str], env: dict):
         script = Path(sys.executable).parent / "edgespec"
-        command = [str(script)] if script.exists() else [sys.executable, "-m", "edgespec.cli"]
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "edgespec"]
         self.process = subprocess.Popen(command + ["serve", "--port", "0", *argv], env=env, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []

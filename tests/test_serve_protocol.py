@@ -6,6 +6,7 @@ import pytest
 
 from edgespec.sampling import SamplingParams
 from edgespec.server.protocol import ApiError, ResponseWriter, parse_request
+from edgespec.stats import Stats
 
 DEFAULTS = SamplingParams(temperature=0.8, max_tokens=1024, stop=("END",))
 USER = [{"role": "user", "content": "hi"}]
@@ -83,9 +84,9 @@ def test_completion_prompts():
 
 
 def test_usage_carries_the_speculative_figures():
-    stats = {"mode": "ngram", "prompt_tokens": 10, "prompt_tokens_reused": 6, "prompt_tokens_evaluated": 4,
-             "tokens_generated": 8, "draft_tokens_proposed": 6, "draft_tokens_accepted": 3, "acceptance_rate": 0.5,
-             "target_forward_passes": 5, "target_passes_per_token": 0.625, "decode_tokens_per_second": 100.0}
+    stats = Stats(mode="ngram", prompt_tokens=10, prompt_tokens_reused=6, prompt_tokens_evaluated=4,
+                  tokens_generated=8, draft_tokens_proposed=6, draft_tokens_accepted=3, acceptance_rate=0.5,
+                  target_forward_passes=5, target_passes_per_token=0.625, decode_tokens_per_second=100.0)
     body = ResponseWriter(chat(), "tiny").whole("hello", "context", stats)
     assert body["choices"][0] == {"index": 0, "logprobs": None, "finish_reason": "length",
                                   "message": {"role": "assistant", "content": "hello"}}

@@ -50,8 +50,8 @@ def test_three_turns_with_reuse_equal_fresh_sessions(engines, mode):
         if turn > 0:
             # only the new user message and the template around it were decoded
             new_tokens = len(engine.tokenize(text))
-            assert result.stats["prompt_tokens_reused"] > 0
-            assert result.stats["prompt_tokens_evaluated"] <= new_tokens + 12
+            assert result.stats.prompt_tokens_reused > 0
+            assert result.stats.prompt_tokens_evaluated <= new_tokens + 12
     assert [m["role"] for m in session.messages] == ["user", "assistant"] * 3
 
 

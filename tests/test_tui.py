@@ -63,7 +63,7 @@ async def wait_for(pilot, condition, timeout: float = 30.0) -> None:
 
 
 async def loaded(pilot) -> None:
-    await wait_for(pilot, lambda: pilot.app.session is not None or pilot.app.query(Note))
+    await wait_for(pilot, lambda: pilot.app.chat.session is not None or pilot.app.query(Note))
 
 
 async def send(pilot, text: str) -> None:
@@ -88,8 +88,8 @@ async def test_prompt_streams_a_reply_with_draft_marks_stats_and_footer(models):
         await loaded(pilot)
         await send(pilot, "Hello world")
         [reply] = replies(app)
-        assert app.session.messages[-1] == {"role": "assistant", "content": reply.reply.text} or \
-            app.session.messages[-1]["content"] == reply.reply.text
+        assert app.chat.session.messages[-1] == {"role": "assistant", "content": reply.reply.text} or \
+            app.chat.session.messages[-1]["content"] == reply.reply.text
         assert reply.reply.text
         assert reply.reply.drafted_ranges(), "the tiny draft agrees with its target often"
         assert list(app.query(UserMessage))[0].render().plain == "Hello world"
@@ -135,7 +135,7 @@ async def test_escape_stops_the_reply_and_keeps_what_arrived(models):
         app.prompt_input.load_text("Tell me everything")
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
-        stored = app.store.load_chat(app.chat_id)  # saved before the reply: a kill now loses only the reply
+        stored = app.store.load_chat(app.chat.chat_id)  # saved before the reply: a kill now loses only the reply
         assert stored.extras["pending_prompt"] == "Tell me everything" and stored.session["messages"] == []
 
         reply_view = app.generation.view.reply
@@ -148,17 +148,17 @@ async def test_escape_stops_the_reply_and_keeps_what_arrived(models):
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.generation is None)
         [reply] = replies(app)
-        last = app.session.messages[-1]
+        last = app.chat.session.messages[-1]
         assert last["role"] == "assistant" and last.get("cancelled")
         assert last["content"] == reply.reply.text != ""
-        assert app.shown_stats["finish_reason"] == "cancelled"
-        assert app.shown_stats["tokens_generated"] < 3000
+        assert app.chat.shown_stats.finish_reason == "cancelled"
+        assert app.chat.shown_stats.tokens_generated < 3000
         assert str(reply.footer.render()).startswith("stopped")
-        app.settings = dataclasses.replace(
-            app.settings, sampling=dataclasses.replace(app.settings.sampling, max_tokens=20))
+        app.chat.settings = dataclasses.replace(
+            app.chat.settings, sampling=dataclasses.replace(app.chat.settings.sampling, max_tokens=20))
         await send(pilot, "Go on")  # the chat goes on after a stop
-        assert app.session.messages[-1]["role"] == "assistant"
-        assert not app.session.messages[-1].get("cancelled")
+        assert app.chat.session.messages[-1]["role"] == "assistant"
+        assert not app.chat.session.messages[-1].get("cancelled")
 
 
 @pilot_test
@@ -167,35 +167,35 @@ async def test_regenerate_mode_switch_and_new_chat(models):
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Hello world")
-        first = app.session.messages[-1]["content"]
+        first = app.chat.session.messages[-1]["content"]
 
         await pilot.press("f5")  # rebound in the keymap
         await wait_for(pilot, lambda: app.generation is None)
-        assert [m["role"] for m in app.session.messages] == ["user", "assistant"]
+        assert [m["role"] for m in app.chat.session.messages] == ["user", "assistant"]
         assert len(replies(app)) == 1
-        assert app.session.messages[-1]["content"] == first  # T=0 samples the same reply
+        assert app.chat.session.messages[-1]["content"] == first  # T=0 samples the same reply
 
         await pilot.press("ctrl+g")
-        assert app.engine.mode == "ngram"
+        assert app.chat.engine.mode == "ngram"
         await send(pilot, "and the cat")
-        assert app.shown_stats["mode"] == "ngram"
+        assert app.chat.shown_stats.mode == "ngram"
         await pilot.press("ctrl+g")
-        assert app.engine.mode == "none"
-        plain_steps = app.plain_steps.steps
+        assert app.chat.engine.mode == "none"
+        plain_steps = app.chat.plain_steps.steps
         await send(pilot, "sat on the")
-        assert app.shown_stats["mode"] == "none" and app.shown_stats["draft_tokens_proposed"] == 0
-        assert app.plain_steps.steps == plain_steps + app.shown_stats["steps"], "a plain reply measures the baseline"
-        assert app.plain_speed() is not None
+        assert app.chat.shown_stats.mode == "none" and app.chat.shown_stats.draft_tokens_proposed == 0
+        assert app.chat.plain_steps.steps == plain_steps + app.chat.shown_stats.steps, "a plain reply measures the baseline"
+        assert app.chat.plain_speed() is not None
         await send(pilot, "world")
         await pilot.press("ctrl+g")
-        assert app.engine.mode == "draft-model"
+        assert app.chat.engine.mode == "draft-model"
         await send(pilot, "hello")
         footer = str(replies(app)[-1].footer.render())
         assert "× vs plain" in footer or "does not fit this reply" in footer
 
         await pilot.press("ctrl+n")
         await pilot.pause()
-        assert app.session.messages == [] and not replies(app) and app.chat_id is None
+        assert app.chat.session.messages == [] and not replies(app) and app.chat.chat_id is None
 
 
 @pilot_test
@@ -205,21 +205,21 @@ async def test_history_and_settings_survive_a_restart(models):
         await loaded(pilot)
         await pilot.press("ctrl+g")  # ngram
         await send(pilot, "Hello world")
-        saved = [dict(m) for m in app.session.messages]
+        saved = [dict(m) for m in app.chat.session.messages]
         marks = replies(app)[0].reply.drafted_ranges()
-        app._save(pending_prompt="never answered")  # as sending does, just before a reply that a kill cut off
+        app.chat.save(pending_prompt="never answered")  # as sending does, just before a reply that a kill cut off
 
     app = make_app(models, draft_tokens=5)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        assert app.engine.draft_tokens == 5 and app.engine.mode == "draft-model"
+        assert app.chat.engine.draft_tokens == 5 and app.chat.engine.mode == "draft-model"
         await pilot.press("ctrl+o")
         assert isinstance(app.screen, HistoryScreen)
         await pilot.press("enter")
         await pilot.pause()
-        assert [m["content"] for m in app.session.messages] == [m["content"] for m in saved]
-        assert app.settings.draft_tokens == 3 and app.engine.draft_tokens == 3
-        assert app.engine.mode == "ngram"
+        assert [m["content"] for m in app.chat.session.messages] == [m["content"] for m in saved]
+        assert app.chat.settings.draft_tokens == 3 and app.chat.engine.draft_tokens == 3
+        assert app.chat.engine.mode == "ngram"
         [reply] = replies(app)
         assert reply.reply.text == saved[-1]["content"]
         assert reply.reply.drafted_ranges() == marks
@@ -228,7 +228,7 @@ async def test_history_and_settings_survive_a_restart(models):
         assert "no reply" in str(app.query(Note).last().render())
         app.prompt_input.load_text("")
         await send(pilot, "and again")  # the reopened chat continues
-        assert len(app.session.messages) == 4
+        assert len(app.chat.session.messages) == 4
 
 
 @pilot_test
@@ -258,8 +258,8 @@ async def test_settings_apply_to_the_chat_and_save_as_defaults(models):
         app.screen.query_one("#system-prompt").load_text("Be brief.")
         await pilot.click("#save")
         await pilot.pause()
-        assert app.settings.sampling.temperature == 0.5
-        assert app.engine.draft_tokens == 6
+        assert app.chat.settings.sampling.temperature == 0.5
+        assert app.chat.engine.draft_tokens == 6
         text = config_path().read_text()
         assert "temperature = 0.5" in text and "draft_tokens = 6" in text and 'system_prompt = "Be brief."' in text
 
@@ -301,13 +301,13 @@ async def test_load_errors_show_a_message_and_the_app_keeps_running(models, tmp_
         await loaded(pilot)
         [notice] = app.query(Note)
         assert message in str(notice.render())
-        assert app.session is None
+        assert app.chat.session is None
         await pilot.click(PromptInput)
         await pilot.press(*"hi", "enter")
         assert not app.query(UserMessage)
         # Load a working pair from the command that the message points to.
         app.load_models(str(models["target"]), "ngram")
-        await wait_for(pilot, lambda: app.session is not None)
+        await wait_for(pilot, lambda: app.chat.session is not None)
         await send(pilot, "Hello")
         assert replies(app)
 
@@ -337,7 +337,7 @@ async def test_a_full_context_drops_the_oldest_turns_with_a_note(models):
             await send(pilot, "")
         notes = [str(note.render()) for note in app.query(Note)]
         assert any("left the oldest" in note for note in notes), notes
-        assert len(replies(app)) == 4 and app.session.messages[-1]["role"] == "assistant"
+        assert len(replies(app)) == 4 and app.chat.session.messages[-1]["role"] == "assistant"
 
 
 @pilot_test
@@ -353,7 +353,7 @@ async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
     started = time.monotonic()
     app.close_engine()
     assert stream.finished.is_set() and stream.result.finish_reason == "cancelled"
-    assert app.engine is None and time.monotonic() - started < 5
+    assert app.chat.engine is None and time.monotonic() - started < 5
 
 
 @pilot_test
@@ -373,8 +373,8 @@ async def test_a_short_plain_reply_does_not_become_the_plain_speed(models):
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Hello world")
-        assert app.shown_stats["mode"] == "none" and 0 < app.shown_stats["steps"] < app.plain_steps.min_steps
-        assert app.plain_speed() == (1 / app.engine.plain_step_seconds, "calibrated")
+        assert app.chat.shown_stats.mode == "none" and 0 < app.chat.shown_stats.steps < app.chat.plain_steps.min_steps
+        assert app.chat.plain_speed() == (1 / app.chat.engine.plain_step_seconds, "calibrated")
 
 
 @pilot_test
@@ -394,9 +394,9 @@ async def test_a_stale_speed_measurement_is_redone_between_replies_not_at_start(
     app = make_app(models)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        assert app.engine.max_draft_tokens == 2, "the chat started on the old measurement"
+        assert app.chat.engine.max_draft_tokens == 2, "the chat started on the old measurement"
         assert not any("measuring" in str(note.render()) for note in app.query(Note))
-        await wait_for(pilot, lambda: not app.engine.calibration_due and app._recalibration_idle.is_set())
-        assert app.engine.plain_step_seconds < 1000.0 and cache.load_entry(key) is not None
+        await wait_for(pilot, lambda: not app.chat.engine.calibration_due and app._recalibration_idle.is_set())
+        assert app.chat.engine.plain_step_seconds < 1000.0 and cache.load_entry(key) is not None
         await send(pilot, "Hello world")  # the chat goes on with the new measurement
         assert replies(app)

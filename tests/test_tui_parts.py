@@ -1,10 +1,13 @@
 """The chat app's pure parts: Markdown blocks with draft tint, stats texts, config."""
 
+from dataclasses import replace
+
 import pytest
 from rich.style import Style
 
 from tui.config import ChatConfig, ConfigError, load_config, save_defaults
 from tui.render import DEFAULT_DRAFT_TINT, BlockRenderer, split_blocks
+from edgespec.stats import Stats
 from tui.stats import MIN_PLAIN_STEPS, PlainSpeedEstimate, reply_footer, stats_line, step_acceptance
 
 REPLY = (
@@ -56,19 +59,17 @@ def test_draft_tint_follows_source_characters_through_markup_and_highlighting():
 
 
 def test_step_acceptance_is_per_step_not_cumulative():
-    first = {"draft_tokens_proposed": 4, "draft_tokens_accepted": 4}
-    second = {"draft_tokens_proposed": 8, "draft_tokens_accepted": 5}
-    assert step_acceptance(None, first) == 1.0
-    assert step_acceptance(first, second) == 0.25
-    assert step_acceptance(second, second) is None
+    assert step_acceptance(4, 4) == 1.0
+    assert step_acceptance(4, 1) == 0.25
+    assert step_acceptance(0, 0) is None
 
 
-STATS = {
-    "mode": "draft-model", "tokens_generated": 120, "decode_tokens_per_second": 40.0,
-    "draft_tokens_proposed": 100, "draft_tokens_accepted": 75, "acceptance_rate": 0.75,
-    "target_passes_per_token": 0.4, "mean_draft_tokens": 3.5, "finish_reason": "stop",
-    "prompt_tokens": 30,
-}
+STATS = Stats(
+    mode="draft-model", tokens_generated=120, decode_tokens_per_second=40.0,
+    draft_tokens_proposed=100, draft_tokens_accepted=75, acceptance_rate=0.75,
+    target_passes_per_token=0.4, mean_draft_tokens=3.5, finish_reason="stop",
+    prompt_tokens=30,
+)
 
 
 def test_reply_footer_gives_speedup_only_once_plain_speed_is_known():
@@ -76,8 +77,8 @@ def test_reply_footer_gives_speedup_only_once_plain_speed_is_known():
     footer = reply_footer(STATS, (16.0, "measured"))
     assert "120 tokens" in footer and "40.0 tok/s" in footer and "accepted 75% (75/100)" in footer
     assert "2.50× vs plain 16.0 tok/s (measured)" in footer
-    assert reply_footer(dict(STATS, finish_reason="cancelled"), (16.0, "measured")).startswith("stopped")
-    plain = dict(STATS, mode="none", draft_tokens_proposed=0)
+    assert reply_footer(replace(STATS, finish_reason="cancelled"), (16.0, "measured")).startswith("stopped")
+    plain = replace(STATS, mode="none", draft_tokens_proposed=0)
     assert "baseline" in reply_footer(plain, (16.0, "measured"))
 
 
@@ -86,19 +87,14 @@ def test_reply_footer_shows_no_speedup_the_evidence_cannot_support():
     contended = reply_footer(STATS, (0.3, "measured"))  # a plain speed taken on a busy machine
     assert "×" not in contended and "speedup n/a" in contended and "does not fit this reply" in contended
     assert "3.00× vs plain" in reply_footer(STATS, (40.0 / 3, "measured"))
-    short = dict(STATS, tokens_generated=10)
+    short = replace(STATS, tokens_generated=10)
     assert "×" not in reply_footer(short, (16.0, "measured")) and "too few tokens" in reply_footer(short, (16.0, "measured"))
 
 
-def plain_steps(estimate, seconds_per_step, steps, previous=None):
-    """Feed `steps` plain steps of one reply, as the generation thread does from the stats snapshots."""
-    before = previous or {"steps": 0, "draft_tokens_proposed": 0, "decode_seconds": 0.0}
+def plain_steps(estimate, seconds_per_step, steps):
+    """Feed `steps` plain steps of one reply, as the generation thread does from each Step."""
     for _ in range(steps):
-        current = {"steps": before["steps"] + 1, "draft_tokens_proposed": before["draft_tokens_proposed"],
-                   "decode_seconds": before["decode_seconds"] + seconds_per_step}
-        estimate.observe(before if before["steps"] else None, current)
-        before = current
-    return before
+        estimate.observe(0, seconds_per_step)
 
 
 def test_plain_speed_needs_many_steps_and_ignores_a_contended_cancelled_reply():
@@ -113,14 +109,11 @@ def test_plain_speed_needs_many_steps_and_ignores_a_contended_cancelled_reply():
 
 def test_plain_speed_counts_only_steps_that_drafted_nothing():
     estimate = PlainSpeedEstimate(min_steps=1)
-    drafted = {"steps": 1, "draft_tokens_proposed": 4, "decode_seconds": 0.02}
-    estimate.observe(None, drafted)
+    estimate.observe(4, 0.02)  # a step that drafted 4 tokens
     assert estimate.steps == 0
-    two_steps = {"steps": 3, "draft_tokens_proposed": 4, "decode_seconds": 0.04}  # not one step: no figure
-    estimate.observe(drafted, two_steps)
+    estimate.observe(0, 0.0)  # no time measured: no figure
     assert estimate.steps == 0
-    plain = {"steps": 4, "draft_tokens_proposed": 4, "decode_seconds": 0.05}
-    estimate.observe(two_steps, plain)
+    estimate.observe(0, 0.01)
     assert estimate.tokens_per_second() == pytest.approx(100.0)
 
 

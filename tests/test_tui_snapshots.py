@@ -64,7 +64,7 @@ async def _until(pilot, condition, timeout: float = 30.0) -> None:
 
 
 async def _ready(pilot) -> None:
-    await _until(pilot, lambda: pilot.app.session is not None)
+    await _until(pilot, lambda: pilot.app.chat.session is not None)
     pilot.app.prompt_input.cursor_blink = False
     await pilot.pause()  # drawn with the steady cursor before anything covers it, whatever the blink phase was
 

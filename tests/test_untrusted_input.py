@@ -14,10 +14,10 @@ from gguf import GGUFReader
 
 from edgespec import ChatSession, EdgespecError, Engine, SamplingParams
 from edgespec.backend import LlamaModel
-from edgespec.cli import main
+from edgespec.commands import main
 from tinygguf import write_tiny_model
 
-EDGESPEC = [sys.executable, "-m", "edgespec.cli"]
+EDGESPEC = [sys.executable, "-m", "edgespec"]
 # Generous, so a slow machine cannot fail it; a hostile template without the bound runs for hours.
 CLI_TIMEOUT_SECONDS = 60
 

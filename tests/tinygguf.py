@@ -167,10 +167,12 @@ def write_tiny_model(
     vocab: str = "base",
     n_ctx_train: int = 4096,
     chat_template: str | None = None,
+    key_length: int | None = None,
 ) -> Path:
     """Write a tiny llama GGUF model with F32 random weights; return its path.
 
-    chat_template replaces the vocabulary's own template (a hostile one, say).
+    chat_template replaces the vocabulary's own template (a hostile one, say);
+    key_length writes an explicit attention key length (for header readers only).
     """
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must divide by n_head and n_head by n_head_kv")
@@ -189,6 +191,8 @@ def write_tiny_model(
     writer.add_feed_forward_length(n_ff)
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head_kv)
+    if key_length is not None:
+        writer.add_key_length(key_length)
     writer.add_rope_dimension_count(n_embd // n_head)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
@@ -212,6 +216,15 @@ def write_tiny_model(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def vocab_size(vocab: str = "base") -> int:
+    return len(_Tokenizer(vocab).tokens)
+
+
+def bos_eos_ids(vocab: str = "base") -> tuple[int, int]:
+    tokenizer = _Tokenizer(vocab)
+    return tokenizer.bos_id, tokenizer.eos_id
 
 
 TARGET_SEED = 1234

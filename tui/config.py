@@ -26,10 +26,8 @@ $EDGESPEC_CONFIG_DIR).  Every key is optional:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import platformdirs
@@ -41,6 +39,7 @@ from edgespec.files import atomic_write
 from edgespec.limits import RANGES, SettingError, checked_setting
 from edgespec.units import InvalidSizeError, parse_size
 from edgespec.sampling import SamplingParams
+from tui.settings import KINDS, SAMPLING_SETTINGS, TOP_LEVEL_SETTINGS, ChatConfig
 
 CONFIG_FILE = "config.toml"
 
@@ -60,50 +59,36 @@ KEY_ACTIONS: dict[str, tuple[str, str]] = {
 }
 
 
+# Action name -> what the command palette says it does.
+COMMAND_HELP = {
+    "cancel": "Stop the reply being generated (keeps what has arrived)",
+    "regenerate": "Sample the last reply again",
+    "new_chat": "Start an empty chat",
+    "copy_reply": "Copy the last reply to the clipboard",
+    "cycle_mode": "Switch drafting: draft model → n-gram → none",
+    "toggle_marks": "Show or hide the tint on tokens the draft guessed",
+    "history": "Reopen a saved chat",
+    "settings": "System prompt, temperature, top-p, top-k, max tokens, draft tokens",
+    "model_info": "The memory plan and the GGUF metadata of the loaded models",
+    "help": "Show or hide the key bindings",
+}
+
+
 class ConfigError(EdgespecError):
     """config.toml cannot be read or holds a value the app cannot use."""
 
 
-@dataclass(frozen=True)
-class ChatConfig:
-    model: str | None = None  # None: the catalog's default model
-    draft: str = "auto"
-    draft_tokens: int | str = "auto"
-    n_ctx: int = 4096
-    gpu_layers: int | None = None
-    draft_gpu_layers: int | None = None
-    memory_budget: str | None = None
-    system_prompt: str = ""
-    draft_tint: str = "#24513a"
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    max_tokens: int = 1024
-    keymap: dict[str, str] = field(default_factory=dict)
-
-    def with_overrides(self, **values) -> ChatConfig:
-        """Replace the fields given a value other than None (as command-line flags do)."""
-        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
-
-    def sampling(self) -> SamplingParams:
-        try:
-            return self._sampling_params()
-        except ValueError as error:
-            raise ConfigError(f"bad sampling setting in {config_path()} or the flags: {error}") from None
-
-    def _sampling_params(self) -> SamplingParams:
-        """The sampling settings; ValueError (from SamplingParams, which checks them) if one is bad."""
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              min_p=self.min_p, max_tokens=self.max_tokens)
+def chat_sampling(config: ChatConfig) -> SamplingParams:
+    """The config's sampling settings; ConfigError naming the file (or the flags) if one is bad."""
+    try:
+        return config.sampling_params()
+    except ValueError as error:
+        raise ConfigError(f"bad sampling setting in {config_path()} or the flags: {error}") from None
 
 
-_TOP_LEVEL = ("model", "draft", "draft_tokens", "n_ctx", "gpu_layers", "draft_gpu_layers", "memory_budget",
-              "system_prompt", "draft_tint")
-_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "max_tokens")
-_STRINGS = ("model", "draft", "memory_budget", "system_prompt", "draft_tint")
-_INTEGERS = ("top_k", "max_tokens")  # n_ctx, the layer counts and draft_tokens: edgespec.limits.RANGES
-_NUMBERS = ("temperature", "top_p", "min_p")
+_STRINGS = tuple(name for name, kind in KINDS.items() if kind == "string")
+_INTEGERS = tuple(name for name, kind in KINDS.items() if kind == "integer")  # "range" ones: edgespec.limits.RANGES
+_NUMBERS = tuple(name for name, kind in KINDS.items() if kind == "number")
 
 
 def config_dir() -> Path:
@@ -134,7 +119,7 @@ def _parse(data: dict, path: Path) -> ChatConfig:
             raise ConfigError(f"{path}: {key} must be a table: a [{key}] section")
         if key == "sampling":
             for name, sampling_value in value.items():
-                _check_key(name, _SAMPLING, path, "[sampling] ")
+                _check_key(name, SAMPLING_SETTINGS, path, "[sampling] ")
                 values[name] = sampling_value
         elif key == "keymap":
             for action, keys in value.items():
@@ -142,14 +127,14 @@ def _parse(data: dict, path: Path) -> ChatConfig:
                 _check_keys(action, keys, path)
             values["keymap"] = dict(value)
         else:
-            _check_key(key, _TOP_LEVEL, path, "")
+            _check_key(key, TOP_LEVEL_SETTINGS, path, "")
             values[key] = value
     for name, value in values.items():
         if name != "keymap":
             values[name] = _checked(name, value, path)
     config = ChatConfig(**values)
     try:
-        config._sampling_params()
+        config.sampling_params()
     except ValueError as error:
         raise ConfigError(f"{path}: [sampling] {error}") from None
     return config
@@ -213,12 +198,12 @@ def save_defaults(config: ChatConfig, path: Path | None = None) -> Path:
     """Write config as config.toml, so the next start uses these settings."""
     path = path or config_path()
     lines = []
-    for name in _TOP_LEVEL:
+    for name in TOP_LEVEL_SETTINGS:
         value = getattr(config, name)
         if value is not None:
             lines.append(f"{name} = {_toml_value(value)}")
     lines += ["", "[sampling]"]
-    lines += [f"{name} = {_toml_value(getattr(config, name))}" for name in _SAMPLING]
+    lines += [f"{name} = {_toml_value(getattr(config, name))}" for name in SAMPLING_SETTINGS]
     if config.keymap:
         lines += ["", "[keymap]"]
         lines += [f"{action} = {_toml_value(keys)}" for action, keys in sorted(config.keymap.items())]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 
 from rich.table import Table
 from rich.text import Text
@@ -15,40 +14,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
-from edgespec import SamplingParams
+from edgespec.gguf_info import read_gguf_info
 from edgespec.limits import SettingError, checked_setting
+from edgespec.planner import format_plan_table
+from tui import stats as stats_text
 from tui.history import ChatSummary
-
-
-@dataclass(frozen=True)
-class ChatSettings:
-    """What the settings screen edits; kept per chat in the history."""
-
-    system_prompt: str
-    sampling: SamplingParams
-    draft_tokens: int | str  # or "auto"
-
-    def as_dict(self) -> dict:
-        sampling = dataclasses.asdict(self.sampling)
-        sampling["stop"] = list(sampling["stop"])
-        return {"sampling": sampling, "draft_tokens": self.draft_tokens}
-
-    @classmethod
-    def from_dict(cls, data: dict, system_prompt: str, fallback: ChatSettings) -> ChatSettings:
-        """Settings saved with a chat; anything missing or invalid keeps the fallback's value."""
-        sampling = dict(data.get("sampling", {}))
-        if "stop" in sampling:
-            sampling["stop"] = tuple(sampling["stop"])
-        known = {f.name for f in dataclasses.fields(SamplingParams)}
-        try:
-            params = dataclasses.replace(fallback.sampling, **{k: v for k, v in sampling.items() if k in known})
-        except (TypeError, ValueError):
-            params = fallback.sampling
-        try:
-            draft_tokens = checked_setting("draft_tokens", data.get("draft_tokens", fallback.draft_tokens))
-        except SettingError:
-            draft_tokens = fallback.draft_tokens
-        return cls(system_prompt, params, draft_tokens)
+from tui.settings import KINDS, LABELS, SCREEN_SETTINGS, ChatSettings
 
 
 class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
@@ -61,17 +32,13 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
         self.settings = settings
 
     def compose(self) -> ComposeResult:
-        sampling = self.settings.sampling
         with Vertical(classes="dialog", id="settings") as dialog:
             dialog.border_title = "Chat settings (Esc cancels)"
             yield Label("System prompt")
             yield TextArea(self.settings.system_prompt, id="system-prompt", soft_wrap=True)
             with Horizontal(classes="fields"):
-                yield from _field("Temperature", "temperature", sampling.temperature)
-                yield from _field("Top-p", "top-p", sampling.top_p)
-                yield from _field("Top-k", "top-k", sampling.top_k)
-                yield from _field("Max tokens", "max-tokens", sampling.max_tokens)
-                yield from _field("Draft tokens", "draft-tokens", self.settings.draft_tokens)
+                for name in SCREEN_SETTINGS:
+                    yield from _field(LABELS[name], _field_id(name), self.settings.value(name))
             yield Static("", id="settings-error")
             with Horizontal(classes="buttons"):
                 yield Button("Apply", id="apply", variant="primary")
@@ -90,28 +57,35 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
         self.dismiss((settings, event.button.id == "save"))
 
     def _read(self) -> ChatSettings:
-        def number(field_id: str, kind):
-            text = self.query_one(f"#{field_id}", Input).value.strip()
-            try:
-                return kind(text)
-            except ValueError:
-                raise ValueError(f"{field_id.replace('-', ' ')} must be a {kind.__name__}, not {text!r}") from None
-
-        draft_text = self.query_one("#draft-tokens", Input).value.strip()
-        try:
-            draft_tokens = checked_setting("draft_tokens", draft_text if draft_text == "auto" else number("draft-tokens", int))
-        except SettingError as error:
-            raise ValueError(str(error)) from None
+        values = {name: self._value(name) for name in SCREEN_SETTINGS}
+        draft_tokens = values.pop("draft_tokens")
         # SamplingParams refuses what it cannot sample with (NaN, inf, out of range), naming the field.
-        sampling = dataclasses.replace(
-            self.settings.sampling,
-            temperature=number("temperature", float),
-            top_p=number("top-p", float),
-            top_k=number("top-k", int),
-            max_tokens=number("max-tokens", int),
-        )
+        sampling = dataclasses.replace(self.settings.sampling, **values)
         system_prompt = self.query_one("#system-prompt", TextArea).text.strip()
         return ChatSettings(system_prompt, sampling, draft_tokens)
+
+    def _value(self, name: str):
+        """The value typed for setting `name`; ValueError naming it if it is not one."""
+        field_id = _field_id(name)
+        text = self.query_one(f"#{field_id}", Input).value.strip()
+        kind = KINDS[name]
+        if kind == "range":  # draft tokens: a whole number in its range, or "auto"
+            try:
+                return checked_setting(name, text if text == "auto" else self._number(field_id, text, int))
+            except SettingError as error:
+                raise ValueError(str(error)) from None
+        return self._number(field_id, text, int if kind == "integer" else float)
+
+    @staticmethod
+    def _number(field_id: str, text: str, kind):
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"{field_id.replace('-', ' ')} must be a {kind.__name__}, not {text!r}") from None
+
+
+def _field_id(name: str) -> str:
+    return name.replace("_", "-")
 
 
 def _field(label: str, field_id: str, value) -> ComposeResult:
@@ -209,6 +183,29 @@ class LoadModelScreen(ModalScreen[tuple[str, str] | None]):
         model = self.query_one("#model", Input).value.strip()
         if model:
             self.dismiss((model, self.query_one("#draft", Input).value.strip() or "auto"))
+
+
+def model_info(engine, plain: tuple[float, str] | None, plain_min_steps: int) -> list:
+    """What the model-info screen shows: drafting, paths, plain speed, the memory plan, the GGUF metadata."""
+    if engine is None:
+        return ["No model is loaded."]
+    plain_line = (f"Plain decoding: {plain[0]:.1f} tok/s ({plain[1]})" if plain else
+                  f"Plain decoding: n/a (it takes {plain_min_steps} steps without drafting: "
+                  "switch drafting to none and send a prompt)")
+    lines = [
+        f"Drafting now: {stats_text.MODE_LABELS[engine.mode]}; draft tokens per step: "
+        f"{engine.draft_tokens}; context: {engine.n_ctx:,} tokens",
+        f"Target: {stats_text.display_path(engine.target_path)}",
+        *([f"Draft: {stats_text.display_path(engine.draft_path)}"] if engine.draft_path else []),
+        plain_line,
+    ]
+    renderables: list = ["\n".join(lines)]
+    if engine.plan is not None:
+        renderables.append(format_plan_table(engine.plan))
+    renderables.append(gguf_table("Target model", read_gguf_info(engine.target_path)))
+    if engine.draft_path is not None:
+        renderables.append(gguf_table("Draft model", read_gguf_info(engine.draft_path)))
+    return renderables
 
 
 def gguf_table(title: str, info) -> Table:

@@ -1,4 +1,4 @@
-"""What the stats bar and the per-reply footers say, from the engine's stats dicts."""
+"""What the stats bar and the per-reply footers say, from the engine's Stats."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections import deque
 from pathlib import Path
 
 from rich.text import Text
+
+from edgespec.stats import Stats
 
 MODE_LABELS = {"draft-model": "draft model", "ngram": "n-gram", "none": "no drafting"}
 
@@ -30,14 +32,12 @@ def model_name(path: str | os.PathLike | None) -> str:
     return Path(path).stem if path else "—"
 
 
-def step_acceptance(previous: dict | None, current: dict) -> float | None:
-    """Share of the drafted tokens accepted in the step between two stats snapshots."""
-    proposed = current["draft_tokens_proposed"] - (previous["draft_tokens_proposed"] if previous else 0)
-    accepted = current["draft_tokens_accepted"] - (previous["draft_tokens_accepted"] if previous else 0)
-    return accepted / proposed if proposed > 0 else None
+def step_acceptance(drafted: int, accepted: int) -> float | None:
+    """Share of one step's drafted tokens that were accepted; None for a step that drafted nothing."""
+    return accepted / drafted if drafted > 0 else None
 
 
-def stats_line(*, mode: str, target: str, draft: str | None, stats: dict | None,
+def stats_line(*, mode: str, target: str, draft: str | None, stats: Stats | None,
                draft_tokens: int, context_used: int, n_ctx: int, status: str | None = None) -> Text:
     """The stats bar: mode, models and context (and status, e.g. a re-measurement in progress)
     on one line, the current reply's numbers on the next."""
@@ -50,19 +50,19 @@ def stats_line(*, mode: str, target: str, draft: str | None, stats: dict | None,
     if status:
         line.append(f"  │  {status}", "italic")
     line.append("\n")
-    if stats and stats.get("tokens_generated"):
-        fields = [f"{stats['decode_tokens_per_second']:.1f} tok/s",
-                  f"accept {stats['acceptance_rate']:.0%}" if stats["draft_tokens_proposed"] else "accept –",
-                  f"{stats['target_passes_per_token']:.2f} target passes/tok",
-                  f"draft {draft_tokens} (avg {stats['mean_draft_tokens']:.1f}/step)"]
+    if stats and stats.tokens_generated:
+        fields = [f"{stats.decode_tokens_per_second:.1f} tok/s",
+                  f"accept {stats.acceptance_rate:.0%}" if stats.draft_tokens_proposed else "accept –",
+                  f"{stats.target_passes_per_token:.2f} target passes/tok",
+                  f"draft {draft_tokens} (avg {stats.mean_draft_tokens:.1f}/step)"]
     else:
         fields = ["– tok/s", "accept –", "– target passes/tok", f"draft {draft_tokens}"]
     line.append("  │  ".join(fields))
     return line
 
 
-def context_used(stats: dict) -> int:
-    return stats["prompt_tokens"] + stats["tokens_generated"]
+def context_used(stats: Stats) -> int:
+    return stats.prompt_tokens + stats.tokens_generated
 
 
 # A plain-speed estimate stands on at least this many one-token steps, a speedup on a reply of at
@@ -87,13 +87,9 @@ class PlainSpeedEstimate:
         self._seconds: deque[float] = deque(maxlen=window)
         self._lock = threading.Lock()
 
-    def observe(self, previous: dict | None, current: dict) -> None:
-        """Take the step between two stats snapshots of one reply if it was a plain one."""
-        before = previous or {"steps": 0, "draft_tokens_proposed": 0, "decode_seconds": 0.0}
-        plain = (current["steps"] - before["steps"] == 1
-                 and current["draft_tokens_proposed"] == before["draft_tokens_proposed"])
-        seconds = current["decode_seconds"] - before["decode_seconds"]
-        if plain and seconds > 0:
+    def observe(self, drafted: int, seconds: float) -> None:
+        """Take one step that took `seconds` if it was a plain one (it drafted nothing)."""
+        if drafted == 0 and seconds > 0:
             with self._lock:
                 self._seconds.append(seconds)
 
@@ -108,34 +104,34 @@ class PlainSpeedEstimate:
             return 1.0 / statistics.median(self._seconds)
 
 
-def _plausible_speedup(stats: dict, plain_speed: float) -> float | None:
+def _plausible_speedup(stats: Stats, plain_speed: float) -> float | None:
     """This reply's speed over plain decoding's, or None when that is more than it can be."""
-    passes_per_token = stats["target_passes_per_token"]
+    passes_per_token = stats.target_passes_per_token
     if not passes_per_token > 0 or not plain_speed > 0:
         return None
-    ratio = stats["decode_tokens_per_second"] / plain_speed
+    ratio = stats.decode_tokens_per_second / plain_speed
     return ratio if ratio <= SPEEDUP_SLACK / passes_per_token else None
 
 
-def reply_footer(stats: dict, plain: tuple[float, str] | None) -> str:
+def reply_footer(stats: Stats, plain: tuple[float, str] | None) -> str:
     """One line under a finished reply: tokens, speed, acceptance and speedup over plain decoding.
 
     plain is (tok/s, where it comes from) of this model decoding without drafting, or None.
     """
-    tokens = stats["tokens_generated"]
+    tokens = stats.tokens_generated
     parts = []
-    if stats.get("finish_reason") == "cancelled":
+    if stats.finish_reason == "cancelled":
         parts.append("stopped")
-    elif stats.get("finish_reason") == "context":
+    elif stats.finish_reason == "context":
         parts.append("context full")
     parts.append(f"{tokens} tokens")
-    speed = stats["decode_tokens_per_second"]
+    speed = stats.decode_tokens_per_second
     parts.append(f"{speed:.1f} tok/s")
-    mode = stats.get("mode", "none")
-    if stats["draft_tokens_proposed"]:
+    mode = stats.mode
+    if stats.draft_tokens_proposed:
         parts.append(
-            f"{MODE_LABELS.get(mode, mode)} accepted {stats['acceptance_rate']:.0%} "
-            f"({stats['draft_tokens_accepted']}/{stats['draft_tokens_proposed']})"
+            f"{MODE_LABELS.get(mode, mode)} accepted {stats.acceptance_rate:.0%} "
+            f"({stats.draft_tokens_accepted}/{stats.draft_tokens_proposed})"
         )
     if mode == "none":
         parts.append("plain decoding (the speedup baseline)")

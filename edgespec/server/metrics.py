@@ -11,6 +11,7 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..monitor import AcceptanceMonitor
+from ..stats import Stats
 
 log = logging.getLogger("edgespec.serve")
 
@@ -50,21 +51,21 @@ class ServerMetrics:
         for kind in ("evaluated", "reused"):
             self.prompt_tokens.labels(kind)
 
-    def record_generation(self, stats: dict) -> None:
+    def record_generation(self, stats: Stats) -> None:
         """One finished generation (from the engine's thread): counters, histograms and the alert."""
-        mode = stats["mode"]
-        self.generations.labels(mode, stats["finish_reason"]).inc()
-        self.tokens_generated.labels(mode).inc(stats["tokens_generated"])
-        self.prompt_tokens.labels("evaluated").inc(stats["prompt_tokens_evaluated"])
-        self.prompt_tokens.labels("reused").inc(stats["prompt_tokens_reused"])
-        self.drafted.labels(mode).inc(stats["draft_tokens_proposed"])
-        self.accepted.labels(mode).inc(stats["draft_tokens_accepted"])
-        if stats["tokens_generated"]:
-            self.passes_per_token.labels(mode).observe(stats["target_passes_per_token"])
-            self.decode_speed.labels(mode).set(stats["decode_tokens_per_second"])
-        if stats["draft_tokens_proposed"]:
-            self.acceptance.labels(mode).observe(stats["acceptance_rate"])
-        change = self.monitor.observe(mode, stats["draft_tokens_proposed"], stats["draft_tokens_accepted"])
+        mode = stats.mode
+        self.generations.labels(mode, stats.finish_reason).inc()
+        self.tokens_generated.labels(mode).inc(stats.tokens_generated)
+        self.prompt_tokens.labels("evaluated").inc(stats.prompt_tokens_evaluated)
+        self.prompt_tokens.labels("reused").inc(stats.prompt_tokens_reused)
+        self.drafted.labels(mode).inc(stats.draft_tokens_proposed)
+        self.accepted.labels(mode).inc(stats.draft_tokens_accepted)
+        if stats.tokens_generated:
+            self.passes_per_token.labels(mode).observe(stats.target_passes_per_token)
+            self.decode_speed.labels(mode).set(stats.decode_tokens_per_second)
+        if stats.draft_tokens_proposed:
+            self.acceptance.labels(mode).observe(stats.acceptance_rate)
+        change = self.monitor.observe(mode, stats.draft_tokens_proposed, stats.draft_tokens_accepted)
         rolling = self.monitor.acceptance(mode)
         if rolling is not None:
             self.rolling_acceptance.labels(mode).set(rolling)

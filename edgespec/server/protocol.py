@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..sampling import SamplingParams
+from ..stats import Stats
 
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
 MAX_STOP_STRINGS = 16
@@ -196,23 +197,23 @@ def finish_reason(engine_reason: str) -> str:
     return "length" if engine_reason in ("length", "context") else "stop"
 
 
-def usage(stats: dict) -> dict:
+def usage(stats: Stats) -> dict:
     """OpenAI's usage fields, plus what speculation did for this request."""
     return {
-        "prompt_tokens": stats["prompt_tokens"],
-        "completion_tokens": stats["tokens_generated"],
-        "total_tokens": stats["prompt_tokens"] + stats["tokens_generated"],
-        "prompt_tokens_details": {"cached_tokens": stats["prompt_tokens_reused"]},
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.tokens_generated,
+        "total_tokens": stats.prompt_tokens + stats.tokens_generated,
+        "prompt_tokens_details": {"cached_tokens": stats.prompt_tokens_reused},
         "speculative": {
-            "mode": stats["mode"],
-            "draft_tokens": stats["draft_tokens_proposed"],
-            "draft_tokens_accepted": stats["draft_tokens_accepted"],
-            "acceptance_rate": stats["acceptance_rate"],
-            "target_forward_passes": stats["target_forward_passes"],
-            "target_passes_per_token": stats["target_passes_per_token"],
-            "decode_tokens_per_second": stats["decode_tokens_per_second"],
-            "prompt_tokens_reused": stats["prompt_tokens_reused"],
-            "prompt_tokens_evaluated": stats["prompt_tokens_evaluated"],
+            "mode": stats.mode,
+            "draft_tokens": stats.draft_tokens_proposed,
+            "draft_tokens_accepted": stats.draft_tokens_accepted,
+            "acceptance_rate": stats.acceptance_rate,
+            "target_forward_passes": stats.target_forward_passes,
+            "target_passes_per_token": stats.target_passes_per_token,
+            "decode_tokens_per_second": stats.decode_tokens_per_second,
+            "prompt_tokens_reused": stats.prompt_tokens_reused,
+            "prompt_tokens_evaluated": stats.prompt_tokens_evaluated,
         },
     }
 
@@ -229,7 +230,7 @@ class ResponseWriter:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.request.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
-    def whole(self, text: str, engine_reason: str, stats: dict) -> dict:
+    def whole(self, text: str, engine_reason: str, stats: Stats) -> dict:
         choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason(engine_reason)}
         choice.update({"message": {"role": "assistant", "content": text}} if self.request.chat else {"text": text})
         return {**self._envelope([choice], chunk=False), "usage": usage(stats)}
@@ -246,5 +247,5 @@ class ResponseWriter:
             body["usage"] = None
         return body
 
-    def usage_chunk(self, stats: dict) -> dict:
+    def usage_chunk(self, stats: Stats) -> dict:
         return {**self._envelope([], chunk=True), "usage": usage(stats)}

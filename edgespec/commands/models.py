@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rich.console import Console
 from rich.table import Table
@@ -36,18 +35,6 @@ def add_models_parser(subparsers) -> None:
     importing.set_defaults(func=_import)
 
 
-def _reporting_errors(command):
-    # One line on stderr and exit code 1 for anything meant for the user.
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return command(args)
-        except EdgespecError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 1
-    return run
-
-
-@_reporting_errors
 def _list(args: argparse.Namespace) -> int:
     catalog = load_catalog()
     target, draft = default_pair()
@@ -76,19 +63,16 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-@_reporting_errors
 def _pull(args: argparse.Namespace) -> int:
     print(pull(args.name, progress=not args.quiet))
     return 0
 
 
-@_reporting_errors
 def _path(args: argparse.Namespace) -> int:
     print(resolve_model(args.name, pull=False))
     return 0
 
 
-@_reporting_errors
 def _import(args: argparse.Namespace) -> int:
     entry = import_model(args.file, name=args.name)
     print(f"imported {entry.name}: {entry.architecture} {entry.quantization}, "

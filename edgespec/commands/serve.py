@@ -15,9 +15,9 @@ import socket
 import sys
 from pathlib import Path
 
-from .cli import add_engine_options, add_sampling_options, load_engine, sampling_params
-from .errors import EdgespecError
-from .monitor import DEFAULT_THRESHOLD, DEFAULT_WINDOW, AcceptanceMonitor
+from ..errors import EdgespecError
+from ..monitor import DEFAULT_THRESHOLD, DEFAULT_WINDOW, AcceptanceMonitor
+from .options import add_engine_options, add_sampling_options, engine_from_args, sampling_params
 
 API_KEY_ENV = "EDGESPEC_API_KEY"
 
@@ -42,7 +42,7 @@ def add_serve_parser(subparsers) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from .server.app import ServerConfig, create_app, run_app
+    from ..server.app import ServerConfig, create_app, run_app
 
     _check_options(args)
     defaults = sampling_params(args)
@@ -51,7 +51,7 @@ def serve(args: argparse.Namespace) -> int:
     config = ServerConfig(_model_name(args.model), defaults, args.api_key, args.queue_size,
                           args.request_timeout, args.max_body_bytes)
     with _listen(args.host, args.port) as sock:
-        engine = load_engine(args)
+        engine = engine_from_args(args)
         try:
             app = create_app(engine, config, monitor)
             host, port = sock.getsockname()[:2]

@@ -1,4 +1,4 @@
-"""llama.cpp's own C++ speculative decoding, as the bench's peer.
+"""llama.cpp's own C++ speculative decoding, as the bench's peers (configurations llamacpp-*).
 
 The peer is `llama-speculative-simple`, built from the llama.cpp sources that
 llama-cpp-python vendors, with the same CMake flags as edgespec's wheel
@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import EdgespecError
+from ...errors import EdgespecError
 
 BINARY = "llama-speculative-simple"
 # --spec-type values, and whether they need a draft model (-md)
@@ -30,6 +30,8 @@ _COUNT = re.compile(r"\b(n_drafted|n_accept)\s*=\s*(\d+)")
 
 class PeerError(EdgespecError):
     """llama.cpp's binary is missing or failed."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,11 @@ class LlamaCppPeer:
         args = [str(self.binary), "-m", str(self.model), "-f", str(prompt_file), "-n", str(max_tokens),
                 "-c", str(self.n_ctx), "-b", str(self.n_ctx), "-t", str(self.n_threads), "-tb", str(self.n_threads),
                 "-ngl", str(self.n_gpu_layers), "--temp", str(temperature), "--seed", str(seed)]
-        if spec_type != "none":
-            args += ["--spec-type", spec_type]
+        if spec_type == "none":
+            # llama-speculative-simple cannot run without a speculation type; drafting at most 0 tokens
+            # makes each step one plain target pass, the C++ loop's own baseline
+            spec_type, draft_max = "ngram-simple", 0
+        args += ["--spec-type", spec_type]
         if SPEC_TYPES[spec_type]:
             if self.draft is None:
                 raise PeerError("llamacpp-draft needs a draft model (pass --draft FILE)")

@@ -1,0 +1,207 @@
+"""`edgespec batch`: run a JSONL file of prompts through one engine, resumably.
+
+Input is the OpenAI Batch request format (one request per line: custom_id,
+method "POST", url "/v1/chat/completions" or "/v1/completions", body), or a
+plain form: one prompt per line as {"prompt": "..."} or a bare JSON string,
+answered as a chat turn, with custom_ids made from line numbers ("line-7").
+
+Output is the OpenAI Batch output format, one record per request, appended
+and fsynced as soon as it is done, so finished work survives Ctrl-C, kill -9
+and power loss; rerunning the same command skips the custom_ids already in the
+output. A failed request, a bad line or a bad sampling value in one body
+included, gets an error record and the batch goes on. Each response body
+carries edgespec's figures in an extra "stats" field, and each record an
+extra "fingerprint": a hash of its request as IN states it (custom_id left
+out).
+
+OUT is only ever appended to, with one exception: a last line without its
+newline that starts like a record this module writes (every record begins
+with RECORD_PREFIX) is a write cut short by a kill or power loss, and is cut
+off so its request is redone. Any other content that is not a batch output
+record (a notes file, the input file) makes the batch refuse and leave OUT
+untouched. While a batch runs it holds an exclusive flock on OUT; a second
+batch on the same file is refused, naming the holder's pid, which the holder
+keeps in OUT's ".edgespec-lock" file next to it.
+
+On resume, a request whose fingerprint differs from the one stored with its
+record (the request changed since OUT was written) is redone and its new
+record appended: the last record for a custom_id is the one that counts.
+Records written before fingerprints existed are kept as they are, with a note.
+
+Exit codes (see EXIT_* below): 0 every request succeeded, 1 some requests
+got error records, 2 the batch was refused before it started (duplicate
+custom_ids, unreadable files, OUT not batch output or in use, model failed
+to load) or OUT became unwritable, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ...errors import EdgespecError
+from ...stats import Stats
+from ..options import add_engine_options, add_sampling_options, engine_from_args, sampling_params
+from .output import FINGERPRINT_FIELD, RecordWriter, is_done, same_file
+from .requests import BatchError, check_unique_ids, read_requests
+from .runner import Interrupt, RunTally, batch_summary_line, run_batch, summarize, write_summary
+
+EXIT_OK = 0
+EXIT_REQUESTS_FAILED = 1
+EXIT_REFUSED = BatchError.exit_code
+EXIT_INTERRUPTED = 130
+
+
+class BatchInterrupted(EdgespecError):
+    """Ctrl-C before the batch got going; what is in OUT stays and a rerun resumes."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
+def add_batch_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "batch",
+        help="run a JSONL file of prompts (OpenAI Batch format), resumably",
+        description=(
+            "Run every request of IN (OpenAI Batch JSONL, or one prompt per line as "
+            '{"prompt": ...} or a JSON string) and append OpenAI Batch output records to OUT. '
+            "Rerun the same command to resume: custom_ids already in OUT are skipped. "
+            "Exit codes: 0 all requests succeeded, 1 some requests failed (error records in OUT), "
+            "2 refused before starting, 130 interrupted."
+        ),
+    )
+    parser.add_argument("input", type=Path, metavar="IN", help="batch input, JSONL")
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="OUT", help="batch output, JSONL (appended)")
+    parser.add_argument("--summary", type=Path, metavar="FILE", help="also write the summary as JSON to FILE")
+    add_engine_options(parser)
+    add_sampling_options(parser, max_tokens=256)
+    parser.set_defaults(func=handle_batch)
+
+
+def handle_batch(args) -> int:
+    """The batch's exit code; an error ends it with its own (see the module docstring)."""
+    try:
+        return _batch_command(args)
+    except BatchError:
+        raise
+    except EdgespecError as err:  # e.g. the model failed to load: the batch is refused
+        raise BatchError(str(err)) from None
+    except KeyboardInterrupt:
+        raise BatchInterrupted(f"interrupted; {_resume_hint(args)}") from None
+
+
+def _resume_hint(args) -> str:
+    return f"finished results are saved in {args.output}; rerun the same command to resume"
+
+
+def _batch_command(args) -> int:
+    started = time.monotonic()
+    check_paths(args.input, args.output, args.summary)
+    entries = read_requests(args.input)
+    if not entries:
+        raise BatchError(f"{args.input} holds no requests; put one request per line")
+    check_unique_ids(entries)
+    writer = RecordWriter(args.output)  # locked before anything reads or repairs OUT
+    try:
+        finished, torn = writer.load_finished()
+        if torn:
+            print(f"edgespec batch: cut off a torn last record in {args.output}; that request is redone", file=sys.stderr)
+        _warn_changed_requests(entries, finished, args.output)
+        resumed = sum(1 for e in entries if is_done(e, finished))
+        tally = RunTally()
+        if resumed < len(entries):
+            tally = _run_with_engine(args, entries, writer, finished, resumed)
+    finally:
+        writer.close()
+    summary = summarize(entries, finished, tally, resumed, time.monotonic() - started)
+    print(batch_summary_line(summary), file=sys.stderr)
+    if args.summary:
+        write_summary(args.summary, summary)
+    if tally.interrupted:
+        done = len(entries) - summary["requests_pending"]
+        print(f"edgespec batch: interrupted after {done} of {len(entries)} requests; {_resume_hint(args)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK if summary["requests_failed"] == 0 else EXIT_REQUESTS_FAILED
+
+
+def check_paths(input_path: Path, output_path: Path, summary_path: Path | None) -> None:
+    """Refuse an OUT or a summary that is IN, or a summary that is OUT, under any name."""
+    if same_file(output_path, input_path):
+        raise BatchError(f"the output file is the input file ({input_path}); give -o a new path")
+    for other, what in ((input_path, "the input file"), (output_path, "the output file")):
+        if summary_path is not None and same_file(summary_path, other):
+            raise BatchError(f"--summary {summary_path} is {what} ({other}); give --summary another path")
+
+
+def _warn_changed_requests(entries, finished: dict[str, dict], out_path: Path) -> None:
+    ids = {e.custom_id for e in entries}
+    foreign = sum(1 for custom_id in finished if custom_id not in ids)
+    if foreign:
+        print(f"edgespec batch: note: {out_path} has {foreign} records whose custom_id is not in this input", file=sys.stderr)
+    known = [e for e in entries if e.custom_id in finished]
+    changed = [e for e in known if not is_done(e, finished)]
+    if changed:
+        print(
+            f"edgespec batch: {_requests(len(changed))} changed since {out_path} was written"
+            f" (first: {changed[0].custom_id!r}, line {changed[0].line}); they are redone and their new records"
+            " appended (the last record for a custom_id counts)",
+            file=sys.stderr,
+        )
+    unmarked = sum(1 for e in known if FINGERPRINT_FIELD not in finished[e.custom_id])
+    if unmarked:
+        print(
+            f"edgespec batch: note: {unmarked} records in {out_path} come from an older edgespec that stored no"
+            " request fingerprint; they are kept unchecked (give -o a new path to redo them)",
+            file=sys.stderr,
+        )
+
+
+def _requests(count: int) -> str:
+    return f"{count} request" if count == 1 else f"{count} requests"
+
+
+def _run_with_engine(args, entries, writer, finished, resumed) -> RunTally:
+    params = sampling_params(args)
+    engine = engine_from_args(args)
+    interrupt = Interrupt()
+    try:
+        with _progress_bar(len(entries), resumed) as on_progress, interrupt.catching_sigint():
+            return run_batch(engine, entries, writer, params, finished, interrupt, on_progress)
+    finally:
+        engine.close()
+
+
+@contextmanager
+def _progress_bar(total: int, done: int) -> Iterator[Callable[[RunTally, Stats | None], None]]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(
+        TextColumn("batch"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[speed]}"),
+        TextColumn("{task.fields[acceptance]}"),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )
+    task = progress.add_task("batch", total=total, completed=done, speed="- tok/s", acceptance="acceptance -")
+
+    def on_progress(tally: RunTally, live: Stats | None) -> None:
+        tokens = tally.tokens + (live.tokens_generated if live else 0)
+        proposed = tally.proposed + (live.draft_tokens_proposed if live else 0)
+        accepted = tally.accepted + (live.draft_tokens_accepted if live else 0)
+        elapsed = time.monotonic() - tally.started
+        progress.update(
+            task,
+            completed=done + tally.written,
+            speed=f"{tokens / elapsed:.1f} tok/s" if elapsed > 0 else "- tok/s",
+            acceptance=f"acceptance {accepted / proposed:.0%}" if proposed else "acceptance -",
+        )
+
+    with progress:
+        yield on_progress

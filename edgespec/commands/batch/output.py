@@ -1,0 +1,274 @@
+"""OUT: the records it holds, the lock that keeps a second batch off it, and appends that survive a crash.
+
+Every record line starts with RECORD_PREFIX, so a last line cut short by a
+kill or power loss can be told from somebody else's file (see the package
+docstring).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import stat
+import time
+import uuid
+from pathlib import Path
+
+from .requests import CHAT_URL, BatchError, BatchRequest, InvalidRequest
+
+# How every output record's line begins: "id" is its first field and every id
+# starts "batch_req_". Only a tail that starts so may be cut off as torn.
+RECORD_PREFIX = '{"id": "batch_req_'
+RECORD_FIELDS = {"id", "custom_id", "response", "error"}
+FINGERPRINT_FIELD = "fingerprint"
+HOLDER_SUFFIX = ".edgespec-lock"
+
+
+class RecordWriter:
+    """OUT, locked for this process: the records it holds, and appends that are on disk before append() returns.
+
+    The lock is an exclusive flock on OUT itself, so it holds for every path to
+    the file (symlinks and hardlinks too); it is released when the process
+    ends, however it ends.
+    """
+
+    def __init__(self, path: Path):
+        self._path = path
+        self._created = not path.exists()
+        try:
+            self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise BatchError(f"cannot write batch output {path}: {err.strerror}; check the path") from None
+        try:
+            _lock(self._fd, path)
+        except BatchError:
+            os.close(self._fd)
+            raise
+        self._regular = stat.S_ISREG(os.fstat(self._fd).st_mode)
+        # No pid note next to a device or a pipe: /dev is nobody's place for it.
+        self._holder = _write_holder(path) if self._regular else None
+        if self._created:
+            _fsync_dir(path.parent)
+
+    def load_finished(self) -> tuple[dict[str, dict], bool]:
+        """Records already in OUT by custom_id (the last one per id), and whether a torn tail was cut off.
+
+        A run killed mid-write leaves a last line without its newline, maybe
+        followed by zero bytes after a power loss: when that line starts like a
+        record, it is truncated away so its request is redone. Anything else
+        that is not a record is refused, and OUT is left as it is.
+        """
+        if not self._regular:
+            raise BatchError(f"batch output {self._path} is not a regular file; give -o a file path")
+        data = _read_all(self._fd)
+        end = data.rfind(b"\n") + 1  # where the last complete line ends
+        finished: dict[str, dict] = {}
+        for line_no, raw in enumerate(data[:end].split(b"\n")[:-1], start=1):
+            record = parse_record(raw)
+            if record is None:
+                raise _not_a_record(self._path, line_no)
+            finished[record["custom_id"]] = record
+        tail = data[end:]
+        if not tail:
+            return finished, False
+        if not _is_torn_record(tail, after_records=bool(finished)):
+            raise _not_a_record(self._path, data[:end].count(b"\n") + 1)
+        os.ftruncate(self._fd, end)
+        os.fsync(self._fd)
+        return finished, True
+
+    def append(self, record: dict) -> None:
+        data = encode_record(record)
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+            os.fsync(self._fd)
+        except OSError as err:
+            # A part-written line is a torn tail, which the rerun cuts off.
+            raise BatchError(
+                f"cannot write batch output {self._path}: {err.strerror}; fix that, then rerun to resume"
+            ) from None
+
+    def close(self) -> None:
+        """Release OUT; a file this run created and never wrote to is removed again."""
+        if self._created and os.fstat(self._fd).st_size == 0 and _is_open_file(self._path, self._fd):
+            os.unlink(self._path)
+        if self._holder is not None:
+            self._holder.unlink(missing_ok=True)
+        os.close(self._fd)  # releases the lock; after the holder file is gone, so a new holder's stays
+
+
+def _not_a_record(path: Path, line_no: int) -> BatchError:
+    return BatchError(
+        f"{path} line {line_no} is not an edgespec batch output record; left the file as it is: "
+        "give -o a new path (or remove that line to resume)"
+    )
+
+
+def _lock(fd: int, path: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise BatchError(f"cannot lock batch output {path}: {err.strerror}; give -o a file on a local disk") from None
+        raise BatchError(
+            f"{path} is in use by another edgespec batch ({_holder_of(path)}); "
+            "wait for it to finish, or give -o another path"
+        ) from None
+
+
+def _holder_file(path: Path) -> Path:
+    # Next to the real file, so every symlink to OUT finds the same one.
+    real = Path(os.path.realpath(path))
+    return real.with_name(real.name + HOLDER_SUFFIX)
+
+
+def _write_holder(path: Path) -> Path | None:
+    """Note this process's pid for a batch refused the lock; only ever a convenience."""
+    holder = _holder_file(path)
+    try:
+        holder.write_text(f"{os.getpid()}\n", encoding="ascii")
+    except OSError:
+        return None
+    return holder
+
+
+def _holder_of(path: Path) -> str:
+    try:
+        pid = int(_holder_file(path).read_text(encoding="ascii").strip())
+    except (OSError, ValueError):
+        return "pid unknown"
+    return f"pid {pid}"
+
+
+def _is_open_file(path: Path, fd: int) -> bool:
+    try:
+        on_disk, held = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def parse_record(raw: bytes) -> dict | None:
+    """The record on one complete line of OUT, or None when the line is not one edgespec writes."""
+    if not raw.startswith(RECORD_PREFIX.encode()):
+        return None
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or not RECORD_FIELDS <= set(record) <= RECORD_FIELDS | {FINGERPRINT_FIELD}:
+        return None
+    if not isinstance(record["custom_id"], str):
+        return None
+    return record
+
+
+def _is_torn_record(tail: bytes, after_records: bool) -> bool:
+    """Whether a last line without newline is a record cut short.
+
+    Each record is appended and fsynced before the next, so only the last
+    can be torn: a prefix of a record line, possibly followed by the zero
+    bytes a power loss leaves where the rest never reached the disk.
+    """
+    text = tail.rstrip(b"\0")
+    prefix = RECORD_PREFIX.encode()
+    if text.startswith(prefix):
+        return True
+    # Shorter than the prefix, or zero bytes alone: could be anyone's, so only after records.
+    return after_records and prefix.startswith(text)
+
+
+def encode_record(record: dict) -> bytes:
+    line = json.dumps(record, ensure_ascii=False)
+    # The torn-tail repair relies on every line starting so; see parse_record.
+    if not line.startswith(RECORD_PREFIX):
+        raise ValueError(f"not a batch output record: {line[:60]}")
+    return (line + "\n").encode("utf-8")
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the new file's directory entry survive a power loss too.
+    fd = os.open(directory or Path("."), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same inode (hardlinks, symlinks), or one path not yet created."""
+    try:
+        a_stat, b_stat = os.stat(a), os.stat(b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+    return (a_stat.st_dev, a_stat.st_ino) == (b_stat.st_dev, b_stat.st_ino)
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def success_record(request: BatchRequest, result, model_name: str) -> dict:
+    stats = result.stats.as_dict()
+    prompt_tokens = result.stats.prompt_tokens
+    completion_tokens = len(result.token_ids)
+    # OpenAI knows only "stop" and "length"; running out of context is a length stop.
+    finish_reason = "stop" if result.finish_reason == "stop" else "length"
+    body = {
+        "id": _new_id("chatcmpl-" if request.url == CHAT_URL else "cmpl-"),
+        "object": "chat.completion" if request.url == CHAT_URL else "text_completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [_choice(request, result.text, finish_reason)],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+        "stats": stats,
+    }
+    response = {"status_code": 200, "request_id": _new_id("req_"), "body": body}
+    return _record(request.custom_id, response, None, request.fingerprint)
+
+
+def _choice(request: BatchRequest, text: str, finish_reason: str) -> dict:
+    if request.url == CHAT_URL:
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def error_record(custom_id: str, code: str, message: str, fingerprint: str = "") -> dict:
+    return _record(custom_id, None, {"code": code, "message": message}, fingerprint)
+
+
+def _record(custom_id: str, response: dict | None, error: dict | None, fingerprint: str) -> dict:
+    # "id" first: every line then starts with RECORD_PREFIX.
+    record = {"id": _new_id("batch_req_"), "custom_id": custom_id, "response": response, "error": error}
+    if fingerprint:
+        record[FINGERPRINT_FIELD] = fingerprint
+    return record
+
+
+def is_done(entry: BatchRequest | InvalidRequest, finished: dict[str, dict]) -> bool:
+    """Whether OUT holds this very request's record: same custom_id and, where stored, same fingerprint."""
+    record = finished.get(entry.custom_id)
+    if record is None:
+        return False
+    stored = record.get(FINGERPRINT_FIELD)
+    return stored is None or stored == entry.fingerprint  # no fingerprint: written before they existed
+
+
+def is_success(record: dict) -> bool:
+    response = record.get("response")
+    return record.get("error") is None and isinstance(response, dict) and response.get("status_code") == 200

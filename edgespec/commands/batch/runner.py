@@ -1,0 +1,215 @@
+"""Running the requests of a batch through one engine, one record each, and the summary of the batch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ...engine import Done, Step
+from ...errors import ContextOverflowError, EdgespecError
+from ...session import ChatSession
+from ...stats import Stats
+from .output import RecordWriter, error_record, is_done, is_success, success_record
+from .requests import COMPLETIONS_URL, BatchError, BatchRequest, InvalidRequest
+
+
+class Interrupt:
+    """Ctrl-C turns into a polite stop: the request in flight is cancelled and not written."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+
+    @contextmanager
+    def catching_sigint(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_sigint(signum, frame):
+            self.requested.set()
+            # A second Ctrl-C falls back to the usual immediate stop.
+            signal.signal(signal.SIGINT, previous)
+
+        signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+@dataclass
+class RunTally:
+    """What this run did, for the progress bar and the summary."""
+
+    written: int = 0
+    tokens: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    interrupted: bool = False
+
+    def add(self, stats: Stats) -> None:
+        self.tokens += stats.tokens_generated
+        self.proposed += stats.draft_tokens_proposed
+        self.accepted += stats.draft_tokens_accepted
+
+
+def run_batch(
+    engine,
+    entries: list[BatchRequest | InvalidRequest],
+    writer: RecordWriter,
+    base_params,
+    finished: dict[str, dict],
+    interrupt: Interrupt,
+    on_progress: Callable[[RunTally, Stats | None], None] = lambda tally, live: None,
+) -> RunTally:
+    """Run every entry not yet done (see is_done), appending each record as it is done.
+
+    Adds the new records to `finished`. Stops early, writing nothing partial,
+    once `interrupt.requested` is set.
+    """
+    tally = RunTally()
+    model_name = Path(engine.target_path).name
+    for entry in entries:
+        if is_done(entry, finished):
+            continue
+        if interrupt.requested.is_set():
+            break
+        if isinstance(entry, InvalidRequest):
+            record = error_record(entry.custom_id, entry.code, entry.message, entry.fingerprint)
+        else:
+            record = _run_request(engine, entry, base_params, model_name, interrupt, tally, on_progress)
+            if record is None:
+                break
+        writer.append(record)
+        finished[entry.custom_id] = record
+        tally.written += 1
+        on_progress(tally, None)
+    tally.interrupted = interrupt.requested.is_set() and not all(is_done(e, finished) for e in entries)
+    return tally
+
+
+def _run_request(engine, request, base_params, model_name, interrupt, tally, on_progress):
+    """The request's record, or None when it was interrupted.
+
+    Whatever one request gets wrong (a sampling value SamplingParams or numpy
+    refuses, a chat template that fails to render, a prompt too long) is that
+    request's error record, never the end of the batch.
+    """
+    def failed(code: str, reason: object) -> dict:
+        return error_record(request.custom_id, code, f"line {request.line}: {reason}", request.fingerprint)
+
+    try:
+        params = dataclasses.replace(base_params, **dict(request.overrides))
+    except (EdgespecError, ValueError) as err:
+        return failed("invalid_field", f"bad sampling setting: {err}")
+    result = None
+    try:
+        for event in _events(engine, request, params, interrupt):
+            if isinstance(event, Done):
+                result = event.result
+            elif isinstance(event, Step):
+                on_progress(tally, event.stats)
+    except ContextOverflowError as err:
+        return failed("context_length_exceeded", err)
+    except (EdgespecError, ValueError) as err:
+        return failed("generation_failed", err)
+    if result is None or result.finish_reason == "cancelled":
+        return None
+    tally.add(result.stats)
+    return success_record(request, result, model_name)
+
+
+def _events(engine, request: BatchRequest, params, interrupt: Interrupt) -> Iterator:
+    """The generation's events; once interrupted it stops after the current step."""
+    if request.url == COMPLETIONS_URL:
+        yield from engine.stream(request.prompt, params, raw=True, cancel=interrupt.requested)
+        return
+    session = _chat_session(engine, request.messages)
+    for event in session.stream(request.messages[-1]["content"], params):
+        if interrupt.requested.is_set():
+            session.cancel()
+        yield event
+
+
+def _chat_session(engine, messages: tuple[dict, ...]) -> ChatSession:
+    """A session holding the request's conversation up to its last user message.
+
+    Every request gets a fresh session; requests that share a system prompt
+    still share KV cache, as the engine keeps the longest common token prefix.
+    A conversation too long for the context is an error, never silently cut.
+    """
+    has_system = messages[0]["role"] == "system"
+    session = ChatSession(engine, messages[0]["content"] if has_system else None, context_policy="error")
+    session.messages = [dict(m) for m in messages[1 if has_system else 0 : -1]]
+    return session
+
+
+def summarize(entries, finished: dict[str, dict], tally: RunTally, resumed: int, wall_seconds: float) -> dict:
+    """Figures for the whole batch as it now stands in OUT (earlier runs included)."""
+    records = [finished[e.custom_id] for e in entries if is_done(e, finished)]
+    ok = [r for r in records if is_success(r)]
+    usage = [r["response"]["body"].get("usage", {}) for r in ok]
+    stats = [r["response"]["body"].get("stats", {}) for r in ok]
+    generated = sum(int(s.get("tokens_generated", 0)) for s in stats)
+    decode_seconds = sum(float(s.get("decode_seconds", 0.0)) for s in stats)
+    proposed = sum(int(s.get("draft_tokens_proposed", 0)) for s in stats)
+    accepted = sum(int(s.get("draft_tokens_accepted", 0)) for s in stats)
+    target_passes = sum(int(s.get("target_forward_passes", 0)) for s in stats)
+    return {
+        "requests_total": len(entries),
+        "requests_ok": len(ok),
+        "requests_failed": len(records) - len(ok),
+        "requests_pending": len(entries) - len(records),
+        "requests_resumed": resumed,
+        "interrupted": tally.interrupted,
+        "prompt_tokens": sum(int(u.get("prompt_tokens", 0)) for u in usage),
+        "completion_tokens": sum(int(u.get("completion_tokens", 0)) for u in usage),
+        "total_tokens": sum(int(u.get("total_tokens", 0)) for u in usage),
+        "wall_seconds": round(wall_seconds, 3),  # this run only, model loading included
+        "decode_tokens_per_second": round(generated / decode_seconds, 2) if decode_seconds else None,
+        # Token-weighted: all accepted draft tokens over all proposed ones.
+        "mean_acceptance_rate": round(accepted / proposed, 4) if proposed else None,
+        "target_passes_per_token": round(target_passes / generated, 4) if generated else None,
+        "modes": sorted({str(s.get("mode")) for s in stats if s.get("mode")}),
+    }
+
+
+def batch_summary_line(summary: dict) -> str:
+    """The one line a batch prints on stderr at its end."""
+    def show(value, fmt):
+        return "n/a" if value is None else format(value, fmt)
+
+    return (
+        f"batch: {summary['requests_ok']} ok, {summary['requests_failed']} failed"
+        f" of {summary['requests_total']} ({summary['requests_resumed']} already done)"
+        f" | {summary['total_tokens']} tokens ({summary['completion_tokens']} generated)"
+        f" | wall {summary['wall_seconds']:.1f} s"
+        f" | decode {show(summary['decode_tokens_per_second'], '.1f')} tok/s"
+        f" | acceptance {show(summary['mean_acceptance_rate'], '.1%')}"
+        f" | {show(summary['target_passes_per_token'], '.3f')} target passes/token"
+    )
+
+
+def write_summary(path: Path, summary: dict) -> None:
+    tmp = None
+    try:
+        # A fresh temporary name: a fixed one could be somebody's file, even OUT.
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(summary, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise BatchError(f"cannot write summary {path}: {err.strerror}; check the path") from None

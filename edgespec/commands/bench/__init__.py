@@ -1,0 +1,143 @@
+"""`edgespec bench`: edgespec's drafting modes against plain decoding and llama.cpp's own speculation.
+
+See runner.py for how runs are ordered and timed.  At temperature 0 each
+edgespec mode must produce exactly the baseline's token ids for the same
+prompt; a mismatch stops the bench with ExactnessError, unless the target's
+own logits show a near-tie there (see exactness.KERNEL_DRIFT_LOGITS), which is
+reported instead.  llama.cpp's peers are compared by text and only reported.
+
+Decode speed is tokens generated / decode time.  The end-to-end speedup is
+bounded by the prefill share f of the baseline: 1 / (f + (1 - f) / s) for a
+decode speedup s; the summary reports that bound next to the measured figure.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from ...errors import EdgespecError
+from ..options import DEFAULT_MODEL
+from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES
+from .exactness import ExactnessError
+from .microbench import COST_CURVE_MAX_TOKENS, DEFAULT_N_CTX, SAMPLING_VOCAB, run_cost_curve, run_sampling_microbench
+from .report import (pyplot, plot_cost_curve, plot_speedups, print_cost_curve, print_overhead, print_sampling,
+                     print_tables)
+from .runner import DEFAULT_REPEATS, DEFAULT_SEED, DEFAULT_TEMPERATURES, run_bench
+from .workloads import SUITES, WORKLOADS_DIR, BenchError
+
+EXIT_OK = 0
+EXIT_EXACTNESS_FAILED = ExactnessError.exit_code
+EXIT_REFUSED = BenchError.exit_code
+
+
+def add_bench_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure edgespec's drafting modes against plain decoding and llama.cpp's own speculation",
+        description=(
+            "Run workload suites through every configuration on one loaded model, with the order rotated per "
+            "prompt, and report decode speed, speedup, acceptance and latency. At temperature 0 every edgespec "
+            "mode must reproduce the baseline's tokens, or the bench fails; a difference where the target's two "
+            "best tokens nearly tie (closer than llama.cpp's kernels drift between pass widths) is reported instead. "
+            "With --llama-cpp-bin, llama.cpp's own speculation runs on the same prompts as peers (llamacpp-*). "
+            "Exit codes: 0 done, 1 exactness check failed, 2 refused (bad options, model failed to load)."
+        ),
+    )
+    parser.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
+    parser.add_argument("--draft", default=None, help="draft GGUF (path or catalog name) for the draft-model configurations")
+    parser.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated suites (default: {','.join(SUITES)})")
+    parser.add_argument(
+        "--configs",
+        default=None,
+        help="comma-separated configurations: baseline, ngram, draft-model, each optionally -kN (fixed draft "
+        f"length) or -auto; {', '.join(PEER_SPEC_TYPES)}, each optionally -nN (--spec-draft-n-max N) "
+        f"(default: {','.join(DEFAULT_CONFIGS)}; draft-model and llamacpp-draft only with --draft, "
+        "llamacpp-* only with --llama-cpp-bin)",
+    )
+    parser.add_argument("--llama-cpp-bin", type=Path, default=None, metavar="DIR",
+                        help="folder with llama.cpp's llama-speculative-simple (benchmarks/build_llama_cpp_peer.sh "
+                             "prints it): adds the llamacpp-* configurations")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help=f"runs per prompt and configuration (default: {DEFAULT_REPEATS})")
+    parser.add_argument("--prompts", type=int, default=None, metavar="N", help="use the first N prompts of each suite")
+    parser.add_argument("--temperature", type=float, action="append", default=None,
+                        help="sampling temperature; repeat the flag for several (default: 0 and 0.7)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the first repeat; repeat i uses seed+i (default: {DEFAULT_SEED})")
+    parser.add_argument("--max-tokens", type=int, default=None, help="override every prompt's max_tokens")
+    parser.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context length (default: {DEFAULT_N_CTX})")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for every configuration (default: as the engine)")
+    parser.add_argument("--workloads", type=Path, default=WORKLOADS_DIR, help="folder of <suite>.jsonl files")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write every run and the summary as JSON")
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG", help="plot speedups (or the cost curve); needs edgespec[bench]")
+    parser.add_argument("--cost-curve", action="store_true",
+                        help=f"only measure the target's time per forward pass over 1..{COST_CURVE_MAX_TOKENS} tokens")
+    parser.add_argument("--overhead", action="store_true",
+                        help="also report the milliseconds per step spent outside llama_decode, per phase of the loop, "
+                             "and the sampling microbenchmark")
+    parser.add_argument("--sampling", action="store_true",
+                        help=f"only time to_probs + sample per row over a {SAMPLING_VOCAB:,}-token vocabulary (no model)")
+    parser.set_defaults(func=handle_bench)
+
+
+def handle_bench(args) -> int:
+    """0 when done; an error ends the bench with its exit code (1: exactness failed, 2: refused)."""
+    try:
+        return _bench_command(args)
+    except (ExactnessError, BenchError):
+        raise
+    except EdgespecError as err:  # e.g. the model failed to load: the bench is refused
+        raise BenchError(str(err)) from None
+
+
+def _bench_command(args) -> int:
+    if args.plot:
+        pyplot()  # fail before the long part, not after it
+    if args.sampling:
+        results = {"meta": {}, "sampling": run_sampling_microbench()}
+        print_sampling(results["sampling"])
+    elif args.cost_curve:
+        results = run_cost_curve(args.model, repeats=args.repeats, n_ctx=args.n_ctx, n_threads=args.threads,
+                                 workloads_dir=args.workloads)
+        print_cost_curve(results)
+    else:
+        results = run_bench(
+            args.model,
+            args.draft,
+            suites=_split(args.suites),
+            configs=_split(args.configs) if args.configs else None,
+            repeats=args.repeats,
+            prompts_per_suite=args.prompts,
+            temperatures=args.temperature or DEFAULT_TEMPERATURES,
+            seed=args.seed,
+            n_ctx=args.n_ctx,
+            n_threads=args.threads,
+            max_tokens=args.max_tokens,
+            workloads_dir=args.workloads,
+            on_run=lambda run, done, total: print(_progress_line(run, done, total), file=sys.stderr, flush=True),
+            overhead=args.overhead,
+            llama_cpp_bin=args.llama_cpp_bin,
+        )
+        print_tables(results)
+        if args.overhead:
+            print_overhead(results)
+            results["sampling"] = run_sampling_microbench()
+            print_sampling(results["sampling"])
+    results["meta"]["command"] = shlex.join(["edgespec", *sys.argv[1:]])
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    if args.plot and not args.sampling:
+        (plot_cost_curve if args.cost_curve else plot_speedups)(results, args.plot)
+    return EXIT_OK
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _progress_line(run: dict, done: int, total: int) -> str:
+    return (
+        f"[{done}/{total}] T={run['temperature']:g} {run['prompt_id']} {run['config']}: "
+        f"{run['decode_tokens_per_second']:.1f} tok/s, {run['tokens_generated']} tokens"
+    )

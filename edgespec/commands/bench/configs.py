@@ -1,0 +1,100 @@
+"""The bench's configurations: edgespec's drafting modes at a draft length, and llama.cpp's own speculation.
+
+edgespec's: baseline, ngram, draft-model, each optionally -kN (a fixed draft
+length) or -auto.  llama.cpp's (run by its llama-speculative-simple binary,
+see peers.py): llamacpp-none, llamacpp-ngram-simple, llamacpp-ngram-mod and
+llamacpp-draft, each at llama.cpp's default draft length or -nN
+(--spec-draft-n-max N).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from .workloads import BenchError
+
+EDGESPEC_DRAFTERS = ("baseline", "ngram", "draft-model")
+# configuration name -> llama.cpp's --spec-type
+PEER_SPEC_TYPES = {"llamacpp-none": "none", "llamacpp-ngram-simple": "ngram-simple",
+                   "llamacpp-ngram-mod": "ngram-mod", "llamacpp-draft": "draft-simple"}
+# "ngram" and "draft-model" alone mean the engine's default draft length; the
+# peers run only with --llama-cpp-bin, and the draft ones only with a draft model.
+DEFAULT_CONFIGS = ("baseline", "ngram", "ngram-k2", "ngram-k4", "ngram-k8", "draft-model", *PEER_SPEC_TYPES)
+NEEDS_DRAFT_MODEL = ("draft-model", "llamacpp-draft")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str  # as shown in tables: baseline, ngram-k4, ngram-auto, draft-model-k4, llamacpp-ngram-simple-n3
+    drafter: str  # one of EDGESPEC_DRAFTERS or PEER_SPEC_TYPES
+    draft_tokens: int | str | None  # None for baseline and a peer's default; "auto" where the engine chooses
+
+    @property
+    def must_match_baseline(self) -> bool:
+        return self.drafter in ("ngram", "draft-model")
+
+    @property
+    def is_peer(self) -> bool:
+        return self.drafter in PEER_SPEC_TYPES
+
+
+def parse_config(name: str) -> tuple[str, int | str | None]:
+    """'ngram-k4' -> ('ngram', 4); 'ngram-auto' -> ('ngram', 'auto'); 'llamacpp-draft-n3' -> ('llamacpp-draft', 3)."""
+    for drafter in (*EDGESPEC_DRAFTERS, *PEER_SPEC_TYPES):
+        if name == drafter:
+            return drafter, None
+        suffix = name[len(drafter) + 1 :] if name.startswith(drafter + "-") else None
+        if suffix is None or drafter in ("baseline", "llamacpp-none"):
+            continue
+        letter = "n" if drafter in PEER_SPEC_TYPES else "k"
+        if suffix == "auto" and letter == "k":
+            return drafter, "auto"
+        if suffix.startswith(letter) and suffix[1:].isdigit() and int(suffix[1:]) >= 1:
+            return drafter, int(suffix[1:])
+    raise BenchError(
+        f"unknown configuration {name!r} (use baseline, ngram or draft-model, optionally with -kN or -auto, "
+        f"or {', '.join(PEER_SPEC_TYPES)}, optionally with -nN)"
+    )
+
+
+def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_draft: bool, explicit: bool,
+                    has_peer: bool = False) -> list[BenchConfig]:
+    """Configurations with their draft lengths settled; duplicates dropped, keeping the first.
+
+    Without --configs, the draft-model configurations are skipped when no draft
+    model is given, and llama.cpp's when no --llama-cpp-bin is; asked for
+    explicitly, either is an error.
+    """
+    configs: dict[tuple, BenchConfig] = {}
+    for name in names:
+        drafter, k = parse_config(name)
+        missing = _missing_for(drafter, has_draft, has_peer)
+        if missing:
+            if explicit:
+                raise BenchError(f"configuration {name!r} needs {missing}, or drop {name}")
+            continue
+        if drafter == "baseline":
+            config = BenchConfig("baseline", "baseline", None)
+        elif drafter in PEER_SPEC_TYPES:
+            config = BenchConfig(drafter if k is None else f"{drafter}-n{k}", drafter, k)
+        else:
+            k = k if k is not None else default_draft_tokens
+            config = BenchConfig(f"{drafter}-auto" if k == "auto" else f"{drafter}-k{k}", drafter, k)
+        configs.setdefault((config.drafter, config.draft_tokens), config)
+    if not any(c.drafter == "baseline" for c in configs.values()):
+        configs[("baseline", None)] = BenchConfig("baseline", "baseline", None)  # speedups need it
+    return list(configs.values())
+
+
+def _missing_for(drafter: str, has_draft: bool, has_peer: bool) -> str | None:
+    if drafter in PEER_SPEC_TYPES and not has_peer:
+        return "llama.cpp's binaries (pass --llama-cpp-bin DIR, built by benchmarks/build_llama_cpp_peer.sh)"
+    if drafter in NEEDS_DRAFT_MODEL and not has_draft:
+        return "a draft model and none is loaded (pass --draft FILE)"
+    return None
+
+
+def rotated(configs: list[BenchConfig], by: int) -> list[BenchConfig]:
+    shift = by % len(configs)
+    return configs[shift:] + configs[:shift]

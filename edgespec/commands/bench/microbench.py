@@ -1,0 +1,139 @@
+"""What the bench measures besides the configurations: the machine, the sampler alone, and the cost of one pass.
+
+`run_sampling_microbench` times to_probs + sample per row without a model;
+`run_cost_curve` times the target's forward pass over 1..n tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from importlib import metadata
+from pathlib import Path
+
+from ...sampling import SamplingParams
+from ...loading import load_engine
+from ...sysinfo import cpu_model
+from .configs import rotated
+from .workloads import WORKLOADS_DIR, load_workloads
+
+DEFAULT_N_CTX = 2048
+COST_CURVE_MAX_TOKENS = 16
+SAMPLING_VOCAB = 151_936  # Qwen2.5's
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine_description() -> dict:
+    return {"cpu": cpu_model() or platform.machine(), "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+def package_version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def run_sampling_microbench(n_vocab: int = SAMPLING_VOCAB, rows: int = 200, repeats: int = 3, seed: int = 0) -> dict:
+    """Milliseconds per row for to_probs + sample over realistic logits (normal * 3 plus a few peaks).
+
+    Each case draws `rows` different rows and reports the best of `repeats`
+    passes over them; also the cost of copying one row, which the engine no
+    longer pays (it reads llama.cpp's buffer in place).
+    """
+    import numpy as np
+
+    from ...sampling import sample, to_probs
+
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal((rows, n_vocab)) * 3.0).astype(np.float32)
+    for row in logits:
+        row[rng.integers(0, n_vocab, 4)] += rng.uniform(8.0, 14.0, 4).astype(np.float32)
+    cases = {
+        "T=0.8 (top-k 40, top-p 0.95, min-p 0.05)": SamplingParams(temperature=0.8),
+        "T=0.8, top-k off": SamplingParams(temperature=0.8, top_k=0),
+        "T=0": SamplingParams(temperature=0.0),
+    }
+
+    def per_row_ms(work) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter_ns()
+            for row in logits:
+                work(row)
+            best = min(best, (time.perf_counter_ns() - start) / rows / 1e6)
+        return best
+
+    results = {name: per_row_ms(lambda row, p=params: sample(to_probs(row, p), rng)) for name, params in cases.items()}
+    results["copy of one logits row"] = per_row_ms(np.copy)
+    return {"n_vocab": n_vocab, "rows": rows, "repeats": repeats, "ms_per_row": results,
+            "machine": machine_description(), "load_average": load_average()}
+
+
+# --------------------------------------------------------------- cost curve
+
+
+def run_cost_curve(
+    model: str | Path,
+    *,
+    max_tokens: int = COST_CURVE_MAX_TOKENS,
+    repeats: int = 5,
+    n_ctx: int = DEFAULT_N_CTX,
+    n_threads: int | None = None,
+    workloads_dir: Path = WORKLOADS_DIR,
+) -> dict:
+    """Time one target forward pass over n = 1..max_tokens tokens, after a real prompt.
+
+    T(n) / T(1) is what a verification of n - 1 drafts costs in single-token
+    passes: drafting k tokens can only pay if more than T(k + 1) / T(1)
+    tokens come out of a step on average.
+    """
+    from ...backend import default_threads
+
+    n_threads = n_threads or default_threads()
+    prompt = load_workloads(["code-edit"], 1, workloads_dir)[0]
+    engine = load_engine(model, "none", n_ctx=n_ctx, n_threads=n_threads, draft_tokens=0)  # no calibration needed
+    try:
+        ids = engine.prompt_tokens(prompt.prompt)
+        # A realistic KV length: attention cost grows with it.
+        engine.generate(prompt.prompt, SamplingParams(temperature=0.0, max_tokens=1))
+        widths = list(range(1, max_tokens + 1))
+        seconds: dict[int, list[float]] = {n: [] for n in widths}
+        engine.target.time_forward(max_tokens, ids[-1])  # warm-up
+        for round_ in range(repeats):
+            for n in rotated(widths, round_):
+                seconds[n].append(engine.target.time_forward(n, ids[-1]))
+        context_tokens = len(engine.target.cached)
+    finally:
+        engine.close()
+    single = statistics.median(seconds[1])
+    points = [
+        {
+            "tokens": n,
+            "median_ms": statistics.median(seconds[n]) * 1e3,
+            "min_ms": min(seconds[n]) * 1e3,
+            "max_ms": max(seconds[n]) * 1e3,
+            "relative_to_one": statistics.median(seconds[n]) / single,
+            "ms_per_token": statistics.median(seconds[n]) * 1e3 / n,
+        }
+        for n in widths
+    ]
+    return {
+        "meta": {
+            "model": str(model),
+            "context_tokens": context_tokens,
+            "repeats": repeats,
+            "n_threads": n_threads,
+            "machine": machine_description(),
+            "versions": {name: package_version(name) for name in ("edgespec", "llama-cpp-python")},
+        },
+        "cost_curve": points,
+    }

@@ -1,0 +1,273 @@
+"""Running the bench: every prompt through every configuration on one loaded target, the order rotated.
+
+The target is loaded once; every edgespec configuration runs on that same
+model, with drafting switched between runs (``Engine.configure``).  llama.cpp's
+own speculation runs as a process per run (peers.py), on the same prompts
+rendered with the same chat template, rotated with the rest.  Every run
+starts with a cold KV cache, so prefill is always paid in full and measured.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ...sampling import SamplingParams
+from ...loading import load_engine
+from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, BenchConfig, resolve_configs, rotated
+from .exactness import check_exactness
+from .microbench import DEFAULT_N_CTX, load_average, machine_description, package_version
+from .peers import LlamaCppPeer, find_binary
+from .report import summarize, summarize_overhead
+from .workloads import SUITES, WORKLOADS_DIR, BenchError, BenchPrompt, load_workloads
+
+DEFAULT_TEMPERATURES = (0.0, 0.7)
+DEFAULT_REPEATS = 3
+DEFAULT_SEED = 1234
+
+
+def run_bench(
+    model: str | Path,
+    draft: str | Path | None = None,
+    *,
+    suites: Iterable[str] = SUITES,
+    configs: Iterable[str] | None = None,
+    repeats: int = DEFAULT_REPEATS,
+    prompts_per_suite: int | None = None,
+    temperatures: Iterable[float] = DEFAULT_TEMPERATURES,
+    seed: int = DEFAULT_SEED,
+    n_ctx: int = DEFAULT_N_CTX,
+    n_threads: int | None = None,
+    max_tokens: int | None = None,
+    workloads_dir: Path = WORKLOADS_DIR,
+    on_run: Callable[[dict, int, int], None] | None = None,
+    overhead: bool = False,
+    llama_cpp_bin: str | Path | None = None,
+) -> dict:
+    """Run the bench and return everything as one JSON-ready dict (meta, configs, runs, summary).
+
+    With overhead=True every edgespec run also records where its decode time
+    went, per phase of the loop (engine.PhaseClock), and the result gains an
+    "overhead" summary.  llama_cpp_bin (a folder holding llama-speculative-simple)
+    adds llama.cpp's own speculation as peers.  Raises ExactnessError at the
+    first temperature-0 mismatch of an edgespec mode with the baseline.
+    """
+    from ...backend import default_threads
+
+    if repeats < 1:
+        raise BenchError("--repeats must be at least 1")
+    temperatures = tuple(temperatures)
+    prompts = [p if max_tokens is None else BenchPrompt(p.suite, p.id, p.prompt, max_tokens)
+               for p in load_workloads(suites, prompts_per_suite, workloads_dir)]
+    n_threads = n_threads or default_threads()
+    _check_before_loading(configs, llama_cpp_bin)
+    started, load_at_start = time.time(), load_average()
+    engine = load_engine(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads)
+    try:
+        plan = resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft is not None,
+                               configs is not None, has_peer=llama_cpp_bin is not None)
+        peer = _peer(engine, llama_cpp_bin, n_threads) if any(c.is_peer for c in plan) else None
+        runner = _Runner(engine, peer, overhead)
+        runner.warm_up(prompts[0], plan)
+        runs = _measure(runner, plan, prompts, temperatures, repeats, seed, on_run)
+    finally:
+        engine.close()
+    meta = _meta(engine.target_path, engine.draft_path, prompts, repeats, temperatures, seed, n_ctx, n_threads, started,
+                 runner.rss_scope, peer)
+    results = {
+        # other work on the machine distorts every figure; a quiet machine shows ~0 next to its core count
+        "meta": {**meta, "load_average_start": load_at_start, "load_average_end": load_average()},
+        "configs": [{"name": c.name, "drafter": c.drafter, "draft_tokens": c.draft_tokens} for c in plan],
+        "runs": runs,
+        "near_ties": runner.near_ties,
+        "summary": summarize(runs, plan),
+    }
+    if overhead:
+        results["overhead"] = summarize_overhead(runs, plan, engine.plain_step_seconds)
+    return results
+
+
+def _check_before_loading(configs: Iterable[str] | None, llama_cpp_bin) -> None:
+    """Refuse unknown configurations and missing peer binaries before the model loads (draft lengths need it)."""
+    resolve_configs(configs or DEFAULT_CONFIGS, "auto", True, configs is not None, has_peer=llama_cpp_bin is not None)
+    if llama_cpp_bin is not None:
+        find_binary(llama_cpp_bin)
+
+
+def _peer(engine, llama_cpp_bin, n_threads: int) -> LlamaCppPeer:
+    return LlamaCppPeer(llama_cpp_bin, engine.target_path, draft=engine.draft_path, n_ctx=engine.n_ctx,
+                        n_threads=n_threads, n_gpu_layers=max(engine.target.n_gpu_layers, 0))
+
+
+def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> list[dict]:
+    """Every prompt x repeat x configuration, the order rotated per prompt and repeat."""
+    runs: list[dict] = []
+    total = len(temperatures) * len(prompts) * repeats * len(plan)
+    for temperature in temperatures:
+        for index, prompt in enumerate(prompts):
+            prompt_runs = []
+            for repeat in range(repeats):
+                for config in rotated(plan, index + repeat):
+                    prompt_runs.append(runner.run(prompt, config, temperature, repeat, seed + repeat))
+                    if on_run:
+                        on_run(prompt_runs[-1], len(runs) + len(prompt_runs), total)
+            if temperature == 0:
+                for tie in check_exactness(prompt_runs, runner.engine.plain_logits):
+                    runner.near_ties.append(tie)
+                    if on_run:
+                        print(f"near-tie, not a bug: {tie['config']} on {tie['prompt_id']} differs at token "
+                              f"{tie['position']}, where the target's two best logits are {tie['logit_gap']:.2f} apart",
+                              file=sys.stderr)
+            runs.extend(prompt_runs)
+    return runs
+
+
+class _Runner:
+    def __init__(self, engine, peer: LlamaCppPeer | None, overhead: bool = False):
+        self.engine = engine
+        self.peer = peer
+        self.overhead = overhead
+        self._prompt_ids: dict[str, list[int]] = {}
+        self.near_ties: list[dict] = []
+        self.rss_scope = "run" if _reset_peak_rss() else "process"
+
+    def warm_up(self, prompt: BenchPrompt, plan: list[BenchConfig]) -> None:
+        """Touch the model's pages and code paths once before anything is timed."""
+        short = BenchPrompt(prompt.suite, prompt.id, prompt.prompt, 8)
+        for config in plan:
+            self.run(short, config, 0.0, 0, 0)
+
+    def run(self, prompt: BenchPrompt, config: BenchConfig, temperature: float, repeat: int, seed: int) -> dict:
+        ids = self._prompt_ids.get(prompt.id)
+        if ids is None:
+            ids = self._prompt_ids[prompt.id] = self.engine.prompt_tokens(prompt.prompt)
+        params = SamplingParams(temperature=temperature, max_tokens=prompt.max_tokens, seed=seed)
+        _reset_peak_rss()
+        if config.is_peer:
+            figures = self._run_peer(prompt.prompt, params, config)
+        else:
+            figures = self._run_edgespec(ids, params, config)
+        return {
+            "suite": prompt.suite,
+            "prompt_id": prompt.id,
+            "config": config.name,
+            "temperature": temperature,
+            "repeat": repeat,
+            "seed": seed,
+            "prompt_ids": ids,
+            **figures,
+            "end_to_end_seconds": figures["prefill_seconds"] + figures["decode_seconds"],
+            "peak_rss_mb": _peak_rss_mb(children=config.is_peer),
+            "matches_baseline": None,  # set by check_exactness at temperature 0
+        }
+
+    def _run_edgespec(self, ids: list[int], params: SamplingParams, config: BenchConfig) -> dict:
+        from ...engine import Done, PhaseClock
+
+        engine = self.engine
+        engine.configure(mode="none" if config.drafter == "baseline" else config.drafter)
+        if config.draft_tokens is not None:
+            engine.configure(draft_tokens=config.draft_tokens)
+        engine.forget_cache()  # a bench run must pay (and time) its prefill in full
+        clock = engine.phase_clock = PhaseClock(engine.target, engine.draft) if self.overhead else None
+        result = None
+        try:
+            for event in engine.stream_tokens(ids, params):
+                if isinstance(event, Done):
+                    result = event.result
+        finally:
+            engine.phase_clock = None
+        stats = result.stats
+        return {
+            **({"phase_ns": dict(clock.ns), "phase_steps": clock.steps} if clock else {}),
+            "prompt_tokens": stats.prompt_tokens,
+            "prompt_tokens_evaluated": stats.prompt_tokens_evaluated,
+            "tokens_generated": stats.tokens_generated,
+            "finish_reason": result.finish_reason,
+            "prefill_seconds": stats.prefill_seconds,
+            "decode_seconds": stats.decode_seconds,
+            "decode_tokens_per_second": stats.decode_tokens_per_second,
+            "draft_tokens_proposed": stats.draft_tokens_proposed,
+            "draft_tokens_accepted": stats.draft_tokens_accepted,
+            "acceptance_rate": stats.acceptance_rate if config.drafter != "baseline" else None,
+            "target_forward_passes": stats.target_forward_passes,
+            "target_passes_per_token": stats.target_passes_per_token,
+            "mean_draft_tokens": stats.mean_draft_tokens,
+            "k0_steps": stats.k0_steps,
+            "steps": stats.steps,
+            "token_ids": list(result.token_ids),
+            "text": result.text,
+        }
+
+    def _run_peer(self, prompt: str, params: SamplingParams, config: BenchConfig) -> dict:
+        """llama.cpp's figures for the prompt as the chat template renders it, fed raw."""
+        rendered = self.engine.render_chat([{"role": "user", "content": prompt}])
+        run = self.peer.run(rendered, spec_type=PEER_SPEC_TYPES[config.drafter], draft_max=config.draft_tokens,
+                            max_tokens=params.max_tokens, temperature=params.temperature, seed=params.seed)
+        proposed, accepted = run.draft_tokens_proposed, run.draft_tokens_accepted
+        return {
+            "prompt_tokens": run.prompt_tokens,
+            "prompt_tokens_evaluated": run.prompt_tokens,
+            "tokens_generated": run.tokens_generated,
+            # the binary stops once it has more than -n tokens, or at an end-of-generation token
+            "finish_reason": "length" if run.tokens_generated >= params.max_tokens else "stop",
+            "prefill_seconds": run.prefill_seconds,
+            "decode_seconds": run.decode_seconds,
+            "decode_tokens_per_second": run.tokens_generated / run.decode_seconds if run.decode_seconds > 0 else 0.0,
+            "draft_tokens_proposed": proposed,
+            "draft_tokens_accepted": accepted,
+            "acceptance_rate": accepted / proposed if proposed else None,
+            "target_forward_passes": None,  # the binary does not report these
+            "target_passes_per_token": None,
+            "mean_draft_tokens": None,
+            "k0_steps": None,
+            "steps": None,
+            "token_ids": None,  # the binary prints text only
+            "text": run.text,
+        }
+
+
+def _reset_peak_rss() -> bool:
+    """Restart the process's peak-RSS counter (Linux >= 4.0); False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mb(children: bool = False) -> float:
+    who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
+    peak = resource.getrusage(who).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB elsewhere
+
+
+def _meta(model, draft, prompts, repeats, temperatures, seed, n_ctx, n_threads, started, rss_scope, peer) -> dict:
+    return {
+        "model": str(model),
+        "draft": str(draft) if draft else None,
+        "suites": {suite: sum(p.suite == suite for p in prompts) for suite in dict.fromkeys(p.suite for p in prompts)},
+        "repeats": repeats,
+        "temperatures": list(temperatures),
+        "seed": seed,
+        "n_ctx": n_ctx,
+        "n_threads": n_threads,
+        "machine": machine_description(),
+        "versions": {name: package_version(name) for name in ("edgespec", "llama-cpp-python")},
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "duration_seconds": time.time() - started,
+        "peak_rss_scope": (
+            "per run (the process's peak RSS counter is reset before each run; it still counts every loaded model)"
+            if rss_scope == "run"
+            else "process-wide peak since start (this kernel does not allow resetting it)"
+        ) + ("; llama.cpp peers: the largest llama.cpp process so far" if peer else ""),
+        "decode_definition": (
+            "edgespec: tokens generated / time after prefill; llama.cpp peers: the tokens and seconds its binary "
+            "reports as decoded"
+        ),
+        "llama_cpp_bin": str(peer.binary.parent) if peer else None,
+    }

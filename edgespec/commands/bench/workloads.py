@@ -1,0 +1,52 @@
+"""The bench's prompts: one JSONL file per suite under benchmarks/workloads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from ...errors import EdgespecError
+
+WORKLOADS_DIR = Path(__file__).resolve().parents[3] / "benchmarks" / "workloads"
+SUITES = ("code-edit", "summarize", "qa-context", "chat", "creative")
+
+
+class BenchError(EdgespecError):
+    """The bench cannot run as asked: unknown suite or configuration, bad workload file."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    suite: str
+    id: str
+    prompt: str
+    max_tokens: int
+
+
+def load_workloads(
+    suites: Iterable[str] = SUITES, per_suite: int | None = None, directory: Path = WORKLOADS_DIR
+) -> list[BenchPrompt]:
+    prompts = []
+    for suite in suites:
+        path = Path(directory) / f"{suite}.jsonl"
+        if not path.is_file():
+            raise BenchError(f"no workload file for suite {suite!r} at {path} (suites: {', '.join(SUITES)})")
+        prompts.extend(_read_suite(suite, path)[:per_suite])
+    return prompts
+
+
+def _read_suite(suite: str, path: Path) -> list[BenchPrompt]:
+    prompts = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            prompts.append(BenchPrompt(suite, str(row["id"]), str(row["prompt"]), int(row.get("max_tokens", 128))))
+        except (ValueError, KeyError, TypeError) as err:
+            raise BenchError(f"{path}:{number} is not a workload line ({err}); expected {{\"id\", \"prompt\", \"max_tokens\"}}") from err
+    return prompts

@@ -1,0 +1,82 @@
+"""The flags every model-loading command shares, what they turn into, and the one place commands load models."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import EdgespecError
+from ..limits import MAX_DRAFT_TOKENS, MIN_N_CTX, SettingError, checked_setting, checked_threads
+
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """Model and drafting flags shared by every command that loads models."""
+    group = parser.add_argument_group("models")
+    group.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
+    group.add_argument("--draft", default="auto", help="draft GGUF path or catalog name, 'ngram', 'none', or 'auto' (default: the catalog draft if it fits, else ngram)")
+    group.add_argument("--draft-tokens", type=setting("draft_tokens"), default="auto",
+                       help=f"tokens drafted per step: 0 to {MAX_DRAFT_TOKENS}, or 'auto' to follow measured costs (default)")
+    group.add_argument("--n-ctx", type=setting("n_ctx"), default=4096, help=f"context window in tokens, from {MIN_N_CTX}; llama.cpp rounds it up to a multiple of 256 (default: %(default)s)")
+    group.add_argument("--gpu-layers", type=setting("gpu_layers"), default=None, help="target layers to offload (-1: all; default: from the memory plan)")
+    group.add_argument("--draft-gpu-layers", type=setting("draft_gpu_layers"), default=None, help="draft layers to offload (-1: all; default: from the memory plan)")
+    group.add_argument("--memory-budget", default=None, help="memory to plan for, e.g. 6GiB (default: detected)")
+    group.add_argument("--threads", type=_threads, default=None, help="CPU threads, at most the cores here (default: all cores, up to 8)")
+
+
+def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-tokens", type=int, default=max_tokens)
+    group.add_argument("--temperature", "-t", type=float, default=0.8, help="0 means greedy (default: %(default)s)")
+    group.add_argument("--top-k", type=int, default=40, help="0 switches it off (default: %(default)s)")
+    group.add_argument("--top-p", type=float, default=0.95, help="1.0 switches it off (default: %(default)s)")
+    group.add_argument("--min-p", type=float, default=0.05, help="0.0 switches it off (default: %(default)s)")
+    group.add_argument("--seed", type=int, default=None)
+    group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def setting(name: str):
+    """An argparse type for the engine setting `name`, refusing what edgespec.limits does."""
+
+    def parse(text: str):
+        try:
+            return checked_setting(name, text if text == "auto" else int(text))
+        except ValueError:
+            wanted = "a whole number or 'auto'" if name == "draft_tokens" else "a whole number"
+            raise argparse.ArgumentTypeError(f"expected {wanted}, not {text!r}") from None
+        except SettingError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse
+
+
+def _threads(text: str) -> int:
+    try:
+        return checked_threads(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    except SettingError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def sampling_params(args: argparse.Namespace):
+    from ..sampling import SamplingParams
+
+    try:
+        return SamplingParams(
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+            max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop),
+        )
+    except ValueError as error:
+        raise EdgespecError(f"bad sampling setting: {error}") from None
+
+
+def engine_from_args(args: argparse.Namespace, **overrides):
+    """The Engine the flags of add_engine_options describe (overrides: e.g. notice=...)."""
+    from ..loading import load_engine
+
+    return load_engine(
+        args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
+        draft_gpu_layers=args.draft_gpu_layers, draft_tokens=args.draft_tokens,
+        n_threads=args.threads, memory_budget=args.memory_budget, **overrides,
+    )

@@ -1,0 +1,31 @@
+"""`edgespec plan`: how the models would be placed in memory, and which drafting mode, without loading them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..loading import plan_load
+from .options import add_engine_options, setting
+
+
+def add_plan_parser(subparsers) -> None:
+    parser = subparsers.add_parser("plan", help="show how the models would be placed in memory, and which drafting mode")
+    add_engine_options(parser)
+    parser.add_argument("--ctx", dest="n_ctx", type=setting("n_ctx"), help="alias of --n-ctx")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.set_defaults(func=plan)
+
+
+def plan(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..planner import format_plan_table
+
+    _, _, memory_plan = plan_load(args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
+                                  draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget)
+    if args.json:
+        print(json.dumps(memory_plan.to_dict(), indent=2))
+    else:
+        Console().print(format_plan_table(memory_plan))
+    return 0

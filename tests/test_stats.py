@@ -1,0 +1,55 @@
+"""Stats: the typed record of a generation, and its JSON form (the keys edgespec has always written)."""
+
+import dataclasses
+
+import pytest
+
+from edgespec import Done, SamplingParams, Step
+from edgespec.loading import load_engine
+from edgespec.stats import Stats
+
+JSON_KEYS = [
+    "mode", "plan_reason", "prompt_tokens", "prompt_tokens_reused", "prompt_tokens_evaluated", "tokens_generated",
+    "draft_tokens_proposed", "draft_tokens_accepted", "acceptance_rate", "target_forward_passes",
+    "draft_forward_passes", "target_passes_per_token", "steps", "k0_steps", "mean_draft_tokens", "prefill_seconds",
+    "decode_seconds", "decode_tokens_per_second", "finish_reason",
+]
+
+
+def test_ratios_are_computed_from_the_counts_and_the_json_keeps_its_keys():
+    stats = Stats.from_counts(mode="ngram", plan_reason="why", prompt_tokens=10, prompt_tokens_reused=4,
+                              tokens_generated=20, draft_tokens_proposed=16, draft_tokens_accepted=12,
+                              target_forward_passes=8, draft_forward_passes=0, steps=8, k0_steps=2,
+                              prefill_seconds=0.5, decode_seconds=2.0, finish_reason="stop")
+    assert list(stats.as_dict()) == JSON_KEYS
+    assert stats.prompt_tokens_evaluated == 6 and stats.acceptance_rate == 0.75
+    assert stats.target_passes_per_token == 0.4 and stats.mean_draft_tokens == 2.0
+    assert stats.decode_tokens_per_second == 10.0
+    assert Stats.from_dict({**stats.as_dict(), "message_index": 3}) == stats
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.steps = 9
+
+
+def test_nothing_counted_gives_zero_ratios_not_a_division_error():
+    empty = Stats.from_counts(mode="none", plan_reason=None, prompt_tokens=1, prompt_tokens_reused=0,
+                              tokens_generated=0, draft_tokens_proposed=0, draft_tokens_accepted=0,
+                              target_forward_passes=0, draft_forward_passes=0, steps=0, k0_steps=0,
+                              prefill_seconds=0.0, decode_seconds=0.0, finish_reason=None)
+    assert (empty.acceptance_rate, empty.target_passes_per_token, empty.mean_draft_tokens,
+            empty.decode_tokens_per_second) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_each_step_carries_its_own_drafted_and_accepted_counts(tiny_models):
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=512, draft_tokens=4, n_threads=1, cost_curve=(1.0,) * 6)
+    try:
+        events = list(engine.stream("one two three one two three one two three one two", SamplingParams(
+            temperature=0.0, max_tokens=40), raw=True))
+    finally:
+        engine.close()
+    steps = [e for e in events if isinstance(e, Step)]
+    final = events[-1].result.stats
+    assert isinstance(events[-1], Done) and isinstance(final, Stats)
+    assert sum(s.drafted for s in steps) == final.draft_tokens_proposed > 0
+    assert sum(s.accepted for s in steps) == final.draft_tokens_accepted
+    assert all(0 <= s.accepted <= s.drafted for s in steps)
+    assert all(s.accepted == sum(t.drafted for t in s.tokens) or s is steps[-1] for s in steps)

@@ -1,0 +1,152 @@
+"""What the chat app's keys and commands do: ChatApp's actions (bindings: tui.config.KEY_ACTIONS).
+
+A mixin of ChatApp (tui/app.py), kept apart so the app module shows how the
+app runs and this one what each action does; it uses the app's chat
+controller (self.chat), conversation view and dialogs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterator
+
+from textual.app import SystemCommand
+
+from edgespec import EdgespecError
+from edgespec.drafters import MODES
+from tui import stats as stats_text
+from tui.config import COMMAND_HELP, KEY_ACTIONS, save_defaults
+from tui.screens import HistoryScreen, LoadModelScreen, ModelInfoScreen, SettingsScreen, model_info
+from tui.settings import ChatSettings
+from tui.widgets import AssistantMessage
+
+
+class ChatActions:
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action == "cancel":
+            return True if self.generation is not None else None
+        if action in ("regenerate", "new_chat", "cycle_mode", "history", "copy_reply"):
+            return True if self.chat.session is not None else None
+        return True
+
+    def action_cancel(self) -> None:
+        if self.generation is not None:
+            self.chat.session.cancel()
+
+    def action_regenerate(self) -> None:
+        if self._busy():
+            return
+        session, sampling = self.chat.session, self.chat.settings.sampling
+        messages = session.messages
+        if not messages:
+            self.notify("Nothing to regenerate yet.")
+            return
+        if messages[-1]["role"] == "assistant":
+            self.conversation.query(AssistantMessage).last().remove()
+            self._start(lambda: session.stream_regenerate(sampling))
+        else:  # the last reply failed: answer the prompt that is still there
+            self._start(lambda: session.stream_reply(sampling))
+
+    def action_new_chat(self) -> None:
+        if self._busy():
+            return
+        self.chat.new_chat()
+        self.conversation.remove_children()
+        self._stats_dirty = True
+        self.prompt_input.focus()
+
+    def action_copy_reply(self) -> None:
+        text = self.chat.last_reply_text()
+        if not text:
+            self.notify("No reply to copy yet.")
+            return
+        self.copy_to_clipboard(text)
+        self.notify(f"Copied the last reply ({len(text)} characters).")
+
+    def action_cycle_mode(self) -> None:
+        if self.chat.engine is None:
+            return
+        modes = self.chat.available_modes()
+        self.set_mode(modes[(modes.index(self.chat.engine.mode) + 1) % len(modes)])
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in self.chat.available_modes():
+            self.notify("No draft model is loaded; use “Load model…” with a draft.", severity="warning")
+            return
+        self.chat.engine.configure(mode=mode)
+        when = " from the next reply" if self.generation is not None else ""
+        self.notify(f"Drafting: {stats_text.MODE_LABELS[mode]}{when}.")
+        self._stats_dirty = True
+
+    def action_toggle_marks(self) -> None:
+        self.mark_drafts = not self.mark_drafts
+        for message in self.conversation.query(AssistantMessage):
+            message.reply.set_marking(self.mark_drafts)
+        self.notify("Draft marks on: tinted text came from accepted draft tokens."
+                    if self.mark_drafts else "Draft marks off.")
+
+    def action_history(self) -> None:
+        if self._busy():
+            return
+
+        def reopen(chat_id: int | None) -> None:
+            if chat_id is not None:
+                try:
+                    self.open_chat(chat_id)
+                except EdgespecError as error:  # e.g. the stored chat is damaged
+                    self.notify(str(error), severity="error")
+
+        self.push_screen(HistoryScreen(self.store.list_chats(), self.chat.delete), reopen)
+
+    def action_settings(self) -> None:
+        def apply(answer: tuple[ChatSettings, bool] | None) -> None:
+            if answer is None:
+                return
+            settings, save = answer
+            self._apply_settings(settings)
+            if save:
+                self.config = replace(self.config, **settings.config_values())
+                self.notify(f"Saved as defaults in {save_defaults(self.config)}.")
+            self.chat.save()
+
+        self.push_screen(SettingsScreen(self.chat.settings), apply)
+
+    def action_model_info(self) -> None:
+        self.push_screen(ModelInfoScreen(model_info(self.chat.engine, self.chat.plain_speed(),
+                                                    self.chat.plain_steps.min_steps)))
+
+    def action_load_model(self) -> None:
+        def load(answer: tuple[str, str] | None) -> None:
+            if answer is not None:
+                self.load_models(*answer)
+
+        self.push_screen(LoadModelScreen(*self.model_spec), load)
+
+    def action_help(self) -> None:
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
+
+    def _busy(self) -> bool:
+        if self.chat.session is None:
+            self.notify("No model is loaded.", severity="warning")
+            return True
+        if self.generation is not None:
+            self.notify("A reply is still streaming; Esc stops it.", severity="warning")
+            return True
+        return False
+
+    def get_system_commands(self, screen) -> Iterator[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for action, (_, description) in KEY_ACTIONS.items():
+            yield SystemCommand(description, COMMAND_HELP[action], getattr(self, f"action_{action}"))
+        for mode in MODES:
+            yield SystemCommand(f"Drafting: {stats_text.MODE_LABELS[mode]}", f"Use {mode} drafting from the next reply",
+                                lambda mode=mode: self.chat.engine and self.set_mode(mode))
+        yield SystemCommand("Load model…", "Load another target model and drafter", self.action_load_model)
+
+    async def action_quit(self) -> None:
+        if self.generation is not None:
+            self.chat.session.cancel()
+        self.exit()

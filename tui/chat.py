@@ -1,0 +1,209 @@
+"""The conversation behind the chat app: engine and session, settings, streaming, per-reply stats, history.
+
+The app (tui/app.py) owns the screen: widgets, bindings, workers.  The
+controller here owns the chat: it knows nothing of Textual.  A reply streams
+from a worker thread into a locked hand-off (`ReplyStream`) that the app's UI
+timer drains, so the UI never waits for the model and the model never waits
+for the UI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import deque
+from typing import Callable, Iterator
+
+from edgespec import ChatSession, Done, Engine, Notice, Step
+from edgespec.drafters import MODES
+from edgespec.stats import Stats
+from tui import stats as stats_text
+from tui.config import ChatConfig, chat_sampling
+from tui.history import ChatStore, StoredChat
+from tui.settings import ChatSettings
+
+SPARKLINE_STEPS = 80
+
+
+class ReplyStream:
+    """Hand-off of one reply from the generation thread to the UI thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pieces: list[tuple[str, bool]] = []
+        self._acceptance: list[float] = []
+        self._notices: list[str] = []
+        self._stats: Stats | None = None
+        self.result = None  # the GenerationResult, once Done arrived
+        self.error: str | None = None
+        self.finished = threading.Event()
+
+    def add_step(self, step: Step, acceptance: float | None) -> None:
+        with self._lock:
+            self._pieces.extend((token.text, token.drafted) for token in step.tokens if token.text)
+            if acceptance is not None:
+                self._acceptance.append(acceptance)
+            self._stats = step.stats
+
+    def add_notice(self, text: str) -> None:
+        with self._lock:
+            self._notices.append(text)
+
+    def take(self) -> tuple[list[tuple[str, bool]], list[float], list[str], Stats | None]:
+        with self._lock:
+            taken = self._pieces, self._acceptance, self._notices, self._stats
+            self._pieces, self._acceptance, self._notices, self._stats = [], [], [], None
+        return taken
+
+
+def content_key(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+
+
+class ChatController:
+    """One chat with the loaded engine: what the app shows and saves, kept apart from how it shows it."""
+
+    def __init__(self, config: ChatConfig, store: ChatStore):
+        self.store = store
+        self.engine: Engine | None = None
+        self.session: ChatSession | None = None
+        self.settings = ChatSettings(config.system_prompt, chat_sampling(config), config.draft_tokens)
+        self.chat_id: int | None = None
+        self.drafted_marks: dict[str, list] = {}  # reply content key -> drafted character ranges
+        self.shown_stats: Stats | None = None  # live stats of the running reply, or the last reply's
+        self.context_used = 0
+        self.acceptance: deque[float] = deque(maxlen=SPARKLINE_STEPS)
+        self.plain_steps = stats_text.PlainSpeedEstimate()  # of the loaded target
+
+    # -- the engine --------------------------------------------------------------------
+
+    def use_engine(self, engine: Engine) -> None:
+        """Switch to newly loaded models; the chat so far goes on with them."""
+        previous = self.session.to_dict() if self.session is not None else None
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = engine
+        self.plain_steps = stats_text.PlainSpeedEstimate()
+        if previous is not None:
+            self.session = ChatSession.from_dict(engine, previous)
+        else:
+            self.session = ChatSession(engine, system_prompt=self.settings.system_prompt or None)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def available_modes(self) -> list[str]:
+        return [mode for mode in MODES if mode != "draft-model" or self.engine.draft_path is not None]
+
+    def plain_speed(self) -> tuple[float, str] | None:
+        """This model's plain decoding speed in tok/s, and where it comes from.
+
+        The median of the steps that drafted nothing (any mode) measures it
+        best, once there are enough of them; until then the engine's
+        calibrated one-token target pass stands in (None for a given curve).
+        """
+        if self.engine is None:
+            return None
+        measured = self.plain_steps.tokens_per_second()
+        if measured is not None:
+            return measured, "measured"
+        seconds = self.engine.plain_step_seconds
+        return (1 / seconds, "calibrated") if seconds else None
+
+    # -- replies -------------------------------------------------------------------------
+
+    def begin_reply(self) -> None:
+        self.acceptance.clear()
+        self.shown_stats = None
+
+    def stream_reply(self, stream: ReplyStream, events: Callable[[], Iterator]) -> None:
+        """Run a reply's events into `stream` (in the generation thread); errors are left to the caller."""
+        decode_seconds = 0.0  # of the reply so far, to time each step
+        plain_steps = self.plain_steps
+        for event in events():
+            if isinstance(event, Step):
+                stream.add_step(event, stats_text.step_acceptance(event.drafted, event.accepted))
+                plain_steps.observe(event.drafted, event.stats.decode_seconds - decode_seconds)
+                decode_seconds = event.stats.decode_seconds
+            elif isinstance(event, Done):
+                stream.result = event.result
+            elif isinstance(event, Notice):
+                stream.add_notice(event.text)
+
+    def show_stats(self, stats: Stats) -> None:
+        self.shown_stats = stats
+        self.context_used = stats_text.context_used(stats)
+
+    def reply_finished(self, result, drafted_ranges: list) -> str:
+        """Book a finished reply; returns its footer line."""
+        self.show_stats(result.stats)
+        self.drafted_marks[content_key(result.text)] = drafted_ranges
+        return stats_text.reply_footer(result.stats, self.plain_speed())
+
+    def last_reply_text(self) -> str:
+        for message in reversed(self.session.messages if self.session else []):
+            if message["role"] == "assistant":
+                return message["content"]
+        return ""
+
+    def turn_footers(self) -> dict[int, str]:
+        """The footer line of every reply with stats, by message index."""
+        plain = self.plain_speed()
+        return {s["message_index"]: stats_text.reply_footer(Stats.from_dict(s), plain) for s in self.session.turn_stats}
+
+    def drafted_ranges(self, text: str) -> list:
+        return self.drafted_marks.get(content_key(text), [])
+
+    # -- the chat and its settings --------------------------------------------------------
+
+    def new_chat(self) -> None:
+        self.session = ChatSession(self.engine, system_prompt=self.settings.system_prompt or None)
+        self.chat_id = None
+        self.drafted_marks = {}
+        self.shown_stats = None
+        self.context_used = 0
+        self.acceptance.clear()
+
+    def apply_settings(self, settings: ChatSettings) -> None:
+        if self.session is not None:
+            self.session.set_system_prompt(settings.system_prompt or None)
+        self.settings = settings
+        if self.engine is not None:
+            self.engine.configure(draft_tokens=settings.draft_tokens)
+
+    def save(self, pending_prompt: str | None = None) -> None:
+        """Write the chat in one transaction: after each reply, and with the prompt before it."""
+        if self.session is None:
+            return
+        first_user = next((m["content"] for m in self.session.messages if m["role"] == "user"), pending_prompt)
+        if first_user is None:
+            return
+        replies = {content_key(m["content"]) for m in self.session.messages if m["role"] == "assistant"}
+        self.drafted_marks = {k: v for k, v in self.drafted_marks.items() if k in replies}
+        extras = {"drafted": self.drafted_marks, "pending_prompt": pending_prompt}
+        settings = dict(self.settings.as_dict(), mode=self.engine.mode)
+        title = first_user.strip().splitlines()[0][:80]
+        self.chat_id = self.store.save_chat(self.chat_id, title, str(self.engine.target_path),
+                                            settings, self.session.to_dict(), extras)
+
+    def open(self, chat_id: int) -> StoredChat:
+        """Continue a saved chat with the loaded engine; raises EdgespecError for a damaged one."""
+        stored = self.store.load_chat(chat_id)
+        self.session = ChatSession.from_dict(self.engine, stored.session)
+        self.chat_id = stored.id
+        self.drafted_marks = dict(stored.extras.get("drafted", {}))
+        self.apply_settings(ChatSettings.from_dict(stored.settings, self.session.system_prompt or "", self.settings))
+        if stored.settings.get("mode") in self.available_modes():
+            self.engine.configure(mode=stored.settings["mode"])
+        self.shown_stats = None
+        self.acceptance.clear()
+        visible = self.session.visible_messages()
+        self.context_used = len(self.engine.chat_tokens(visible)) if visible else 0
+        return stored
+
+    def delete(self, chat_id: int) -> None:
+        self.store.delete_chat(chat_id)
+        if chat_id == self.chat_id:
+            self.chat_id = None
