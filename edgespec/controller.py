@@ -205,6 +205,25 @@ class DraftLengthController:
         self._k_total += k
         return k
 
+    def best(self, drafter: str, signal: int = 0, available: int | None = None) -> tuple[int, float]:
+        """The draft length with the highest expected tokens per second now, and that rate.
+
+        Changes nothing (no probe is scheduled, no step counted): the engine's
+        combined drafter asks each drafter's controller, then lets the winner choose().
+        """
+        limit = self.k_max if available is None else max(0, min(self.k_max, available))
+        rates = self._rates(self.acceptance(drafter, signal), limit)
+        if self.fixed_k is not None:
+            k = min(self.fixed_k, limit)
+        else:
+            k = int(np.argmax(rates))
+        return k, float(rates[k])
+
+    def stop_thresholds(self) -> tuple[float, ...]:
+        """p_min for each position of the draft chosen last: stop drafting before position i when the draft
+        model's top probability is below the (i-1)-th entry."""
+        return self._thresholds
+
     def _choose_auto(self, drafter: str, signal: int, limit: int) -> int:
         alphas = self.acceptance(drafter, signal)
         rates = self._rates(alphas, limit)

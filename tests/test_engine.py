@@ -10,6 +10,7 @@ import pytest
 
 from edgespec import Done, Engine, SamplingParams, Step
 from edgespec.backend import LlamaModel
+from edgespec.drafters import Drafter
 from edgespec.engine import _TextAssembler
 from edgespec.errors import ContextOverflowError, VocabMismatchError
 from edgespec.sampling import to_probs
@@ -199,7 +200,7 @@ def test_a_possible_stop_string_is_held_back_until_settled():
 CPU_LIKE_COST = (1.0, 1.5, 2.2, 3.0, 3.6, 4.2, 6.5, 8.8, 9.0, 9.2, 9.4, 9.6, 9.8, 10.0, 10.2, 10.4, 10.5)
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(Drafter):
     """Test-only drafter: proposes the target's own greedy continuation, or a token it never emits."""
 
     name = "ngram"
@@ -214,7 +215,7 @@ class ScriptedDrafter:
 
         return Hint(0, None)
 
-    def propose(self, context, k, params, rng):
+    def propose(self, context, k, params, rng, stop_below=()):
         from edgespec.drafters import Proposal
 
         done = len(context) - self.prompt_len
@@ -342,8 +343,10 @@ def test_the_first_load_says_it_measures_and_later_loads_reuse_the_measurement(t
 def test_exact_width_probe_keeps_to_its_budget(tiny_models):
     model = LlamaModel(tiny_models["target"], n_ctx=256, n_threads=1)
     probe = model.tokenize("the cat sat on the mat and the dog " * 8, add_special=True)
-    assert model.exact_pass_width(probe, 33) == 33  # every width is exact on the tiny models
-    assert model.exact_pass_width(probe, 33, budget_seconds=0.0) == 2  # only the width that is always checked
+    full = model.probe_pass_widths(probe, 33)
+    assert full.exact_width == 33  # every width is exact on the tiny models
+    assert set(full.drift) == set(range(2, 34)) and max(full.drift.values()) == 0.0
+    assert model.probe_pass_widths(probe, 33, budget_seconds=0.0).exact_width == 2  # only the width always checked
     assert model.cached == [] and model.forward_passes == 0
     model.close()
 
@@ -359,7 +362,7 @@ def test_a_stale_curve_is_measured_again_at_load_but_keeps_its_exact_width(tiny_
     notices = []
     engine = Engine.load(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append)
     assert any("measuring this model's speed again" in n for n in notices), notices
-    assert engine.max_draft_tokens == 2, "bit-exactness does not depend on load: the width is kept"
+    assert engine.exact_width == 3, "bit-exactness does not depend on load: the width is kept"
     assert engine.plain_step_seconds < OLD_CURVE[0] and not engine.calibration_due
     assert cache.load_entry(key) is not None
     engine.close()
@@ -387,5 +390,5 @@ def test_a_stale_curve_can_be_used_at_once_and_measured_between_generations(tiny
     assert not remeasure.is_alive()
     assert result.finish_reason == "length"
     assert engine.plain_step_seconds < OLD_CURVE[0] and not engine.calibration_due
-    assert engine.max_draft_tokens == 2 and cache.load_entry(key) is not None
+    assert engine.exact_width == 3 and cache.load_entry(key) is not None
     engine.close()

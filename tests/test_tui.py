@@ -394,7 +394,7 @@ async def test_a_stale_speed_measurement_is_redone_between_replies_not_at_start(
     app = make_app(models)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        assert app.engine.max_draft_tokens == 2, "the chat started on the old measurement"
+        assert app.engine.exact_width == 3, "the chat started on the old measurement"
         assert not any("measuring" in str(note.render()) for note in app.query(Note))
         await wait_for(pilot, lambda: not app.engine.calibration_due and app._recalibration_idle.is_set())
         assert app.engine.plain_step_seconds < 1000.0 and cache.load_entry(key) is not None
