@@ -47,7 +47,7 @@ def test_greedy_output_is_identical_in_every_mode(engine, prompt, draft_tokens):
     params = SamplingParams(temperature=0.0, max_tokens=48)
     plain = generate_ids(engine, "none", prompt, params, draft_tokens)
     assert plain.stats["target_passes_per_token"] >= 1.0
-    for mode in ("draft-model", "ngram"):
+    for mode in ("combined", "draft-model", "ngram"):
         result = generate_ids(engine, mode, prompt, params, draft_tokens)
         assert result.token_ids == plain.token_ids, mode
         assert result.text == plain.text
@@ -78,12 +78,12 @@ def exact_two_token_law(target_path, prompt_ids, params):
     return law
 
 
-def test_sampled_draft_model_output_has_the_targets_distribution(engine, tiny_models):
+@pytest.mark.parametrize("bit_exact", [False, True])
+def test_sampled_draft_model_output_has_the_targets_distribution(engine, tiny_models, bit_exact):
     prompt = PROMPTS[0]
     prompt_ids = engine.prompt_tokens(prompt, raw=True)
     law = exact_two_token_law(tiny_models["target"], prompt_ids, SamplingParams(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0))
-    engine.configure(mode="draft-model")
-    engine.configure(draft_tokens=2)
+    engine.configure(mode="draft-model", draft_tokens=2, bit_exact=bit_exact)
     n = 3000
     counts, proposed, accepted = Counter(), 0, 0
     for seed in range(n):
