@@ -708,7 +708,7 @@ class Engine:
         if clock:
             clock.lap("rewind")
         if controller is not None:
-            controller.update(drafter.name, len(drafts), len(accepted), hint.signal)
+            controller.update(len(drafts), len(accepted), hint.signal)
         if clock:
             clock.lap("controller")
 
@@ -744,12 +744,12 @@ class Engine:
         if not options:
             return self._drafters["none"], Hint(0, 0), 0
         if len(options) > 1:
-            rated = [(option[3].best(option[0].name, option[1].signal, option[2]), option) for option in options]
+            rated = [(option[3].best(option[1].signal, option[2]), option) for option in options]
             paying = [(rate, option) for (k, rate), option in rated if k > 0]
             if paying:
                 options = [max(paying, key=lambda pair: pair[0])[1]]
         drafter, hint, cap, controller = options[0]
-        return drafter, hint, controller.choose(drafter.name, hint.signal, cap)
+        return drafter, hint, controller.choose(hint.signal, cap)
 
 
 class _LazyRows:
