@@ -9,7 +9,6 @@ baseline) runs through this same loop.
 
 from __future__ import annotations
 
-import codecs
 import sys
 import threading
 import time
@@ -28,6 +27,8 @@ from .errors import ContextOverflowError, CorruptModelError, EdgespecError
 from .models import load_catalog, local_path, resolve_draft, resolve_model
 from .planner import Plan, plan_models
 from .sampling import SamplingParams, SparseProbs, to_probs
+from .phases import PhaseClock
+from .text import TextAssembler
 from .verify import verify
 
 # The longest draft the adaptive controller may choose; on a 2-core CPU a pass
@@ -114,83 +115,6 @@ class _Counters:
             "widest_pass": self.widest_pass,
             "accepted_by_drafter": dict(self.accepted_by_drafter),
         }
-
-
-class PhaseClock:
-    """Nanoseconds per phase of the decoding loop, summed over steps (for `edgespec bench --overhead`).
-
-    A lap charges the time since the previous lap to a phase, except what the
-    models spent inside llama_decode meanwhile, which goes to target_decode or
-    draft_decode: the other phases are the loop's own overhead.  The engine
-    holds None by default, which costs one test per phase.
-    """
-
-    PHASES = ("target_decode", "draft_decode", "propose", "logits", "verify", "rewind", "text", "controller", "stats")
-
-    def __init__(self, target: LlamaModel, draft: LlamaModel | None = None):
-        self.ns = dict.fromkeys(self.PHASES, 0)
-        self.steps = 0
-        self._models = {"target_decode": target, "draft_decode": draft} if draft is not None else {"target_decode": target}
-        self._last = 0
-        self._decode_seen: dict[str, int] = {}
-
-    def start(self) -> None:
-        """Begin a step: what happened since the last lap (the caller's own work) is not charged."""
-        self._decode_seen = {name: model.decode_ns for name, model in self._models.items()}
-        self._last = time.perf_counter_ns()
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter_ns()
-        elapsed = now - self._last
-        for name, model in self._models.items():
-            inside = model.decode_ns - self._decode_seen[name]
-            self._decode_seen[name] = model.decode_ns
-            self.ns[name] += inside
-            elapsed -= inside
-        self.ns[phase] += elapsed
-        self._last = now
-
-
-class _TextAssembler:
-    """Token bytes -> text that is safe to show now.
-
-    Holds back an incomplete UTF-8 sequence, and any tail that could be the
-    start of a stop string, until the next token settles it.
-    """
-
-    def __init__(self, stops: Sequence[str]):
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._stops = [s for s in stops if s]
-        self._held = ""
-        self.text = ""  # everything released so far
-        self.stopped = False
-
-    def feed(self, data: bytes) -> str:
-        text = self._held + self._decoder.decode(data)
-        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.stopped = True
-            return self._release(text[:cut], "")
-        hold = max((_overlap(text, s) for s in self._stops), default=0)
-        return self._release(text[: len(text) - hold], text[len(text) - hold :])
-
-    def flush(self) -> str:
-        if self.stopped:
-            return ""
-        return self._release(self._held + self._decoder.decode(b"", final=True), "")
-
-    def _release(self, out: str, held: str) -> str:
-        self._held = held
-        self.text += out
-        return out
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest tail of text that is a proper prefix of stop."""
-    for n in range(min(len(stop) - 1, len(text)), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0
 
 
 def _print_notice(message: str) -> None:
@@ -608,7 +532,7 @@ class Engine:
         counters = _Counters(self.mode, self.plan.reason if self.plan else None, prompt_tokens=len(context),
                              bit_exact=self.bit_exact)
         rng = np.random.default_rng(params.seed)
-        text = _TextAssembler(params.stop)
+        text = TextAssembler(params.stop)
         generated: list[int] = []
 
         start = time.perf_counter()

@@ -11,7 +11,7 @@ import pytest
 from edgespec import Done, Engine, SamplingParams, Step
 from edgespec.backend import LlamaModel
 from edgespec.drafters import Drafter
-from edgespec.engine import _TextAssembler
+from edgespec.text import TextAssembler
 from edgespec.errors import ContextOverflowError, VocabMismatchError
 from edgespec.sampling import to_probs
 
@@ -176,7 +176,7 @@ def test_cancel_stops_within_a_step(engine):
 
 
 def test_text_is_never_split_inside_a_utf8_character():
-    text = _TextAssembler(stops=())
+    text = TextAssembler(stops=())
     data = "héllo 世界 🙂".encode()
     pieces = [text.feed(data[i : i + 1]) for i in range(len(data))] + [text.flush()]
     assert "".join(pieces) == "héllo 世界 🙂"
@@ -184,7 +184,7 @@ def test_text_is_never_split_inside_a_utf8_character():
 
 
 def test_a_possible_stop_string_is_held_back_until_settled():
-    text = _TextAssembler(stops=("END",))
+    text = TextAssembler(stops=("END",))
     assert text.feed(b"abc E") == "abc "
     assert text.feed(b"N") == ""
     assert text.feed(b"x") == "ENx"
