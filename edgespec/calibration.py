@@ -19,7 +19,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -41,7 +41,8 @@ ALWAYS_MEASURED = 4
 WIDTH_PROBE_BUDGET_SECONDS = 4.0
 CURVE_BUDGET_SECONDS = 2.0
 MAX_AGE_DAYS = 30.0
-CACHE_VERSION = 1
+# 2: curves reach past the bit-exact width, and entries keep the kernels' logit drift per width
+CACHE_VERSION = 2
 
 
 def measure_curve(
@@ -146,9 +147,10 @@ class CachedCalibration:
     max_width still holds: bit-exactness depends on the model, the build and the CPU, which the
     key covers, not on how busy the machine was."""
 
-    max_width: int
+    max_width: int  # the widest bit-exact pass
     forward_seconds: tuple[float, ...]
     stale: bool
+    drift: dict[int, float] = field(default_factory=dict)  # largest logit difference from one-token passes, per width
 
 
 class CalibrationCache:
@@ -186,18 +188,21 @@ class CalibrationCache:
             max_width = int(entry["max_width"])
             curve = tuple(float(s) for s in entry["forward_seconds"])
             stale = bool(entry["stale"]) or not 0 <= age <= self.max_age_seconds
+            drift = {int(w): float(d) for w, d in entry.get("drift", [])}
         except (TypeError, KeyError, ValueError):
             return None  # missing or hand-edited entry: measure again
         if max_width < 1 or not curve or not all(math.isfinite(s) and s > 0 for s in curve):
             return None
-        return CachedCalibration(max_width, curve, stale)
+        return CachedCalibration(max_width, curve, stale, drift)
 
-    def store(self, key: CalibrationKey, max_width: int, forward_seconds: tuple[float, ...], now: float | None = None) -> None:
+    def store(self, key: CalibrationKey, max_width: int, forward_seconds: tuple[float, ...], now: float | None = None,
+              drift: dict[int, float] | None = None) -> None:
         entries = self._read()
         entries[key.digest()] = {
             "key": asdict(key),
             "max_width": max_width,
             "forward_seconds": list(forward_seconds),
+            "drift": sorted((drift or {}).items()),
             "measured_at": time.time() if now is None else now,
             "stale": False,
         }

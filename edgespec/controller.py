@@ -103,9 +103,9 @@ class _ProbeSchedule:
 class DraftLengthController:
     """Picks k for each step from a cost curve and online acceptance estimates.
 
-    Call `choose` before drafting and `update` after verification, with the same drafter and
-    signal. `drafter` names the proposal source (e.g. "draft-model", "ngram"); each keeps its own
-    estimates. `signal` is the n-gram match length (0 when there is none).
+    One controller serves one drafter (the engine keeps one per drafter). Call `choose` before
+    drafting and `update` after verification, with the same signal: the n-gram match length
+    (0 when there is none), whose buckets keep estimates of their own.
     """
 
     def __init__(
@@ -142,10 +142,12 @@ class DraftLengthController:
         self.probe_k = probe_k
         self._p_min_setting = p_min
         self.set_cost(cost)
-        self._pooled: dict[str, _DecayedCounts] = {}
-        self._bucketed: dict[tuple[str, int], _DecayedCounts] = {}
-        self._schedules: dict[tuple[str, int], _ProbeSchedule] = {}
-        self._probing: tuple[str, int] | None = None
+        # The starting guess for position 1 is stored as pseudo-counts that decay like real
+        # ones, so a drafter that is always wrong drives its estimate all the way to 0.
+        self._pooled = _DecayedCounts(k_max, PRIOR_WEIGHT * prior_acceptance, PRIOR_WEIGHT)
+        self._bucketed: dict[int, _DecayedCounts] = {}
+        self._schedules: dict[int, _ProbeSchedule] = {}
+        self._probing: int | None = None  # the signal bucket of the probe just chosen
         self._thresholds: tuple[float, ...] = ()
         self.reset_stats()
 
@@ -158,25 +160,16 @@ class DraftLengthController:
 
     # -- acceptance estimates -------------------------------------------------------------
 
-    def acceptance(self, drafter: str, signal: int = 0) -> np.ndarray:
-        """Estimated a_1..a_k_max for this drafter and signal bucket (a copy)."""
-        pooled = self._pooled_rates(drafter)
-        counts = self._bucketed.get((drafter, _bucket(signal)))
+    def acceptance(self, signal: int = 0) -> np.ndarray:
+        """Estimated a_1..a_k_max for this signal bucket (a copy)."""
+        pooled = self._pooled_rates()
+        counts = self._bucketed.get(_bucket(signal))
         if counts is None:
             return pooled
         return (counts.hits + BORROW_WEIGHT * pooled) / (counts.tries + BORROW_WEIGHT)
 
-    def _pooled_counts(self, drafter: str) -> _DecayedCounts:
-        counts = self._pooled.get(drafter)
-        if counts is None:
-            # The starting guess for position 1 is stored as pseudo-counts that decay like real
-            # ones, so a drafter that is always wrong drives its estimate all the way to 0.
-            counts = _DecayedCounts(self.k_max, PRIOR_WEIGHT * self.prior_acceptance, PRIOR_WEIGHT)
-            self._pooled[drafter] = counts
-        return counts
-
-    def _pooled_rates(self, drafter: str) -> np.ndarray:
-        counts = self._pooled_counts(drafter)
+    def _pooled_rates(self) -> np.ndarray:
+        counts = self._pooled
         rates = np.empty(self.k_max)
         rates[0] = counts.hits[0] / counts.tries[0]
         # A position with few observations leans on the one before it (see DEPTH_SHRINK).
@@ -187,7 +180,7 @@ class DraftLengthController:
 
     # -- choosing k -----------------------------------------------------------------------
 
-    def choose(self, drafter: str, signal: int = 0, available: int | None = None) -> int:
+    def choose(self, signal: int = 0, available: int | None = None) -> int:
         """How many tokens to draft this step; `available` caps it (n-gram continuation
         length, room left in the context or in max_tokens)."""
         limit = self.k_max if available is None else max(0, min(self.k_max, available))
@@ -201,15 +194,34 @@ class DraftLengthController:
             self._unavailable_steps += 1
             k = 0
         else:
-            k = self._choose_auto(drafter, signal, limit)
+            k = self._choose_auto(signal, limit)
         self._k_total += k
         return k
 
-    def _choose_auto(self, drafter: str, signal: int, limit: int) -> int:
-        alphas = self.acceptance(drafter, signal)
+    def best(self, signal: int = 0, available: int | None = None) -> tuple[int, float]:
+        """The draft length with the highest expected tokens per second now, and that rate.
+
+        Changes nothing (no probe is scheduled, no step counted): the engine's
+        combined drafter asks each drafter's controller, then lets the winner choose().
+        """
+        limit = self.k_max if available is None else max(0, min(self.k_max, available))
+        rates = self._rates(self.acceptance(signal), limit)
+        if self.fixed_k is not None:
+            k = min(self.fixed_k, limit)
+        else:
+            k = int(np.argmax(rates))
+        return k, float(rates[k])
+
+    def stop_thresholds(self) -> tuple[float, ...]:
+        """p_min for each position of the draft chosen last: stop drafting before position i when the draft
+        model's top probability is below the (i-1)-th entry."""
+        return self._thresholds
+
+    def _choose_auto(self, signal: int, limit: int) -> int:
+        alphas = self.acceptance(signal)
         rates = self._rates(alphas, limit)
         k = int(np.argmax(rates))  # ties go to the shorter draft
-        key = (drafter, _bucket(signal))
+        key = _bucket(signal)
         schedule = self._schedules.setdefault(key, _ProbeSchedule())
         if k > 0:
             schedule.idle_steps, schedule.due = 0, False
@@ -272,15 +284,15 @@ class DraftLengthController:
 
     # -- learning -------------------------------------------------------------------------
 
-    def update(self, drafter: str, proposed: int, accepted: int, signal: int = 0) -> None:
+    def update(self, proposed: int, accepted: int, signal: int = 0) -> None:
         """Record one verification: `proposed` tokens were drafted, the first `accepted` kept."""
         if not 0 <= accepted <= proposed:
             raise ValueError(f"need 0 <= accepted <= proposed, got {accepted}, {proposed}")
-        key = (drafter, _bucket(signal))
+        key = _bucket(signal)
         probing, self._probing = self._probing == key, None
         if proposed == 0:
             return
-        self._pooled_counts(drafter).observe(proposed, accepted, self.decay)
+        self._pooled.observe(proposed, accepted, self.decay)
         bucket = self._bucketed.setdefault(key, _DecayedCounts(self.k_max))
         bucket.observe(proposed, accepted, self.decay)
         if probing and accepted == proposed:

@@ -5,8 +5,10 @@ accepted token, ending with the token the target has not seen yet):
 
 - ``peek(context)``: how good a guess it could make now (a signal, such as an
   n-gram match length) and how many tokens it could offer at most;
-- ``propose(context, k, params, rng)``: up to k draft tokens, with the draft's
-  probability rows q when it has them (None means a deterministic proposal).
+- ``propose(context, k, params, rng, stop_below=())``: up to k draft tokens,
+  with the draft's probability rows q when it has them (None means a
+  deterministic proposal); a drafter that knows its own confidence stops
+  before position i when it is below stop_below[i - 1] (llama.cpp's p_min).
 
 Drafters keep their own state in step with the context by themselves, so the
 engine never has to tell them what was accepted.
@@ -15,7 +17,7 @@ engine never has to tell them what was accepted.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -35,10 +37,22 @@ class Hint:
 class Proposal:
     tokens: list[int]
     probs: list[np.ndarray] | None = None  # q rows, one per token; None for one-hot proposals
-    signal: int = 0
 
 
 NO_PROPOSAL = Proposal([])
+
+
+class Drafter(Protocol):
+    name: str
+
+    @property
+    def forward_passes(self) -> int:
+        """Model passes the drafter has run (0 for drafters without a model)."""
+
+    def peek(self, context: list[int]) -> Hint: ...
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, rng: np.random.Generator,
+                stop_below: Sequence[float] = ()) -> Proposal: ...
 
 
 class NoDrafter:
@@ -50,7 +64,7 @@ class NoDrafter:
     def peek(self, context: list[int]) -> Hint:
         return Hint(0, 0)
 
-    def propose(self, context, k, params, rng) -> Proposal:
+    def propose(self, context, k, params, rng, stop_below=()) -> Proposal:
         return NO_PROPOSAL
 
 
@@ -79,7 +93,7 @@ class NgramDrafter:
         n, _ = match
         return Hint(n, None)
 
-    def propose(self, context, k, params=None, rng=None) -> Proposal:
+    def propose(self, context, k, params=None, rng=None, stop_below=()) -> Proposal:
         match = self._lookup(context)
         if match is None or k <= 0:
             return NO_PROPOSAL
@@ -88,7 +102,7 @@ class NgramDrafter:
         # Past the end of the context, assume the text keeps repeating with the
         # period the match implies: that is what a loop or a copy looks like.
         tokens = [context[start + i % period] for i in range(k)]
-        return Proposal(tokens, None, n)
+        return Proposal(tokens, None)
 
     def _lookup(self, context: list[int]) -> tuple[int, int] | None:
         self._sync(context)
@@ -136,9 +150,6 @@ class DraftModelDrafter:
         # generation's context, so only the new tail needs comparing.
         self._context: list[int] = []
         self._n_known = 0
-        # Like llama.cpp's p_min: stop drafting before position i (1-based) when
-        # the draft's own top probability is below stop_threshold(i).
-        self.stop_threshold: Callable[[int], float] = lambda position: 0.0
 
     @property
     def forward_passes(self) -> int:
@@ -147,7 +158,19 @@ class DraftModelDrafter:
     def peek(self, context: list[int]) -> Hint:
         return Hint(0, None)
 
-    def propose(self, context, k, params: SamplingParams, rng: np.random.Generator) -> Proposal:
+    def prefill(self, context: list[int]) -> None:
+        """Put all but the last token of context in the draft's cache, in one batched pass.
+
+        After steps drafted by someone else (n-grams) this catches the draft
+        up on every accepted token at once, rather than token by token.
+        """
+        n_keep = min(self._cached_prefix(context), len(context) - 1)
+        self.model.rewind(n_keep)
+        self.model.decode(context[n_keep:-1], n_logits=0)
+        self._context, self._n_known = context, len(context) - 1
+
+    def propose(self, context, k, params: SamplingParams, rng: np.random.Generator,
+                stop_below: Sequence[float] = ()) -> Proposal:
         if k <= 0:
             return NO_PROPOSAL
         n_keep = min(self._cached_prefix(context), len(context) - 1)
@@ -157,8 +180,7 @@ class DraftModelDrafter:
         tokens, rows = [], []
         for i in range(k):
             logits = self._fit_vocab(logits)
-            threshold = self.stop_threshold(i + 1)
-            if threshold > 0.0 and _top_probability(logits) < threshold:
+            if i < len(stop_below) and stop_below[i] > 0.0 and _top_probability(logits) < stop_below[i]:
                 break
             q = to_probs(logits, params)
             token = sample(q, rng)

@@ -9,41 +9,44 @@ baseline) runs through this same loop.
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
-import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
 from .backend import RUNTIME, LlamaModel, common_prefix_length
-from .calibration import WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
+from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
 from .controller import CostModel, DraftLengthController
 from .chat_template import ChatTemplate
-from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from .drafters import DraftModelDrafter, Drafter, Hint, NgramDrafter, NoDrafter
+from .limits import MAX_DRAFT_TOKENS
 from .errors import ContextOverflowError, CorruptModelError, EdgespecError
 from .notices import print_notice
 from .sampling import SamplingParams, SparseProbs, to_probs
+from .phases import PhaseClock
 from .stats import Stats
+from .text import TextAssembler
 from .verify import verify
 
 if TYPE_CHECKING:  # the engine only keeps the plan it was loaded with, for its reason and for display
     from .planner import Plan
 
-# The longest draft the adaptive controller may choose; on a 2-core CPU a pass
-# over 33 tokens still costs only ~18 single steps, so copying long spans pays.
-MAX_DRAFT_TOKENS = 32
 
 
 @dataclass(frozen=True)
 class Token:
     id: int
     text: str  # may be "" while a UTF-8 character or a possible stop string is incomplete
-    drafted: bool  # proposed by the drafter and accepted, rather than sampled from the target
+    drafter: str | None = None  # the drafter that proposed it ("ngram", "draft-model"); None: sampled from the target
+
+    @property
+    def drafted(self) -> bool:
+        """Proposed by a drafter and accepted, rather than sampled from the target."""
+        return self.drafter is not None
 
 
 @dataclass(frozen=True)
@@ -83,98 +86,31 @@ class _Counters:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     finish_reason: str | None = None
+    bit_exact: bool = False
+    widest_pass: int = 0
+    accepted_by_drafter: dict = field(default_factory=dict)  # accepted draft tokens per drafter name
 
     def snapshot(self) -> Stats:
         return Stats.from_counts(**dataclasses.asdict(self))
 
 
-class PhaseClock:
-    """Nanoseconds per phase of the decoding loop, summed over steps (for `edgespec bench --overhead`).
-
-    A lap charges the time since the previous lap to a phase, except what the
-    models spent inside llama_decode meanwhile, which goes to target_decode or
-    draft_decode: the other phases are the loop's own overhead.  The engine
-    holds None by default, which costs one test per phase.
-    """
-
-    PHASES = ("target_decode", "draft_decode", "propose", "logits", "verify", "rewind", "text", "controller", "stats")
-
-    def __init__(self, target: LlamaModel, draft: LlamaModel | None = None):
-        self.ns = dict.fromkeys(self.PHASES, 0)
-        self.steps = 0
-        self._models = {"target_decode": target, "draft_decode": draft} if draft is not None else {"target_decode": target}
-        self._last = 0
-        self._decode_seen: dict[str, int] = {}
-
-    def start(self) -> None:
-        """Begin a step: what happened since the last lap (the caller's own work) is not charged."""
-        self._decode_seen = {name: model.decode_ns for name, model in self._models.items()}
-        self._last = time.perf_counter_ns()
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter_ns()
-        elapsed = now - self._last
-        for name, model in self._models.items():
-            inside = model.decode_ns - self._decode_seen[name]
-            self._decode_seen[name] = model.decode_ns
-            self.ns[name] += inside
-            elapsed -= inside
-        self.ns[phase] += elapsed
-        self._last = now
-
-
-class _TextAssembler:
-    """Token bytes -> text that is safe to show now.
-
-    Holds back an incomplete UTF-8 sequence, and any tail that could be the
-    start of a stop string, until the next token settles it.
-    """
-
-    def __init__(self, stops: Sequence[str]):
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._stops = [s for s in stops if s]
-        self._held = ""
-        self.text = ""  # everything released so far
-        self.stopped = False
-
-    def feed(self, data: bytes) -> str:
-        text = self._held + self._decoder.decode(data)
-        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.stopped = True
-            return self._release(text[:cut], "")
-        hold = max((_overlap(text, s) for s in self._stops), default=0)
-        return self._release(text[: len(text) - hold], text[len(text) - hold :])
-
-    def flush(self) -> str:
-        if self.stopped:
-            return ""
-        return self._release(self._held + self._decoder.decode(b"", final=True), "")
-
-    def _release(self, out: str, held: str) -> str:
-        self._held = held
-        self.text += out
-        return out
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest tail of text that is a proper prefix of stop."""
-    for n in range(min(len(stop) - 1, len(text)), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0
 
 
 class Engine:
-    def __init__(self, target: LlamaModel, draft: LlamaModel | None, mode: str, draft_tokens: int | str, plan: Plan | None = None):
+    def __init__(self, target: LlamaModel, draft: LlamaModel | None, mode: str, draft_tokens: int | str,
+                 plan: Plan | None = None, bit_exact: bool = False):
         self.target = target
         self.draft = draft
         self.plan = plan
         self._draft_tokens = draft_tokens
-        self._controllers: dict[str, DraftLengthController] = {}  # filled by calibrate()
+        self._controllers: dict[tuple[str, int | None], DraftLengthController] = {}  # by drafter and fixed k
+        self._drafter_costs: dict[str, CostModel] = {}  # filled by calibrate()
         self.cost: CostModel | None = None  # the cost curve the controllers use, once calibrated
         self.plain_step_seconds: float | None = None  # measured one-token target pass; None for a given curve
-        self.max_draft_tokens = MAX_DRAFT_TOKENS  # narrowed by calibrate() to what verifies exactly
+        self.bit_exact = bit_exact  # verify only in passes as wide as llama.cpp computes bit-identically
+        self.exact_width = 1  # the widest bit-identical pass, once calibrated
+        self.kernel_drift: dict[int, float] = {}  # per checked width: largest logit difference from one-token passes
+        self._widest = 1  # the widest pass the cost curve covers, once calibrated
         self._step_watch: StepTimeWatch | None = None
         self._calibration: tuple[CalibrationCache, CalibrationKey] | None = None  # None: the curve was given
         self._stale_curve = False  # a stale cached curve is in use until recalibrate()
@@ -182,6 +118,7 @@ class Engine:
         self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft is not None:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
+            self._drafters["combined"] = self._drafters["draft-model"]  # picks per step between it and n-grams
         self.configure(mode=mode)
         self.chat_template = ChatTemplate(
             target.metadata("tokenizer.chat_template"),
@@ -203,20 +140,24 @@ class Engine:
         notice: Callable[[str], None] | None = None,
         measure_stale_curve: bool = True,
     ) -> None:
-        """Measure (or load) how wide a verification pass may be and what each width costs.
+        """Measure (or load) what each verification width costs and how far its logits drift.
 
-        A pass is only as wide as llama.cpp computes bit-identically to one
-        token at a time, so speculation never changes greedy output; the cost
-        curve over those widths drives the adaptive draft length.  The first
-        load of a model on a machine measures both (within the budgets in
-        calibration.py) and says so through notice; later loads read the cache.
+        Verification passes may be as wide as the cost curve pays for, up to
+        MAX_DRAFT_TOKENS + 1 tokens; acceptance is exact rejection sampling
+        over the logits llama.cpp computes for that pass.  Those logits can
+        differ slightly from a one-token pass (the kernels change with the
+        number of rows), so the probe also finds the widest pass that is
+        bit-identical (the cap under bit_exact) and the largest logit drift of
+        each checked width (kernel_drift).  The first load of a model on a
+        machine measures all of it (within the budgets in calibration.py) and
+        says so through notice; later loads read the cache.
 
         cost_curve fixes the curve instead: seconds (or any one unit) per
         target pass over 1, 2, ... tokens; a CostModel also fixes the draft
         model's cost per drafted token, else it is 0.  Then nothing is timed
         or cached, the controllers' choices do not depend on the machine's
         speed or load, and drafts are at most len(cost_curve) - 1 tokens: the
-        exact-width probe (which compares logits, not times) checks only those
+        width probe (which compares logits, not times) checks only those
         widths, all of them.
 
         A cached curve that is stale (marked so by StepTimeWatch, or old) is
@@ -226,10 +167,10 @@ class Engine:
         """
         if cost_curve is not None:
             cost = cost_curve if isinstance(cost_curve, CostModel) else CostModel(cost_curve)
-            limit = min(len(cost.forward_seconds), MAX_DRAFT_TOKENS + 1)
-            width = self.target.exact_pass_width(self._probe_tokens(), limit)
+            widest = min(len(cost.forward_seconds), MAX_DRAFT_TOKENS + 1)
+            probe = self.target.probe_pass_widths(self._probe_tokens(), widest, PLANNED_WIDTHS)
             self._calibration, self._stale_curve, self._step_watch = None, False, None
-            self._use_cost(width, cost, plain_step_seconds=None)
+            self._use_cost(probe.exact_width, probe.drift, cost, plain_step_seconds=None, widest=widest)
             return
         cache = cache or CalibrationCache()
         key = CalibrationKey.for_model(self.target.path, self.target.n_gpu_layers, self.target.n_threads, RUNTIME)
@@ -238,16 +179,19 @@ class Engine:
         self._stale_curve = False
         if cached is None:
             (notice or print_notice)("measuring this model's speed, once (a few seconds; later runs reuse it) ...")
-            width = self.target.exact_pass_width(self._probe_tokens(), MAX_DRAFT_TOKENS + 1, WIDTH_PROBE_BUDGET_SECONDS)
-            curve = self._measure_and_store(width)
+            probe = self.target.probe_pass_widths(
+                self._probe_tokens(), MAX_DRAFT_TOKENS + 1, PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS)
+            width, drift = probe.exact_width, probe.drift
+            curve = self._measure_and_store(width, drift)
         elif cached.stale and measure_stale_curve:
             (notice or print_notice)("measuring this model's speed again: the last measurement no longer "
                                       "matches this machine (a few seconds) ...")
-            width, curve = cached.max_width, self._measure_and_store(cached.max_width)
+            width, drift = cached.max_width, cached.drift
+            curve = self._measure_and_store(width, drift)
         else:
-            width, curve = cached.max_width, cached.forward_seconds
+            width, drift, curve = cached.max_width, cached.drift, cached.forward_seconds
             self._stale_curve = cached.stale
-        self._use_measured(width, curve)
+        self._use_measured(width, drift, curve)
 
     def recalibrate(self) -> None:
         """Measure the cost curve again and use it from the next generation on.
@@ -260,7 +204,8 @@ class Engine:
             if self._calibration is None:
                 return
             self._stale_curve = False
-            self._use_measured(self.max_draft_tokens + 1, self._measure_and_store(self.max_draft_tokens + 1))
+            curve = self._measure_and_store(self.exact_width, self.kernel_drift)
+            self._use_measured(self.exact_width, self.kernel_drift, curve)
 
     @property
     def calibration_due(self) -> bool:
@@ -268,40 +213,69 @@ class Engine:
         watch = self._step_watch
         return self._calibration is not None and (self._stale_curve or (watch is not None and watch.drifted))
 
-    def _measure_and_store(self, width: int) -> tuple[float, ...]:
+    @property
+    def max_draft_tokens(self) -> int:
+        """The longest draft a step may verify: the widest bit-exact pass under bit_exact, else the curve's."""
+        return (min(self.exact_width, self._widest) if self.bit_exact else self._widest) - 1
+
+    def drift_bound(self) -> float:
+        """Twice the largest logit drift measured between wide and one-token passes.
+
+        At temperature 0 a divergence from plain decoding where the target's
+        two best logits are further apart than this cannot come from kernel
+        rounding: it is a bug.  0.0 when every checked width is bit-identical.
+        """
+        return 2.0 * max(self.kernel_drift.values(), default=0.0)
+
+    def _measure_and_store(self, width: int, drift: dict[int, float]) -> tuple[float, ...]:
         cache, key = self._calibration
         filler = max(self.target.bos_id, 0)
-        curve = measure_curve(lambda n: self.target.time_forward(n, filler), width)
-        cache.store(key, width, curve)
+        curve = measure_curve(lambda n: self.target.time_forward(n, filler), MAX_DRAFT_TOKENS + 1)
+        cache.store(key, width, curve, drift=drift)
         return curve
 
-    def _use_measured(self, width: int, curve: tuple[float, ...]) -> None:
+    def _use_measured(self, width: int, drift: dict[int, float], curve: tuple[float, ...]) -> None:
         cache, key = self._calibration
         self._step_watch = StepTimeWatch(cache, key, curve)
         draft_seconds = 0.0
-        if self.draft is not None and width > 1:
+        if self.draft is not None:
             draft_seconds = min(self.draft.time_forward(1, max(self.target.bos_id, 0)) for _ in range(5))
-        self._use_cost(width, CostModel(curve, draft_seconds), plain_step_seconds=curve[0])
+        self._use_cost(width, drift, CostModel(curve, draft_seconds), curve[0], widest=MAX_DRAFT_TOKENS + 1)
 
-    def _use_cost(self, width: int, cost: CostModel, plain_step_seconds: float | None) -> None:
+    def _use_cost(self, width: int, drift: dict[int, float], cost: CostModel, plain_step_seconds: float | None,
+                  widest: int) -> None:
         self.cost = cost
         self.plain_step_seconds = plain_step_seconds
-        if width - 1 != self.max_draft_tokens or not self._controllers:
-            self._controllers = {}  # new controllers; a re-measured curve keeps the acceptance learned so far
-        self.max_draft_tokens = width - 1
-        if self.max_draft_tokens == 0:
-            return
-        # one controller per drafter: only the draft model charges time per drafted token
-        costs = {"ngram": CostModel(cost.forward_seconds)}
-        if "draft-model" in self._drafters:
-            costs["draft-model"] = cost
-        for name, drafter_cost in costs.items():
-            controller = self._controllers.get(name)
-            if controller is None:
-                controller = self._controllers[name] = DraftLengthController(drafter_cost, k_max=self.max_draft_tokens)
-            controller.set_cost(drafter_cost)
-        if "draft-model" in self._controllers:
-            self._drafters["draft-model"].stop_threshold = self._controllers["draft-model"].p_min
+        self.exact_width, self.kernel_drift = width, dict(drift)
+        if widest != self._widest:
+            self._controllers = {}  # a re-measured curve keeps the acceptance learned so far
+        self._widest = widest
+        # only the draft model charges time per drafted token
+        self._drafter_costs = {"ngram": CostModel(cost.forward_seconds)} if widest > 1 else {}
+        if widest > 1 and "draft-model" in self._drafters:
+            self._drafter_costs["draft-model"] = cost
+        for (name, _), controller in self._controllers.items():
+            controller.set_cost(self._drafter_costs[name])
+
+    def _controller(self, name: str) -> DraftLengthController | None:
+        """The draft-length controller of one drafter under the current draft-tokens setting."""
+        cost = self._drafter_costs.get(name)
+        if cost is None:
+            return None  # plain decoding, or a curve with no pass wider than one token
+        fixed = None if self._draft_tokens == "auto" else min(int(self._draft_tokens), self._widest - 1)
+        controller = self._controllers.get((name, fixed))
+        if controller is None:
+            controller = self._controllers[(name, fixed)] = DraftLengthController(cost, self._widest - 1, fixed)
+        return controller
+
+    def draft_choice_notice(self) -> str:
+        """One line on how this engine drafts with its draft model, from the measured costs."""
+        name = self.draft.path.name
+        if self.cost is None or self.plain_step_seconds is None:
+            return f"drafting with n-grams and {name}, chosen per step by expected speed"
+        share = self.cost.draft_seconds_per_token / self.plain_step_seconds
+        return (f"drafting with n-grams and {name}, chosen per step by expected speed "
+                f"(a draft token costs {share:.0%} of a target step here)")
 
     def _probe_tokens(self) -> list[int]:
         text = "The quick brown fox jumps over the lazy dog; def area(w, h): return w * h. " * 8
@@ -325,15 +299,16 @@ class Engine:
 
     @property
     def mode(self) -> str:
-        return self._drafter.name
+        return self._mode
 
     @property
     def draft_tokens(self) -> int | str:
         """The draft length: a fixed k, or "auto" to follow the cost curve."""
         return self._draft_tokens
 
-    def configure(self, *, mode: str | None = None, draft_tokens: int | str | None = None) -> None:
-        """Switch the drafting mode and/or the draft length; what is left None stays."""
+    def configure(self, *, mode: str | None = None, draft_tokens: int | str | None = None,
+                  bit_exact: bool | None = None) -> None:
+        """Switch the drafting mode, the draft length and/or the exactness guarantee; what is left None stays."""
         if mode is not None and mode not in self._drafters:
             have = ", ".join(self._drafters)
             raise EdgespecError(f"drafting mode {mode!r} is not available (available: {have}; draft-model needs --draft FILE)")
@@ -341,9 +316,11 @@ class Engine:
                 isinstance(draft_tokens, int) and 0 <= draft_tokens <= MAX_DRAFT_TOKENS):
             raise EdgespecError(f"draft tokens must be 'auto' or a whole number from 0 to {MAX_DRAFT_TOKENS}, not {draft_tokens!r}")
         if mode is not None:
-            self._drafter = self._drafters[mode]
+            self._mode = mode
         if draft_tokens is not None:
             self._draft_tokens = draft_tokens
+        if bit_exact is not None:
+            self.bit_exact = bool(bit_exact)
 
     @property
     def n_ctx(self) -> int:
@@ -408,16 +385,18 @@ class Engine:
                 ) from None
 
     def _generate(self, context: list[int], params: SamplingParams, cancel) -> Iterator[Step | Done]:
-        drafter = self._drafter
-        counters = _Counters(drafter.name, self.plan.reason if self.plan else None, prompt_tokens=len(context))
+        if self.cost is None:
+            self.calibrate()
+        counters = _Counters(self.mode, self.plan.reason if self.plan else None, prompt_tokens=len(context),
+                             bit_exact=self.bit_exact)
         rng = np.random.default_rng(params.seed)
-        text = _TextAssembler(params.stop)
+        text = TextAssembler(params.stop)
         generated: list[int] = []
 
         start = time.perf_counter()
         counters.prompt_tokens_reused = self._prefill(context)
         counters.prefill_seconds = time.perf_counter() - start
-        draft_passes_before = drafter.forward_passes
+        draft_passes_before = self.draft.forward_passes if self.draft is not None else 0
         decode_start = time.perf_counter()
         clock = self.phase_clock
 
@@ -432,7 +411,7 @@ class Engine:
                 counters.finish_reason = "context"
                 break
             proposed_before = counters.draft_tokens_proposed
-            new_tokens, n_drafted = self._step(drafter, context, params, rng, counters, room)
+            new_tokens, n_drafted, source = self._step(context, params, rng, counters, room)
             tokens = []
             for i, token in enumerate(new_tokens):
                 if self.target.is_end_of_generation(token):
@@ -440,7 +419,7 @@ class Engine:
                     break
                 generated.append(token)
                 piece = text.feed(self.target.token_bytes(token))
-                tokens.append(Token(token, piece, i < n_drafted))
+                tokens.append(Token(token, piece, source if i < n_drafted else None))
                 if text.stopped:
                     counters.finish_reason = "stop"
                     break
@@ -450,12 +429,13 @@ class Engine:
             if counters.finish_reason is not None:
                 tail = text.flush()
                 if tail and tokens:
-                    tokens[-1] = Token(tokens[-1].id, tokens[-1].text + tail, tokens[-1].drafted)
+                    tokens[-1] = Token(tokens[-1].id, tokens[-1].text + tail, tokens[-1].drafter)
             if clock:
                 clock.lap("text")
             context.extend(new_tokens)
             counters.tokens_generated = len(generated)
-            counters.draft_forward_passes = drafter.forward_passes - draft_passes_before
+            if self.draft is not None:
+                counters.draft_forward_passes = self.draft.forward_passes - draft_passes_before
             counters.decode_seconds = time.perf_counter() - decode_start
             step = Step(tokens, counters.snapshot(), counters.draft_tokens_proposed - proposed_before, n_drafted)
             if clock:
@@ -467,25 +447,25 @@ class Engine:
         yield Done(GenerationResult(text.text, generated, counters.finish_reason, counters.snapshot()))
 
     def _prefill(self, context: list[int]) -> int:
-        """Put all but the last prompt token in the target's cache; return how many were cached already."""
+        """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);
+        return how many the target had cached already."""
         reused = min(common_prefix_length(self.target.cached, context), len(context) - 1)
         self.target.rewind(reused)
         self.target.decode(context[reused:-1], n_logits=0)
+        if self.mode in ("draft-model", "combined"):
+            self._drafters["draft-model"].prefill(context)
         return reused
 
-    def _step(self, drafter, context, params, rng, counters: _Counters, room: int) -> tuple[list[int], int]:
-        """One draft/verify step; returns the new tokens and how many of them came from the draft."""
+    def _step(self, context, params, rng, counters: _Counters, room: int) -> tuple[list[int], int, str]:
+        """One draft/verify step: the new tokens, how many of them came from the draft, and from which drafter."""
         clock = self.phase_clock
-        hint = drafter.peek(context)
-        if clock:
-            clock.lap("propose")
-        limit = min(params.max_tokens - counters.tokens_generated - 1, room - 1)
-        if hint.available is not None:
-            limit = min(limit, hint.available)
-        k = self._draft_length(drafter, hint, limit)
+        limit = min(params.max_tokens - counters.tokens_generated - 1, room - 1, self.max_draft_tokens)
+        drafter, hint, k = self._plan_draft(context, limit)
+        controller = self._controller(drafter.name)
         if clock:
             clock.lap("controller")
-        proposal = drafter.propose(context, k, params, rng) if k > 0 else None
+        stop_below = controller.stop_thresholds() if controller is not None else ()
+        proposal = drafter.propose(context, k, params, rng, stop_below) if k > 0 else None
         drafts = proposal.tokens if proposal else []
         if clock:
             clock.lap("propose")
@@ -510,9 +490,8 @@ class Engine:
         self.target.rewind(len(context) + len(accepted))
         if clock:
             clock.lap("rewind")
-        controller = self._controllers.get(drafter.name)
         if controller is not None:
-            controller.update(drafter.name, len(drafts), len(accepted), hint.signal)
+            controller.update(len(drafts), len(accepted), hint.signal)
         if clock:
             clock.lap("controller")
 
@@ -521,20 +500,39 @@ class Engine:
         counters.draft_tokens_proposed += len(drafts)
         counters.draft_tokens_accepted += len(accepted)
         counters.k0_steps += not drafts
-        return [*accepted, verdict.next_token], len(accepted)
+        counters.widest_pass = max(counters.widest_pass, len(drafts) + 1)
+        if accepted:
+            counters.accepted_by_drafter[drafter.name] = counters.accepted_by_drafter.get(drafter.name, 0) + len(accepted)
+        return [*accepted, verdict.next_token], len(accepted), drafter.name
 
-    def _draft_length(self, drafter, hint, limit: int) -> int:
-        if limit <= 0:
-            return 0
-        if self.cost is None:
-            self.calibrate()
-        limit = min(limit, self.max_draft_tokens)
-        controller = self._controllers.get(drafter.name)
-        if controller is None or limit <= 0:  # plain decoding, or no pass wider than one is exact
-            return 0
-        # a fixed k also goes through the controller, which then never cuts a draft short (p_min)
-        controller.fixed_k = None if self.draft_tokens == "auto" else int(self.draft_tokens)
-        return controller.choose(drafter.name, hint.signal, limit)
+    def _plan_draft(self, context: list[int], limit: int) -> tuple[Drafter, Hint, int]:
+        """Which drafter proposes this step, what it hinted, and how many tokens it drafts.
+
+        In combined mode each drafter's controller names its best draft
+        length and the tokens per second that is expected to give (the
+        n-gram lookup costs nothing; the draft model costs its passes); the
+        faster one drafts.  When neither pays, the controller of the one that
+        could propose something (n-grams first, being free) decides whether
+        to probe.
+        """
+        names = ("ngram", "draft-model") if self.mode == "combined" else (self.mode,)
+        options = []
+        for name in names:
+            drafter = self._drafters[name]
+            hint = drafter.peek(context)
+            cap = limit if hint.available is None else min(limit, hint.available)
+            controller = self._controller(name)
+            if controller is not None and cap > 0:
+                options.append((drafter, hint, cap, controller))
+        if not options:
+            return self._drafters["none"], Hint(0, 0), 0
+        if len(options) > 1:
+            rated = [(option[3].best(option[1].signal, option[2]), option) for option in options]
+            paying = [(rate, option) for (k, rate), option in rated if k > 0]
+            if paying:
+                options = [max(paying, key=lambda pair: pair[0])[1]]
+        drafter, hint, cap, controller = options[0]
+        return drafter, hint, controller.choose(hint.signal, cap)
 
 
 class _LazyRows:

@@ -21,10 +21,12 @@ MAX_N_CTX = 2**31 - 1
 # Layer counts go to llama.cpp as int32; -1 and anything above the model's
 # layer count mean every layer.
 MAX_GPU_LAYERS = 2**31 - 1
-MAX_DRAFT_TOKENS = 32  # engine.MAX_DRAFT_TOKENS
+# The longest draft the adaptive controller may choose; on a 2-core CPU a pass
+# over 33 tokens still costs only ~18 single steps, so copying long spans pays.
+MAX_DRAFT_TOKENS = 32
 
 # Drafting modes by drafter name, best first; "none" is plain decoding.
-MODES = ("draft-model", "ngram", "none")
+MODES = ("combined", "draft-model", "ngram", "none")
 
 # The most logits rows one decode may return.  llama.cpp sizes its output
 # buffer and compute graph for n_outputs_max (n_batch by default: 512 rows x

@@ -59,6 +59,7 @@ def load_engine(
     notice: Callable[[str], None] = print_notice,
     cost_curve: Sequence[float] | CostModel | None = None,
     measure_stale_curve: bool = True,
+    bit_exact: bool = False,
 ) -> Engine:
     """Load a target and its drafter.
 
@@ -69,6 +70,11 @@ def load_engine(
     draft_tokens is a fixed k, or "auto" to choose k per step from the
     target's measured cost curve and the acceptance seen so far.
     cost_curve and measure_stale_curve are passed to Engine.calibrate().
+    bit_exact verifies only in passes that llama.cpp computes bit-identically
+    to one token at a time, so greedy output is plain decoding's token for
+    token; by default passes are as wide as pays, exact in distribution.
+    With a draft model loaded, each step picks n-grams, the draft model or no
+    draft by expected speed (mode "combined").
     """
     target_path, draft_path, plan = plan_load(
         target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
@@ -81,20 +87,22 @@ def load_engine(
     draft_model = None
     if plan.mode == "draft-model":
         draft_model = _load_draft(target_model, draft_path, n_ctx, plan.draft_gpu_layers, n_threads)
-    engine = Engine(target_model, draft_model, plan.mode, draft_tokens, plan=plan)
+    mode = "combined" if plan.mode == "draft-model" else plan.mode
+    engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact)
     engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
     if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
-        notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {_why_narrower(engine, cost_curve)}")
+        notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {_why_narrower(engine)}")
+    if draft_model is not None:
+        notice(engine.draft_choice_notice())
     return engine
 
 
-def _why_narrower(engine: Engine, cost_curve) -> str:
+def _why_narrower(engine: Engine) -> str:
     """Why the engine drafts fewer tokens per step than asked for."""
-    given = len(engine.cost.forward_seconds) if cost_curve is not None else None
-    if engine.max_draft_tokens + 1 == given:
-        return f"the cost curve given covers passes up to {given} tokens"
-    return ("wider verification passes were not found bit-identical to plain decoding with this model "
-            "and llama.cpp build")
+    if engine.bit_exact and engine.max_draft_tokens + 1 == engine.exact_width:
+        return ("wider verification passes are not bit-identical to plain decoding with this model and "
+                "llama.cpp build (--bit-exact)")
+    return f"the cost curve covers passes up to {engine.max_draft_tokens + 1} tokens"
 
 
 def _resolve_draft(target, draft, pull: bool, notice) -> Path | None:

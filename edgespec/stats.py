@@ -19,7 +19,7 @@ def _ratio(numerator: float, denominator: float) -> float:
 @dataclass(frozen=True)
 class Stats:
     mode: str
-    """The drafting mode that produced the tokens: "draft-model", "ngram" or "none"."""
+    """The drafting mode that produced the tokens: "combined", "draft-model", "ngram" or "none"."""
     plan_reason: str | None = None
     """Why the memory plan chose the loaded drafter (None when the engine was built without a plan)."""
     prompt_tokens: int = 0
@@ -56,12 +56,19 @@ class Stats:
     """tokens_generated / decode_seconds."""
     finish_reason: str | None = None
     """None while generating; then "stop", "length", "context" or "cancelled"."""
+    bit_exact: bool = False
+    """Verification kept to passes llama.cpp computes bit-identically to one token at a time."""
+    widest_pass: int = 0
+    """The most tokens one verification pass covered (k + 1 for the longest draft)."""
+    accepted_by_drafter: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Accepted draft tokens per drafter ("ngram", "draft-model"): who proposed what the target kept."""
 
     @classmethod
     def from_counts(cls, *, mode: str, plan_reason: str | None, prompt_tokens: int, prompt_tokens_reused: int,
                     tokens_generated: int, draft_tokens_proposed: int, draft_tokens_accepted: int,
                     target_forward_passes: int, draft_forward_passes: int, steps: int, k0_steps: int,
-                    prefill_seconds: float, decode_seconds: float, finish_reason: str | None) -> Stats:
+                    prefill_seconds: float, decode_seconds: float, finish_reason: str | None,
+                    bit_exact: bool = False, widest_pass: int = 0, accepted_by_drafter: dict | None = None) -> Stats:
         """The snapshot of the engine's running counts, with every ratio computed from them."""
         return cls(
             mode=mode, plan_reason=plan_reason, prompt_tokens=prompt_tokens,
@@ -75,6 +82,7 @@ class Stats:
             steps=steps, k0_steps=k0_steps, mean_draft_tokens=_ratio(draft_tokens_proposed, steps),
             prefill_seconds=prefill_seconds, decode_seconds=decode_seconds,
             decode_tokens_per_second=_ratio(tokens_generated, decode_seconds), finish_reason=finish_reason,
+            bit_exact=bit_exact, widest_pass=widest_pass, accepted_by_drafter=dict(accepted_by_drafter or {}),
         )
 
     @classmethod

@@ -19,7 +19,8 @@ RUN_FIELDS = {
     "tokens_generated", "finish_reason", "prefill_seconds", "decode_seconds", "end_to_end_seconds",
     "decode_tokens_per_second", "draft_tokens_proposed", "draft_tokens_accepted", "acceptance_rate",
     "target_forward_passes", "target_passes_per_token", "mean_draft_tokens", "k0_steps", "steps", "token_ids",
-    "text", "peak_rss_mb", "matches_baseline", "prompt_ids",
+    "text", "peak_rss_mb", "matches_baseline", "prompt_ids", "bit_exact", "widest_pass", "accepted_by_drafter",
+    "draft_forward_passes",
 }
 SUMMARY_FIELDS = {
     "temperature", "suite", "config", "drafter", "draft_tokens", "runs", "prompts", "decode_tps_median",
@@ -126,13 +127,17 @@ def test_configuration_names():
 
 def test_configurations_resolve_to_distinct_draft_lengths():
     names = [c.name for c in configs.resolve_configs(configs.DEFAULT_CONFIGS, 4, has_draft=False, explicit=False)]
-    assert names == ["baseline", "ngram-k4", "ngram-k2", "ngram-k8"]
+    assert names == ["baseline", "ngram-k4", "ngram-k4-exact", "ngram-k2"]
     names = [c.name for c in configs.resolve_configs(configs.DEFAULT_CONFIGS, "auto", has_draft=True, explicit=False)]
-    assert names == ["baseline", "ngram-auto", "ngram-k2", "ngram-k4", "ngram-k8", "draft-model-auto"]
+    assert names == ["baseline", "ngram-auto", "ngram-auto-exact", "ngram-k2", "ngram-k4", "draft-model-auto",
+                     "combined-auto"]
     names = [c.name for c in configs.resolve_configs(configs.DEFAULT_CONFIGS, 4, has_draft=True, explicit=False,
                                                      has_peer=True)]
-    assert names == ["baseline", "ngram-k4", "ngram-k2", "ngram-k8", "draft-model-k4", "llamacpp-none",
-                     "llamacpp-ngram-simple", "llamacpp-ngram-mod", "llamacpp-draft"]
+    assert names == ["baseline", "ngram-k4", "ngram-k4-exact", "ngram-k2", "draft-model-k4", "combined-k4",
+                     "llamacpp-none", "llamacpp-ngram-simple", "llamacpp-ngram-mod", "llamacpp-draft"]
+    exact = configs.resolve_configs(["ngram-k2-exact", "ngram-k2"], 4, False, True)
+    assert [(c.name, c.bit_exact) for c in exact] == [("ngram-k2-exact", True), ("ngram-k2", False),
+                                                      ("baseline", False)]
     peers = configs.resolve_configs(["llamacpp-ngram-simple-n3", "llamacpp-ngram-simple"], 4, False, True, has_peer=True)
     assert [(c.name, c.drafter, c.draft_tokens, c.is_peer) for c in peers] == [
         ("llamacpp-ngram-simple-n3", "llamacpp-ngram-simple", 3, True),
@@ -245,7 +250,13 @@ def test_a_near_tie_of_the_target_is_reported_not_failed():
     other = {"config": "ngram-k4", "prompt_id": "p", "repeat": 0, "prompt_ids": [1, 2], "token_ids": [5, 8, 7], "text": ""}
     close = lambda ids: [0.0] * 6 + [3.0, 0.0, 2.9]  # tokens 6 and 8 are 0.1 apart after [1, 2, 5]
     far = lambda ids: [0.0] * 6 + [3.0, 0.0, 0.5]
-    ties = exactness.check_exactness([baseline, other], close)
-    assert ties == [{"config": "ngram-k4", "prompt_id": "p", "repeat": 0, "position": 1, "logit_gap": pytest.approx(0.1)}]
+    ties = exactness.check_exactness([baseline, other], close, drift_bound=0.5)
+    assert ties == [{"config": "ngram-k4", "prompt_id": "p", "repeat": 0, "position": 1, "logit_gap": pytest.approx(0.1),
+                     "drift_bound": 0.5}]
     with pytest.raises(bench.ExactnessError, match="2.50 logits apart"):
-        exactness.check_exactness([baseline, other], far)
+        exactness.check_exactness([baseline, other], far, drift_bound=0.5)
+    # a bit-exact run, or a model whose kernels never drift, gets no allowance
+    with pytest.raises(bench.ExactnessError, match="0.10 logits apart"):
+        exactness.check_exactness([baseline, {**other, "bit_exact": True}], close, drift_bound=0.5)
+    with pytest.raises(bench.ExactnessError, match="0.10 logits apart"):
+        exactness.check_exactness([baseline, other], close, drift_bound=0.0)

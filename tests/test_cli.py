@@ -22,7 +22,7 @@ def test_run_json_is_one_object_and_modes_agree(tiny_models):
                        "--draft", draft, "--temperature", "0", "--max-tokens", "32", "--threads", "1", "--n-ctx", "512")
         assert done.returncode == 0, done.stderr
         outputs[draft] = json.loads(done.stdout)
-    assert {o["stats"]["mode"] for o in outputs.values()} == {"none", "ngram", "draft-model"}
+    assert {o["stats"]["mode"] for o in outputs.values()} == {"none", "ngram", "combined"}  # a loaded draft model drafts with n-grams too
     ids = [o["token_ids"] for o in outputs.values()]
     assert ids[0] == ids[1] == ids[2] and len(ids[0]) == 32
 
@@ -56,7 +56,7 @@ def _write(path, data):
     return path
 
 
-@pytest.mark.parametrize("budget, mode", [("4MiB", "ngram"), ("8MiB", "draft-model")])
+@pytest.mark.parametrize("budget, mode", [("4MiB", "ngram"), ("8MiB", "combined")])
 def test_a_draft_that_does_not_fit_the_budget_falls_back_to_ngram(tiny_models, budget, mode):
     done = run_cli("run", "the cat sat", "--raw", "--json", "--model", str(tiny_models["target"]),
                    "--draft", str(tiny_models["draft"]), "--memory-budget", budget, "--n-ctx", "512",

@@ -40,20 +40,20 @@ def brute_force_rates(curve, draft_cost, alphas, limit):
     return rates
 
 
-def choose(ctl, drafter, signal=0):
+def choose(ctl, signal=0):
     """The controller's k, and whether it was a probe."""
     probes_before = ctl.stats["probe_steps"]
-    k = ctl.choose(drafter, signal)
+    k = ctl.choose(signal)
     return k, ctl.stats["probe_steps"] > probes_before
 
 
-def run(ctl, drafter, outcome, steps, signal=0):
+def run(ctl, outcome, steps, signal=0):
     """Drive the controller for `steps` steps; returns chosen ks, probe flags, tokens, seconds."""
     ks, probes, tokens, seconds = [], [], 0, 0.0
     for _ in range(steps):
-        k, probe = choose(ctl, drafter, signal)
+        k, probe = choose(ctl, signal)
         accepted = outcome(k)
-        ctl.update(drafter, k, accepted, signal)
+        ctl.update(k, accepted, signal)
         ks.append(k)
         probes.append(probe)
         tokens += accepted + 1
@@ -108,11 +108,11 @@ def test_choice_is_the_brute_force_optimum(curve_name, alpha, draft_cost):
     ctl = DraftLengthController(cost, K_MAX, prior_acceptance=alpha, decay=1.0)
     rng = np.random.default_rng(7)
     for _ in range(400):
-        ctl.update("draft-model", K_MAX, chain_outcome(rng, alpha, K_MAX))
-    alphas = ctl.acceptance("draft-model")
+        ctl.update(K_MAX, chain_outcome(rng, alpha, K_MAX))
+    alphas = ctl.acceptance()
     assert alphas[0] == pytest.approx(alpha, abs=0.05)
 
-    k = ctl.choose("draft-model")
+    k = ctl.choose()
 
     rates = brute_force_rates(curve, draft_cost, alphas, K_MAX)
     assert rates[k] == pytest.approx(max(rates), rel=1e-9)
@@ -124,8 +124,8 @@ def test_choice_follows_the_curve_not_a_fixed_rule():
     def chosen(curve):
         ctl = DraftLengthController(CostModel(curve), K_MAX, decay=1.0)
         for _ in range(200):
-            ctl.update("ngram", K_MAX, K_MAX)
-        return ctl.choose("ngram")
+            ctl.update(K_MAX, K_MAX)
+        return ctl.choose()
 
     assert chosen(CURVES["cpu"]) == 15
     assert chosen(CURVES["gpu"]) == 15
@@ -134,11 +134,11 @@ def test_choice_follows_the_curve_not_a_fixed_rule():
 
 def test_untrained_drafter_starts_from_the_prior():
     ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, prior_acceptance=0.6)
-    alphas = ctl.acceptance("ngram")
+    alphas = ctl.acceptance()
     assert alphas[0] == pytest.approx(0.6)
     assert np.all(np.diff(alphas) <= 0)  # unseen positions are never assumed better
     # At 0.6 a 2-token pass (1.5x) pays only for one drafted token.
-    assert ctl.choose("ngram") == 1
+    assert ctl.choose() == 1
 
 
 # -- back-off and recovery ------------------------------------------------------------------
@@ -147,7 +147,7 @@ def test_untrained_drafter_starts_from_the_prior():
 @pytest.mark.parametrize("curve_name, draft_cost", [("cpu", 0.0), ("cpu", 0.2), ("gpu", 0.15)])
 def test_always_wrong_drafter_settles_at_k0_and_stays_near_baseline(curve_name, draft_cost):
     ctl = DraftLengthController(CostModel(CURVES[curve_name], draft_cost), K_MAX)
-    ks, probes, tokens, seconds = run(ctl, "draft-model", always_wrong, 2000)
+    ks, probes, tokens, seconds = run(ctl, always_wrong, 2000)
 
     settled = next(i for i in range(len(ks)) if all(k == 0 or p for k, p in zip(ks[i:], probes[i:])))
     assert settled <= 5
@@ -160,8 +160,8 @@ def test_always_wrong_drafter_settles_at_k0_and_stays_near_baseline(curve_name, 
 
 def test_recovers_through_probes_when_the_drafter_turns_right():
     ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
-    run(ctl, "ngram", always_wrong, 500)
-    ks, probes, _, _ = run(ctl, "ngram", always_right, 300)
+    run(ctl, always_wrong, 500)
+    ks, probes, _, _ = run(ctl, always_right, 300)
 
     first_chosen = next(i for i, (k, p) in enumerate(zip(ks, probes)) if k > 0 and not p)
     assert first_chosen < 80
@@ -173,7 +173,7 @@ def test_recovers_through_probes_when_the_drafter_turns_right():
 def test_probe_schedule_is_deterministic():
     def trace():
         ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
-        return run(ctl, "ngram", always_wrong, 300)[1]
+        return run(ctl, always_wrong, 300)[1]
 
     assert trace() == trace()
 
@@ -182,33 +182,34 @@ def test_probe_schedule_is_deterministic():
 
 
 def test_drafters_keep_separate_estimates():
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
-    run(ctl, "ngram", always_wrong, 50)
-    run(ctl, "draft-model", always_right, 50)
-    assert ctl.acceptance("ngram")[0] < 0.1
-    assert ctl.acceptance("draft-model")[0] > 0.9
-    k, probe = choose(ctl, "ngram")
+    # the engine keeps one controller per drafter
+    ngram, draft = (DraftLengthController(CostModel(CURVES["cpu"]), K_MAX) for _ in range(2))
+    run(ngram, always_wrong, 50)
+    run(draft, always_right, 50)
+    assert ngram.acceptance()[0] < 0.1
+    assert draft.acceptance()[0] > 0.9
+    k, probe = choose(ngram)
     assert k == 0 or probe
-    assert ctl.choose("draft-model") >= 2  # more than a probe drafts
+    assert draft.choose() >= 2  # more than a probe drafts
 
 
 def test_ngram_match_lengths_keep_separate_estimates():
     ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
     for _ in range(100):
-        run(ctl, "ngram", always_wrong, 1, signal=1)
-        run(ctl, "ngram", always_right, 1, signal=6)
-    k, probe = choose(ctl, "ngram", signal=1)
+        run(ctl, always_wrong, 1, signal=1)
+        run(ctl, always_right, 1, signal=6)
+    k, probe = choose(ctl, signal=1)
     assert k == 0 or probe
-    assert ctl.choose("ngram", signal=4) >= 2  # 4 and 6 share the "4 or longer" bucket
+    assert ctl.choose(signal=4) >= 2  # 4 and 6 share the "4 or longer" bucket
 
 
 def test_estimates_decay_towards_recent_outcomes():
     ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, decay=0.9)
     for _ in range(100):
-        ctl.update("draft-model", 4, 4)
+        ctl.update(4, 4)
     for _ in range(30):
-        ctl.update("draft-model", 4, 0)
-    assert ctl.acceptance("draft-model")[0] < 0.1
+        ctl.update(4, 0)
+    assert ctl.acceptance()[0] < 0.1
 
 
 # -- caps, fixed k, validation --------------------------------------------------------------
@@ -217,10 +218,10 @@ def test_estimates_decay_towards_recent_outcomes():
 def test_available_caps_k():
     ctl = DraftLengthController(CostModel(CURVES["gpu"]), K_MAX)
     for _ in range(50):
-        ctl.update("ngram", K_MAX, K_MAX)
-    assert ctl.choose("ngram", available=3) == 3
-    assert ctl.choose("ngram", available=0) == 0
-    assert ctl.choose("ngram", available=-2) == 0
+        ctl.update(K_MAX, K_MAX)
+    assert ctl.choose(available=3) == 3
+    assert ctl.choose(available=0) == 0
+    assert ctl.choose(available=-2) == 0
     stats = ctl.stats
     assert stats["unavailable_steps"] == 2
     assert stats["k0_steps"] == 0
@@ -228,9 +229,9 @@ def test_available_caps_k():
 
 def test_fixed_k_ignores_estimates_but_keeps_stats():
     ctl = DraftLengthController(CostModel(CURVES["cpu"]), 8, fixed_k=4)
-    ks, _, _, _ = run(ctl, "draft-model", always_wrong, 20)
+    ks, _, _, _ = run(ctl, always_wrong, 20)
     assert ks == [4] * 20
-    assert ctl.choose("draft-model", available=2) == 2
+    assert ctl.choose(available=2) == 2
     assert ctl.stats["mean_k"] == pytest.approx((20 * 4 + 2) / 21)
     assert ctl.stats["k0_steps"] == 0
     assert ctl.p_min(1) == 0.0
@@ -238,7 +239,7 @@ def test_fixed_k_ignores_estimates_but_keeps_stats():
 
 def test_fixed_k_zero_never_drafts():
     ctl = DraftLengthController(CostModel(CURVES["gpu"]), 8, fixed_k=0)
-    ks, _, _, _ = run(ctl, "ngram", always_right, 10)
+    ks, _, _, _ = run(ctl, always_right, 10)
     assert ks == [0] * 10
 
 
@@ -262,7 +263,7 @@ def test_rejects_bad_settings(kwargs):
 def test_update_rejects_impossible_outcomes(proposed, accepted):
     ctl = DraftLengthController(CostModel(CURVES["cpu"]), 4)
     with pytest.raises(ValueError):
-        ctl.update("ngram", proposed, accepted)
+        ctl.update(proposed, accepted)
 
 
 # -- p_min -------------------------------------------------------------------------------
@@ -272,12 +273,12 @@ def test_tuned_p_min_is_the_break_even_of_the_first_token():
     curve = CURVES["cpu"]
     ctl = DraftLengthController(CostModel(curve), K_MAX, prior_acceptance=0.8, decay=1.0)
     for _ in range(20):
-        ctl.update("draft-model", 1, 1)
-        ctl.update("draft-model", 1, 1)
-        ctl.update("draft-model", 1, 1)
-        ctl.update("draft-model", 1, 0)
-    assert ctl.choose("draft-model") == 1
-    alpha = ctl.acceptance("draft-model")[0]
+        ctl.update(1, 1)
+        ctl.update(1, 1)
+        ctl.update(1, 1)
+        ctl.update(1, 0)
+    assert ctl.choose() == 1
+    alpha = ctl.acceptance()[0]
     best_rate = (1 + alpha) / curve[1]
     # Drafting the token costs T(2) - T(1) and returns q tokens: worth it above this q.
     assert ctl.p_min(1) == pytest.approx(best_rate * (curve[1] - curve[0]))
@@ -290,9 +291,9 @@ def test_tuned_p_min_never_exceeds_the_estimated_acceptance(curve_name, draft_co
     ctl = DraftLengthController(CostModel(CURVES[curve_name], draft_cost), K_MAX)
     rng = np.random.default_rng(3)
     for _ in range(300):
-        ctl.update("draft-model", K_MAX, chain_outcome(rng, 0.9, K_MAX))
-    k = ctl.choose("draft-model")
-    alphas = ctl.acceptance("draft-model")
+        ctl.update(K_MAX, chain_outcome(rng, 0.9, K_MAX))
+    k = ctl.choose()
+    alphas = ctl.acceptance()
     assert k > 0
     for position in range(1, k + 1):
         assert 0.0 <= ctl.p_min(position) <= alphas[position - 1] + 1e-12
@@ -300,23 +301,23 @@ def test_tuned_p_min_never_exceeds_the_estimated_acceptance(curve_name, draft_co
 
 def test_fixed_p_min_replaces_the_tuned_value_but_not_for_probes():
     ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, p_min=0.75)
-    assert ctl.choose("draft-model") == 1
+    assert ctl.choose() == 1
     assert ctl.p_min(1) == 0.75
-    ctl.update("draft-model", 1, 0)
+    ctl.update(1, 0)
     for _ in range(200):
-        k, probe = choose(ctl, "draft-model")
+        k, probe = choose(ctl)
         if probe:
             break
         assert k == 0
-        ctl.update("draft-model", 0, 0)
+        ctl.update(0, 0)
     assert k == 1
     assert ctl.p_min(1) == 0.0
 
 
 def test_reset_stats_keeps_what_was_learned():
     ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
-    run(ctl, "ngram", always_wrong, 30)
+    run(ctl, always_wrong, 30)
     assert ctl.stats["k0_steps"] > 0
     ctl.reset_stats()
     assert ctl.stats == {"steps": 0, "mean_k": 0.0, "k0_steps": 0, "probe_steps": 0, "unavailable_steps": 0}
-    assert ctl.acceptance("ngram")[0] < 0.3
+    assert ctl.acceptance()[0] < 0.3

@@ -11,7 +11,8 @@ import pytest
 from edgespec import Done, SamplingParams, Step
 from edgespec.loading import load_engine
 from edgespec.backend import LlamaModel
-from edgespec.engine import _TextAssembler
+from edgespec.drafters import Drafter
+from edgespec.text import TextAssembler
 from edgespec.errors import ContextOverflowError, VocabMismatchError
 from edgespec.sampling import to_probs
 
@@ -47,7 +48,7 @@ def test_greedy_output_is_identical_in_every_mode(engine, prompt, draft_tokens):
     params = SamplingParams(temperature=0.0, max_tokens=48)
     plain = generate_ids(engine, "none", prompt, params, draft_tokens)
     assert plain.stats.target_passes_per_token >= 1.0
-    for mode in ("draft-model", "ngram"):
+    for mode in ("combined", "draft-model", "ngram"):
         result = generate_ids(engine, mode, prompt, params, draft_tokens)
         assert result.token_ids == plain.token_ids, mode
         assert result.text == plain.text
@@ -78,12 +79,12 @@ def exact_two_token_law(target_path, prompt_ids, params):
     return law
 
 
-def test_sampled_draft_model_output_has_the_targets_distribution(engine, tiny_models):
+@pytest.mark.parametrize("bit_exact", [False, True])
+def test_sampled_draft_model_output_has_the_targets_distribution(engine, tiny_models, bit_exact):
     prompt = PROMPTS[0]
     prompt_ids = engine.prompt_tokens(prompt, raw=True)
     law = exact_two_token_law(tiny_models["target"], prompt_ids, SamplingParams(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0))
-    engine.configure(mode="draft-model")
-    engine.configure(draft_tokens=2)
+    engine.configure(mode="draft-model", draft_tokens=2, bit_exact=bit_exact)
     n = 3000
     counts, proposed, accepted = Counter(), 0, 0
     for seed in range(n):
@@ -176,7 +177,7 @@ def test_cancel_stops_within_a_step(engine):
 
 
 def test_text_is_never_split_inside_a_utf8_character():
-    text = _TextAssembler(stops=())
+    text = TextAssembler(stops=())
     data = "héllo 世界 🙂".encode()
     pieces = [text.feed(data[i : i + 1]) for i in range(len(data))] + [text.flush()]
     assert "".join(pieces) == "héllo 世界 🙂"
@@ -184,7 +185,7 @@ def test_text_is_never_split_inside_a_utf8_character():
 
 
 def test_a_possible_stop_string_is_held_back_until_settled():
-    text = _TextAssembler(stops=("END",))
+    text = TextAssembler(stops=("END",))
     assert text.feed(b"abc E") == "abc "
     assert text.feed(b"N") == ""
     assert text.feed(b"x") == "ENx"
@@ -200,7 +201,7 @@ def test_a_possible_stop_string_is_held_back_until_settled():
 CPU_LIKE_COST = (1.0, 1.5, 2.2, 3.0, 3.6, 4.2, 6.5, 8.8, 9.0, 9.2, 9.4, 9.6, 9.8, 10.0, 10.2, 10.4, 10.5)
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(Drafter):
     """Test-only drafter: proposes the target's own greedy continuation, or a token it never emits."""
 
     name = "ngram"
@@ -215,7 +216,7 @@ class ScriptedDrafter:
 
         return Hint(0, None)
 
-    def propose(self, context, k, params, rng):
+    def propose(self, context, k, params, rng, stop_below=()):
         from edgespec.drafters import Proposal
 
         done = len(context) - self.prompt_len
@@ -341,8 +342,10 @@ def test_the_first_load_says_it_measures_and_later_loads_reuse_the_measurement(t
 def test_exact_width_probe_keeps_to_its_budget(tiny_models):
     model = LlamaModel(tiny_models["target"], n_ctx=256, n_threads=1)
     probe = model.tokenize("the cat sat on the mat and the dog " * 8, add_special=True)
-    assert model.exact_pass_width(probe, 33) == 33  # every width is exact on the tiny models
-    assert model.exact_pass_width(probe, 33, budget_seconds=0.0) == 2  # only the width that is always checked
+    full = model.probe_pass_widths(probe, 33)
+    assert full.exact_width == 33  # every width is exact on the tiny models
+    assert set(full.drift) == set(range(2, 34)) and max(full.drift.values()) == 0.0
+    assert model.probe_pass_widths(probe, 33, budget_seconds=0.0).exact_width == 2  # only the width always checked
     assert model.cached == [] and model.forward_passes == 0
     model.close()
 
@@ -358,7 +361,7 @@ def test_a_stale_curve_is_measured_again_at_load_but_keeps_its_exact_width(tiny_
     notices = []
     engine = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append)
     assert any("measuring this model's speed again" in n for n in notices), notices
-    assert engine.max_draft_tokens == 2, "bit-exactness does not depend on load: the width is kept"
+    assert engine.exact_width == 3, "bit-exactness does not depend on load: the width is kept"
     assert engine.plain_step_seconds < OLD_CURVE[0] and not engine.calibration_due
     assert cache.load_entry(key) is not None
     engine.close()
@@ -386,5 +389,5 @@ def test_a_stale_curve_can_be_used_at_once_and_measured_between_generations(tiny
     assert not remeasure.is_alive()
     assert result.finish_reason == "length"
     assert engine.plain_step_seconds < OLD_CURVE[0] and not engine.calibration_due
-    assert engine.max_draft_tokens == 2 and cache.load_entry(key) is not None
+    assert engine.exact_width == 3 and cache.load_entry(key) is not None
     engine.close()

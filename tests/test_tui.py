@@ -188,7 +188,7 @@ async def test_regenerate_mode_switch_and_new_chat(models):
         assert app.chat.plain_speed() is not None
         await send(pilot, "world")
         await pilot.press("ctrl+g")
-        assert app.chat.engine.mode == "draft-model"
+        assert app.chat.engine.mode == "combined"  # n-grams or the draft model, per step
         await send(pilot, "hello")
         footer = str(replies(app)[-1].footer.render())
         assert "× vs plain" in footer or "does not fit this reply" in footer
@@ -212,7 +212,7 @@ async def test_history_and_settings_survive_a_restart(models):
     app = make_app(models, draft_tokens=5)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        assert app.chat.engine.draft_tokens == 5 and app.chat.engine.mode == "draft-model"
+        assert app.chat.engine.draft_tokens == 5 and app.chat.engine.mode == "combined"
         await pilot.press("ctrl+o")
         assert isinstance(app.screen, HistoryScreen)
         await pilot.press("enter")
@@ -394,7 +394,7 @@ async def test_a_stale_speed_measurement_is_redone_between_replies_not_at_start(
     app = make_app(models)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        assert app.chat.engine.max_draft_tokens == 2, "the chat started on the old measurement"
+        assert app.chat.engine.exact_width == 3, "the chat started on the old measurement"
         assert not any("measuring" in str(note.render()) for note in app.query(Note))
         await wait_for(pilot, lambda: not app.chat.engine.calibration_due and app._recalibration_idle.is_set())
         assert app.chat.engine.plain_step_seconds < 1000.0 and cache.load_entry(key) is not None

@@ -66,8 +66,10 @@ class ChatActions:
     def action_cycle_mode(self) -> None:
         if self.chat.engine is None:
             return
-        modes = self.chat.available_modes()
-        self.set_mode(modes[(modes.index(self.chat.engine.mode) + 1) % len(modes)])
+        # Ctrl+G steps through combined, n-gram and none; the draft model alone is in the palette
+        modes = [mode for mode in self.chat.available_modes() if mode != "draft-model"]
+        current = self.chat.engine.mode if self.chat.engine.mode in modes else modes[-1]
+        self.set_mode(modes[(modes.index(current) + 1) % len(modes)])
 
     def set_mode(self, mode: str) -> None:
         if mode not in self.chat.available_modes():

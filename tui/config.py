@@ -89,6 +89,7 @@ def chat_sampling(config: ChatConfig) -> SamplingParams:
 _STRINGS = tuple(name for name, kind in KINDS.items() if kind == "string")
 _INTEGERS = tuple(name for name, kind in KINDS.items() if kind == "integer")  # "range" ones: edgespec.limits.RANGES
 _NUMBERS = tuple(name for name, kind in KINDS.items() if kind == "number")
+_BOOLEANS = tuple(name for name, kind in KINDS.items() if kind == "boolean")
 
 
 def config_dir() -> Path:
@@ -153,7 +154,10 @@ def _checked(name: str, value, path: Path):
         return value
     if name in _NUMBERS and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    kind = "a string" if name in _STRINGS else "a whole number" if name in _INTEGERS else "a number"
+    if name in _BOOLEANS and isinstance(value, bool):
+        return value
+    kind = ("a string" if name in _STRINGS else "a whole number" if name in _INTEGERS else
+            "true or false" if name in _BOOLEANS else "a number")
     raise ConfigError(f"{path}: {name} must be {kind}, not {value!r}")
 
 
@@ -218,4 +222,6 @@ def _toml_value(value) -> str:
             for char in value
         )
         return f'"{escaped}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return repr(value)

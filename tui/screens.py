@@ -195,6 +195,10 @@ def model_info(engine, plain: tuple[float, str] | None, plain_min_steps: int) ->
     lines = [
         f"Drafting now: {stats_text.MODE_LABELS[engine.mode]}; draft tokens per step: "
         f"{engine.draft_tokens}; context: {engine.n_ctx:,} tokens",
+        ("Verification: bit-exact (greedy output is plain decoding's, token for token; passes up to "
+         f"{engine.max_draft_tokens + 1} tokens)" if engine.bit_exact else
+         "Verification: wide (exact in distribution up to llama.cpp's rounding; passes up to "
+         f"{engine.max_draft_tokens + 1} tokens, logit drift up to {engine.drift_bound() / 2:.2g})"),
         f"Target: {stats_text.display_path(engine.target_path)}",
         *([f"Draft: {stats_text.display_path(engine.draft_path)}"] if engine.draft_path else []),
         plain_line,

@@ -16,7 +16,7 @@ from edgespec.sampling import SamplingParams
 
 
 def _setting(default, kind: str, *, section: str = "", flag: bool = False, label: str | None = None):
-    """A ChatConfig field; kind is "string", "integer", "number" or "range" (see edgespec.limits.RANGES)."""
+    """A ChatConfig field; kind is "string", "integer", "number", "boolean" or "range" (see edgespec.limits.RANGES)."""
     return field(default=default, metadata={"kind": kind, "section": section, "flag": flag, "label": label})
 
 
@@ -29,6 +29,7 @@ class ChatConfig:
     gpu_layers: int | None = _setting(None, "range", flag=True)
     draft_gpu_layers: int | None = _setting(None, "range", flag=True)
     memory_budget: str | None = _setting(None, "string", flag=True)
+    bit_exact: bool = _setting(False, "boolean", flag=True)  # --bit-exact: greedy output bit for bit plain decoding's
     system_prompt: str = _setting("", "string")
     draft_tint: str = _setting("#24513a", "string")
     temperature: float = _setting(0.7, "number", section="sampling", flag=True, label="Temperature")

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from edgespec.stats import Stats
 
-MODE_LABELS = {"draft-model": "draft model", "ngram": "n-gram", "none": "no drafting"}
+MODE_LABELS = {"combined": "n-gram + draft model", "draft-model": "draft model", "ngram": "n-gram", "none": "no drafting"}
 
 
 def display_path(path: str | os.PathLike) -> str:
@@ -44,7 +44,7 @@ def stats_line(*, mode: str, target: str, draft: str | None, stats: Stats | None
     line = Text()
     line.append(MODE_LABELS.get(mode, mode), "bold")
     line.append(f"  {target}")
-    if mode == "draft-model" and draft:
+    if mode in ("combined", "draft-model") and draft:
         line.append(f" ← {draft}", "dim")
     line.append(f"  │  ctx {context_used:,}/{n_ctx:,}")
     if status:

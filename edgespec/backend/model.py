@@ -11,6 +11,7 @@ import ctypes
 import functools
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -37,6 +38,14 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
         else:
             hi = mid
     return lo
+
+
+@dataclass(frozen=True)
+class PassProbe:
+    """What probe_pass_widths found."""
+
+    exact_width: int  # every pass up to this many tokens gives one-token passes' logits bit for bit
+    drift: dict[int, float]  # per checked width: the largest |logit difference| from one-token passes
 
 
 class LlamaModel:
@@ -269,17 +278,21 @@ class LlamaModel:
         rows.flags.writeable = False
         return rows
 
-    def exact_pass_width(self, probe: Sequence[int], limit: int, budget_seconds: float | None = None) -> int:
-        """The widest pass, up to limit tokens, whose logits equal one-token passes bit for bit.
+    def probe_pass_widths(
+        self, probe: Sequence[int], limit: int, drift_widths: Sequence[int] = (), budget_seconds: float | None = None
+    ) -> PassProbe:
+        """How far passes up to limit tokens wide part from one-token passes, bit for bit and in logits.
 
         llama.cpp's CPU kernels change arithmetic with the number of tokens in
-        a pass; drafts verified in a wider pass could part from plain decoding
-        where two tokens nearly tie.  Widths are checked narrowest first, each
-        by a pass of its own.  With budget_seconds the one-token passes get a
-        quarter of it and the checks the rest, each check skipped once it
-        would end past the budget (width 2 is always checked): the answer is
-        always a width that was checked.  probe needs 8 + limit tokens; the
-        cache is left as it was.
+        a pass, so a token verified in a wider pass can get slightly different
+        logits from the same token decoded alone.  Widths are checked
+        narrowest first, each by a pass of its own, until the first one that
+        is not bit-identical; after that only drift_widths are checked, for
+        the size of the difference.  With budget_seconds the one-token passes
+        get a quarter of it and the checks the rest, each check skipped once
+        it would end past the budget (width 2 is always checked), so every
+        figure comes from a width that was checked.  probe needs 8 + limit
+        tokens; the cache is left as it was.
         """
         n_keep, passes = len(self.cached), self.forward_passes
         prefix, tokens = list(probe[:8]), list(probe[8 : 8 + limit])
@@ -290,20 +303,22 @@ class LlamaModel:
             if budget_seconds is not None and len(singles) >= 2 and _since(started) > budget_seconds / 4:
                 break
             singles.append(self.decode([token], 1)[0])
-        width, last_check = 1, 0.0
+        exact_width, drift, last_check = 1, {}, 0.0
         for w in range(2, len(singles) + 1):
+            if exact_width < w - 1 and w not in drift_widths:
+                continue
             if budget_seconds is not None and w > 2 and _since(started) + last_check * w / (w - 1) > budget_seconds:
                 break
             check_started = time.perf_counter()
             self.rewind(n_keep + len(prefix))
-            exact = np.array_equal(self.decode(tokens[:w], w), np.stack(singles[:w]))
+            rows = self.decode(tokens[:w], w)
             last_check = _since(check_started)
-            if not exact:
-                break
-            width = w
+            drift[w] = float(np.max(np.abs(rows - np.stack(singles[:w]))))
+            if drift[w] == 0.0 and exact_width == w - 1:
+                exact_width = w
         self.forward_passes = passes
         self.rewind(n_keep)
-        return width
+        return PassProbe(exact_width, drift)
 
     def time_forward(self, n_tokens: int, filler: int) -> float:
         """Seconds for one forward pass over n_tokens, returning n_tokens logits rows.

@@ -9,7 +9,6 @@ from rich.table import Table
 
 from edgespec.catalog import default_pair, import_model, load_catalog, local_path, store_dir
 from edgespec.fetch import pull, resolve_model
-from edgespec.errors import EdgespecError
 from edgespec.units import format_size
 
 

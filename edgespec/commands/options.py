@@ -22,6 +22,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-gpu-layers", type=setting("draft_gpu_layers"), default=None, help="draft layers to offload (-1: all; default: from the memory plan)")
     group.add_argument("--memory-budget", default=None, help="memory to plan for, e.g. 6GiB (default: detected)")
     group.add_argument("--threads", type=_threads, default=None, help="CPU threads, at most the cores here (default: all cores, up to 8)")
+    group.add_argument("--bit-exact", action="store_true",
+                       help="verify only in passes llama.cpp computes bit-identically to one token at a time, so greedy "
+                            "output is plain decoding's token for token (default: passes as wide as pay, exact in "
+                            "distribution up to llama.cpp's rounding)")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -78,5 +82,5 @@ def engine_from_args(args: argparse.Namespace, **overrides):
     return load_engine(
         args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
         draft_gpu_layers=args.draft_gpu_layers, draft_tokens=args.draft_tokens,
-        n_threads=args.threads, memory_budget=args.memory_budget, **overrides,
+        n_threads=args.threads, memory_budget=args.memory_budget, bit_exact=args.bit_exact, **overrides,
     )

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -16,6 +14,7 @@ from typing import Callable, Iterator
 
 from ...engine import Done, Step
 from ...errors import ContextOverflowError, EdgespecError
+from ...files import atomic_write
 from ...session import ChatSession
 from ...stats import Stats
 from .output import RecordWriter, error_record, is_done, is_success, success_record
@@ -202,14 +201,7 @@ def batch_summary_line(summary: dict) -> str:
 
 
 def write_summary(path: Path, summary: dict) -> None:
-    tmp = None
     try:
-        # A fresh temporary name: a fixed one could be somebody's file, even OUT.
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(summary, indent=2) + "\n")
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(summary, indent=2) + "\n")  # a fresh temporary name: never OUT
     except OSError as err:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
         raise BatchError(f"cannot write summary {path}: {err.strerror}; check the path") from None

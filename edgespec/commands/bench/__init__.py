@@ -3,8 +3,9 @@
 See runner.py for how runs are ordered and timed.  At temperature 0 each
 edgespec mode must produce exactly the baseline's token ids for the same
 prompt; a mismatch stops the bench with ExactnessError, unless the target's
-own logits show a near-tie there (see exactness.KERNEL_DRIFT_LOGITS), which is
-reported instead.  llama.cpp's peers are compared by text and only reported.
+own logits show a near-tie there, closer than the logit drift measured between
+pass widths (Engine.drift_bound), which is reported instead; a -exact
+configuration (--bit-exact) gets no such allowance.  llama.cpp's peers are compared by text and only reported.
 
 Decode speed is tokens generated / decode time.  The end-to-end speedup is
 bounded by the prefill share f of the baseline: 1 / (f + (1 - f) / s) for a

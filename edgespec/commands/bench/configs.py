@@ -1,7 +1,8 @@
 """The bench's configurations: edgespec's drafting modes at a draft length, and llama.cpp's own speculation.
 
-edgespec's: baseline, ngram, draft-model, each optionally -kN (a fixed draft
-length) or -auto.  llama.cpp's (run by its llama-speculative-simple binary,
+edgespec's: baseline, ngram, draft-model, combined (n-grams or the draft
+model, chosen per step), each optionally -kN (a fixed draft length) or -auto,
+and then -exact for --bit-exact verification (e.g. ngram-auto-exact).  llama.cpp's (run by its llama-speculative-simple binary,
 see peers.py): llamacpp-none, llamacpp-ngram-simple, llamacpp-ngram-mod and
 llamacpp-draft, each at llama.cpp's default draft length or -nN
 (--spec-draft-n-max N).
@@ -14,14 +15,16 @@ from typing import Iterable
 
 from .workloads import BenchError
 
-EDGESPEC_DRAFTERS = ("baseline", "ngram", "draft-model")
+EDGESPEC_DRAFTERS = ("baseline", "ngram", "draft-model", "combined")
 # configuration name -> llama.cpp's --spec-type
 PEER_SPEC_TYPES = {"llamacpp-none": "none", "llamacpp-ngram-simple": "ngram-simple",
                    "llamacpp-ngram-mod": "ngram-mod", "llamacpp-draft": "draft-simple"}
 # "ngram" and "draft-model" alone mean the engine's default draft length; the
 # peers run only with --llama-cpp-bin, and the draft ones only with a draft model.
-DEFAULT_CONFIGS = ("baseline", "ngram", "ngram-k2", "ngram-k4", "ngram-k8", "draft-model", *PEER_SPEC_TYPES)
-NEEDS_DRAFT_MODEL = ("draft-model", "llamacpp-draft")
+DEFAULT_CONFIGS = ("baseline", "ngram", "ngram-exact", "ngram-k2", "ngram-k4", "draft-model", "combined",
+                   *PEER_SPEC_TYPES)
+NEEDS_DRAFT_MODEL = ("draft-model", "combined", "llamacpp-draft")
+EXACT_SUFFIX = "-exact"
 
 
 @dataclass(frozen=True)
@@ -29,10 +32,11 @@ class BenchConfig:
     name: str  # as shown in tables: baseline, ngram-k4, ngram-auto, draft-model-k4, llamacpp-ngram-simple-n3
     drafter: str  # one of EDGESPEC_DRAFTERS or PEER_SPEC_TYPES
     draft_tokens: int | str | None  # None for baseline and a peer's default; "auto" where the engine chooses
+    bit_exact: bool = False  # edgespec's --bit-exact verification
 
     @property
     def must_match_baseline(self) -> bool:
-        return self.drafter in ("ngram", "draft-model")
+        return self.drafter in ("ngram", "draft-model", "combined")
 
     @property
     def is_peer(self) -> bool:
@@ -68,7 +72,8 @@ def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_d
     """
     configs: dict[tuple, BenchConfig] = {}
     for name in names:
-        drafter, k = parse_config(name)
+        bit_exact = name.endswith(EXACT_SUFFIX) and not name.startswith("llamacpp-")
+        drafter, k = parse_config(name[: -len(EXACT_SUFFIX)] if bit_exact else name)
         missing = _missing_for(drafter, has_draft, has_peer)
         if missing:
             if explicit:
@@ -80,10 +85,11 @@ def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_d
             config = BenchConfig(drafter if k is None else f"{drafter}-n{k}", drafter, k)
         else:
             k = k if k is not None else default_draft_tokens
-            config = BenchConfig(f"{drafter}-auto" if k == "auto" else f"{drafter}-k{k}", drafter, k)
-        configs.setdefault((config.drafter, config.draft_tokens), config)
+            label = (f"{drafter}-auto" if k == "auto" else f"{drafter}-k{k}") + (EXACT_SUFFIX if bit_exact else "")
+            config = BenchConfig(label, drafter, k, bit_exact)
+        configs.setdefault((config.drafter, config.draft_tokens, config.bit_exact), config)
     if not any(c.drafter == "baseline" for c in configs.values()):
-        configs[("baseline", None)] = BenchConfig("baseline", "baseline", None)  # speedups need it
+        configs[("baseline", None, False)] = BenchConfig("baseline", "baseline", None)  # speedups need it
     return list(configs.values())
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ...sampling import SamplingParams
+from ...backend import default_threads
 from ...loading import load_engine
 from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, BenchConfig, resolve_configs, rotated
 from .exactness import check_exactness
@@ -55,8 +56,6 @@ def run_bench(
     adds llama.cpp's own speculation as peers.  Raises ExactnessError at the
     first temperature-0 mismatch of an edgespec mode with the baseline.
     """
-    from ...backend import default_threads
-
     if repeats < 1:
         raise BenchError("--repeats must be at least 1")
     temperatures = tuple(temperatures)
@@ -79,8 +78,10 @@ def run_bench(
                  runner.rss_scope, peer)
     results = {
         # other work on the machine distorts every figure; a quiet machine shows ~0 next to its core count
-        "meta": {**meta, "load_average_start": load_at_start, "load_average_end": load_average()},
-        "configs": [{"name": c.name, "drafter": c.drafter, "draft_tokens": c.draft_tokens} for c in plan],
+        "meta": {**meta, "load_average_start": load_at_start, "load_average_end": load_average(),
+                 **_kernel_facts(engine)},
+        "configs": [{"name": c.name, "drafter": c.drafter, "draft_tokens": c.draft_tokens, "bit_exact": c.bit_exact}
+                    for c in plan],
         "runs": runs,
         "near_ties": runner.near_ties,
         "summary": summarize(runs, plan),
@@ -115,7 +116,7 @@ def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> list
                     if on_run:
                         on_run(prompt_runs[-1], len(runs) + len(prompt_runs), total)
             if temperature == 0:
-                for tie in check_exactness(prompt_runs, runner.engine.plain_logits):
+                for tie in check_exactness(prompt_runs, runner.engine.plain_logits, runner.engine.drift_bound()):
                     runner.near_ties.append(tie)
                     if on_run:
                         print(f"near-tie, not a bug: {tie['config']} on {tie['prompt_id']} differs at token "
@@ -168,9 +169,8 @@ class _Runner:
         from ...engine import Done, PhaseClock
 
         engine = self.engine
-        engine.configure(mode="none" if config.drafter == "baseline" else config.drafter)
-        if config.draft_tokens is not None:
-            engine.configure(draft_tokens=config.draft_tokens)
+        engine.configure(mode="none" if config.drafter == "baseline" else config.drafter,
+                         draft_tokens=config.draft_tokens, bit_exact=config.bit_exact)
         engine.forget_cache()  # a bench run must pay (and time) its prefill in full
         clock = engine.phase_clock = PhaseClock(engine.target, engine.draft) if self.overhead else None
         result = None
@@ -196,6 +196,10 @@ class _Runner:
             "target_forward_passes": stats.target_forward_passes,
             "target_passes_per_token": stats.target_passes_per_token,
             "mean_draft_tokens": stats.mean_draft_tokens,
+            "bit_exact": stats.bit_exact,
+            "widest_pass": stats.widest_pass,
+            "accepted_by_drafter": stats.accepted_by_drafter,
+            "draft_forward_passes": stats.draft_forward_passes,
             "k0_steps": stats.k0_steps,
             "steps": stats.steps,
             "token_ids": list(result.token_ids),
@@ -220,13 +224,18 @@ class _Runner:
             "draft_tokens_proposed": proposed,
             "draft_tokens_accepted": accepted,
             "acceptance_rate": accepted / proposed if proposed else None,
-            "target_forward_passes": None,  # the binary does not report these
-            "target_passes_per_token": None,
-            "mean_draft_tokens": None,
+            # each target pass emits exactly one token that was not a draft's, so the passes follow
+            "target_forward_passes": run.tokens_generated - accepted,
+            "target_passes_per_token": (run.tokens_generated - accepted) / run.tokens_generated if run.tokens_generated else None,
+            "mean_draft_tokens": None,  # the binary does not report these
             "k0_steps": None,
             "steps": None,
             "token_ids": None,  # the binary prints text only
             "text": run.text,
+            "bit_exact": None,
+            "widest_pass": None,
+            "accepted_by_drafter": None,
+            "draft_forward_passes": None,
         }
 
 
@@ -244,6 +253,12 @@ def _peak_rss_mb(children: bool = False) -> float:
     who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
     peak = resource.getrusage(who).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB elsewhere
+
+
+def _kernel_facts(engine) -> dict:
+    """What llama.cpp's kernels do to logits across pass widths, and what a pass costs, as calibration measured."""
+    return {"exact_width": engine.exact_width, "kernel_drift": engine.kernel_drift,
+            "drift_bound": engine.drift_bound(), "cost_curve_relative": list(engine.cost.relative())}
 
 
 def _meta(model, draft, prompts, repeats, temperatures, seed, n_ctx, n_threads, started, rss_scope, peer) -> dict:

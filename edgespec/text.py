@@ -1,0 +1,53 @@
+"""Generated token bytes -> text that is safe to show: whole UTF-8 characters, stop strings cut."""
+
+from __future__ import annotations
+
+import codecs
+from typing import Sequence
+
+
+class TextAssembler:
+    """Token bytes -> text that is safe to show now.
+
+    Holds back an incomplete UTF-8 sequence, and any tail that could be the
+    start of a stop string, until the next token settles it.
+    """
+
+    def __init__(self, stops: Sequence[str]):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = [s for s in stops if s]
+        self._held = ""
+        self._released: list[str] = []  # joined only when asked: appending stays O(1) per token
+        self.stopped = False
+
+    def feed(self, data: bytes) -> str:
+        text = self._held + self._decoder.decode(data)
+        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            return self._release(text[:cut], "")
+        hold = max((_overlap(text, s) for s in self._stops), default=0)
+        return self._release(text[: len(text) - hold], text[len(text) - hold :])
+
+    @property
+    def text(self) -> str:
+        """Everything released so far."""
+        return "".join(self._released)
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        return self._release(self._held + self._decoder.decode(b"", final=True), "")
+
+    def _release(self, out: str, held: str) -> str:
+        self._held = held
+        self._released.append(out)
+        return out
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest tail of text that is a proper prefix of stop."""
+    for n in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
