@@ -69,8 +69,12 @@ class ModelEntry:
 class Pair:
     name: str
     target: str
-    draft: str
+    drafts: tuple[str, ...]  # in order of preference: the first one present, else the first that can be fetched
     default: bool = False
+
+    @property
+    def draft(self) -> str:
+        return self.drafts[0]
 
 
 @dataclass(frozen=True)
@@ -181,10 +185,12 @@ def _excerpt(value: object) -> str:
 
 
 def _parse_pair(raw: dict, models: dict[str, ModelEntry]) -> Pair:
-    pair = Pair(raw.get("name", ""), raw.get("target", ""), raw.get("draft", ""), bool(raw.get("default", False)))
-    for role in ("target", "draft"):
-        if getattr(pair, role) not in models:
-            raise CatalogError(f"pair {pair.name!r} in {CATALOG_PATH} names unknown {role} {getattr(pair, role)!r}")
+    drafts = raw.get("draft", "")
+    drafts = tuple(drafts) if isinstance(drafts, list) else (drafts,)
+    pair = Pair(raw.get("name", ""), raw.get("target", ""), drafts, bool(raw.get("default", False)))
+    for role, name in (("target", pair.target), *(("draft", d) for d in drafts)):
+        if name not in models:
+            raise CatalogError(f"pair {pair.name!r} in {CATALOG_PATH} names unknown {role} {name!r}")
     return pair
 
 

@@ -110,19 +110,25 @@ def _resolve_draft(target, draft, pull: bool, notice) -> Path | None:
     if draft in (None, "none", "ngram"):
         return None
     if draft == "auto":
-        name = _catalog_draft_for(target)
-        return resolve_draft(name, pull=pull, notice=notice) if name else None
+        names = _catalog_drafts_for(target)
+        catalog = load_catalog()
+        present = next((name for name in names if local_path(catalog.get(name)) is not None), None)
+        for name in ([present] if present else names):
+            path = resolve_draft(name, pull=pull, notice=notice)
+            if path is not None:
+                return path
+        return None
     return resolve_model(draft, pull=pull, notice=notice)
 
 
-def _catalog_draft_for(target) -> str | None:
-    """The draft the catalog pairs with target, given by name or by the path of a catalog file."""
+def _catalog_drafts_for(target) -> tuple[str, ...]:
+    """The drafts the catalog pairs with target (given by name or by the path of a catalog file), best first."""
     catalog = load_catalog()
     names = {str(target)}
     target_path = Path(target).expanduser()
     if target_path.is_file():
         names |= {e.name for e in catalog.models.values() if local_path(e) == target_path}
-    return next((pair.draft for pair in catalog.pairs if pair.target in names), None)
+    return next((pair.drafts for pair in catalog.pairs if pair.target in names), ())
 
 
 def _load_draft(target: LlamaModel, path: Path, n_ctx: int, gpu_layers: int, n_threads) -> LlamaModel:

