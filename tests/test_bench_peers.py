@@ -39,6 +39,9 @@ def test_the_report_gives_the_binarys_own_timings_and_draft_counts():
 
 def test_the_generated_text_is_stdout_without_the_echoed_prompt():
     assert peers.generated_text(f"\n\n{PROMPT}1. 1\n2. 2\n\n", PROMPT) == "1. 1\n2. 2"
+    # the binary does not echo the prompt's last token (here the template's final newline)
+    chat = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert peers.generated_text(f"\n\n{chat[:-1]}Hello!\n\n", chat) == "Hello!"
 
 
 def test_command_line_per_speculation_type(tmp_path):

@@ -69,9 +69,15 @@ def parse_report(stderr: str) -> dict:
 
 
 def generated_text(stdout: str, prompt: str) -> str:
-    """What the binary generated: its stdout is two newlines, the prompt echoed, the reply, two newlines."""
+    """What the binary generated: its stdout is two newlines, the prompt echoed, the reply, two newlines.
+
+    The echo leaves out the prompt's last token (the binary holds it back for
+    the first verification pass), so it is the longest common prefix with the
+    prompt that is cut off (seen with Qwen's template, which ends in a newline).
+    """
     text = stdout[2:] if stdout.startswith("\n\n") else stdout
-    text = text[len(prompt):] if text.startswith(prompt) else text
+    echoed = next((i for i, (a, b) in enumerate(zip(text, prompt)) if a != b), min(len(text), len(prompt)))
+    text = text[echoed:]
     return text[:-2] if text.endswith("\n\n") else text
 
 
