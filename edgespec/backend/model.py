@@ -21,7 +21,7 @@ import llama_cpp
 
 from ..errors import ContextOverflowError, DecodeError, ModelFileError, ModelLoadError
 from ..limits import MAX_OUTPUT_ROWS, N_UBATCH, checked_threads
-from . import tokenizer
+import edgespec.backend.tokenizer as tokenizer  # the module itself: `from . import` would name the package
 from .runtime import EXTRA_BUFFER_TYPES_SAFE, default_threads, forget_log, last_error
 
 
