@@ -95,8 +95,8 @@ class LlamaModel:
         params.n_gpu_layers = n_gpu_layers
         # The extra CPU buffer types hold weights repacked for kernels that make
         # plain decoding ~25% faster here, though they switch arithmetic at 4
-        # tokens per pass, which narrows the exact verification width (see
-        # exact_pass_width: 3 with them, 7 without, on Qwen2.5-Coder-1.5B
+        # tokens per pass, which narrows the bit-exact verification width (see
+        # probe_pass_widths: 3 with them, 7 without, on Qwen2.5-Coder-1.5B
         # Q4_K_M).  Faster plain steps win on this CPU either way.  Their AMX
         # variant segfaults on some Xeons, so `make` compiles AMX out; with an
         # AMX build they stay off.
