@@ -13,6 +13,11 @@ drafts `probe_k` tokens after enough backed-off steps that the expected throughp
 probes stays under `probe_budget` (a fraction of plain decoding), and again at once after a
 probe that was fully accepted.
 
+A drafter whose proposals cost nothing (n-grams) needs no probes: its controller is made with
+hindsight=True and is shown, every step, the whole proposal the drafter could make (foresee), which
+it scores against the tokens that follow (settle). It then learns the acceptance of every draft
+position at every step, including the steps where it drafts nothing.
+
 The controller only decides how much is proposed; verification is untouched, so output stays exact.
 """
 
@@ -24,8 +29,9 @@ from typing import Sequence
 
 import numpy as np
 
-# n-gram match lengths 1, 2, 3 and 4+ get their own estimates; 0 means "no signal".
-SIGNAL_BUCKETS = 4
+# n-gram match lengths 1, 2-3, 4-7, 8-15, 16-31 and 32+ get their own estimates; 0 means "no signal".
+# Longer matches are accepted more often, and at every depth, not only the first.
+SIGNAL_BUCKETS = 6
 
 # Pseudo-observations behind the starting guess for position 1; small, so real outcomes win fast.
 PRIOR_WEIGHT = 2.0
@@ -35,6 +41,9 @@ BORROW_WEIGHT = 1.0
 # A position with little data is assumed slightly worse than the one before it, so long drafts
 # are earned by observed acceptance rather than extrapolated from a lucky streak at position 1.
 DEPTH_SHRINK = 0.98
+# A controller that learns in hindsight gets an observation every step, not only when it drafts,
+# so it can afford a shorter memory: it notices within a few tokens that a copy has begun.
+HINDSIGHT_DECAY = 0.9
 
 
 @dataclass(frozen=True)
@@ -82,9 +91,18 @@ class _DecayedCounts:
         self.hits[0] = first_hits
         self.tries[0] = first_tries
 
+    def decay(self, factor: float) -> None:
+        self.hits *= factor
+        self.tries *= factor
+
+    def observe_position(self, position: int, accepted: bool) -> None:
+        """One draft position (0-based) reached, and whether it was accepted."""
+        if position < len(self.tries):
+            self.tries[position] += 1.0
+            self.hits[position] += accepted
+
     def observe(self, proposed: int, accepted: int, decay: float) -> None:
-        self.hits *= decay
-        self.tries *= decay
+        self.decay(decay)
         depth = len(self.tries)
         accepted = min(accepted, depth)
         self.hits[:accepted] += 1.0
@@ -92,6 +110,27 @@ class _DecayedCounts:
         # The first rejected position was tried too; positions after it were never reached.
         if accepted < min(proposed, depth):
             self.tries[accepted] += 1.0
+
+
+@dataclass
+class _Foreseen:
+    """A foreseen proposal: tokens guessed for context[start:], checked up to `checked`."""
+
+    start: int
+    tokens: list[int]
+    bucket: _DecayedCounts
+    checked: int = 0
+
+    def settle(self, context: list[int], pooled: _DecayedCounts) -> bool:
+        """Count the newly known positions; True while some are still unknown."""
+        while self.checked < len(self.tokens) and self.start + self.checked < len(context):
+            accepted = context[self.start + self.checked] == self.tokens[self.checked]
+            for counts in (pooled, self.bucket):
+                counts.observe_position(self.checked, accepted)
+            self.checked += 1
+            if not accepted:
+                return False  # later positions would never have been reached
+        return self.checked < len(self.tokens)
 
 
 @dataclass
@@ -119,6 +158,7 @@ class DraftLengthController:
         prior_acceptance: float = 0.6,
         probe_budget: float = 0.01,
         probe_k: int = 1,
+        hindsight: bool = False,
     ) -> None:
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
@@ -140,6 +180,9 @@ class DraftLengthController:
         self.prior_acceptance = prior_acceptance
         self.probe_budget = probe_budget
         self.probe_k = probe_k
+        self.hindsight = hindsight
+        self._foreseen: list[_Foreseen] = []  # proposals waiting to be checked against the text
+        self._foreseen_context: list[int] | None = None  # the context they were made on
         self._p_min_setting = p_min
         self.set_cost(cost)
         # The starting guess for position 1 is stored as pseudo-counts that decay like real
@@ -162,11 +205,13 @@ class DraftLengthController:
 
     def acceptance(self, signal: int = 0) -> np.ndarray:
         """Estimated a_1..a_k_max for this signal bucket (a copy)."""
-        pooled = self._pooled_rates()
-        counts = self._bucketed.get(_bucket(signal))
-        if counts is None:
-            return pooled
-        return (counts.hits + BORROW_WEIGHT * pooled) / (counts.tries + BORROW_WEIGHT)
+        # Each bucket leans on the one below it (shorter matches), the first on the pooled estimate.
+        rates = self._pooled_rates()
+        for key in range(_bucket(signal) + 1):
+            counts = self._bucketed.get(key)
+            if counts is not None:
+                rates = (counts.hits + BORROW_WEIGHT * rates) / (counts.tries + BORROW_WEIGHT)
+        return rates
 
     def _pooled_rates(self) -> np.ndarray:
         counts = self._pooled
@@ -223,7 +268,7 @@ class DraftLengthController:
         k = int(np.argmax(rates))  # ties go to the shorter draft
         key = _bucket(signal)
         schedule = self._schedules.setdefault(key, _ProbeSchedule())
-        if k > 0:
+        if k > 0 or self.hindsight:  # hindsight learns without probing
             schedule.idle_steps, schedule.due = 0, False
             self._thresholds = self._stop_thresholds(alphas, k, rates[k])
             return k
@@ -298,6 +343,37 @@ class DraftLengthController:
         if probing and accepted == proposed:
             self._schedules[key].due = True
 
+    def foresee(self, context: list[int], tokens: Sequence[int], signal: int = 0) -> None:
+        """Record what a deterministic drafter would propose after context (as many tokens as it
+        can, whatever k is chosen), to be checked by settle() as the text goes on.
+
+        This is how an n-gram drafter's controller learns (one made with hindsight=True): every
+        step teaches it the acceptance of every draft position up to k_max, also at steps where
+        it drafts nothing.  The check is fair at any temperature: the tokens that follow are
+        sampled from the target's distribution, so a foreseen token matches the next one with
+        the probability that verification would have accepted it.
+        """
+        if context is not self._foreseen_context:
+            self._foreseen, self._foreseen_context = [], context  # a new text: old proposals say nothing
+        key = _bucket(signal)
+        bucket = self._bucketed.setdefault(key, _DecayedCounts(self.k_max))
+        for counts in (self._pooled, bucket):
+            counts.decay(self.decay)
+        if tokens:
+            self._foreseen.append(_Foreseen(len(context), list(tokens[: self.k_max]), bucket))
+
+    def settle(self, context: list[int]) -> None:
+        """Score the recorded proposals against the tokens context has gained since, position by
+        position: each position counts once the token it guessed is known."""
+        if context is not self._foreseen_context:
+            self._foreseen, self._foreseen_context = [], None
+            return
+        pending = []
+        for entry in self._foreseen:
+            if entry.settle(context, self._pooled):
+                pending.append(entry)
+        self._foreseen = pending
+
     def reset_stats(self) -> None:
         """Start counting steps afresh (e.g. per generation); the estimates are kept."""
         self._steps = 0
@@ -321,4 +397,4 @@ class DraftLengthController:
 
 
 def _bucket(signal: int) -> int:
-    return max(0, min(signal, SIGNAL_BUCKETS))
+    return 0 if signal <= 0 else min(int(signal).bit_length(), SIGNAL_BUCKETS)

@@ -80,7 +80,7 @@ class NgramDrafter:
     name = "ngram"
     forward_passes = 0
 
-    def __init__(self, n_max: int = 4, n_min: int = 1):
+    def __init__(self, n_max: int = 16, n_min: int = 1):
         self.n_max, self.n_min = n_max, n_min
         self._indexed: list[int] = []  # the context list last indexed (the caller's own object)
         self._n_indexed = 0  # how many of its tokens the index covers

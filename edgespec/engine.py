@@ -20,7 +20,7 @@ import numpy as np
 
 from .backend import RUNTIME, LlamaModel, common_prefix_length
 from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
-from .controller import CostModel, DraftLengthController
+from .controller import HINDSIGHT_DECAY, CostModel, DraftLengthController
 from .chat_template import ChatTemplate
 from .drafters import DraftModelDrafter, Drafter, Hint, NgramDrafter, NoDrafter
 from .limits import MAX_DRAFT_TOKENS
@@ -265,7 +265,10 @@ class Engine:
         fixed = None if self._draft_tokens == "auto" else min(int(self._draft_tokens), self._widest - 1)
         controller = self._controllers.get((name, fixed))
         if controller is None:
-            controller = self._controllers[(name, fixed)] = DraftLengthController(cost, self._widest - 1, fixed)
+            # n-gram proposals are free to make, so their controller learns from every step in hindsight
+            learning = {"hindsight": True, "decay": HINDSIGHT_DECAY} if name == "ngram" else {}
+            controller = self._controllers[(name, fixed)] = DraftLengthController(
+                cost, self._widest - 1, fixed, **learning)
         return controller
 
     def draft_choice_notice(self) -> str:
@@ -460,7 +463,7 @@ class Engine:
         """One draft/verify step: the new tokens, how many of them came from the draft, and from which drafter."""
         clock = self.phase_clock
         limit = min(params.max_tokens - counters.tokens_generated - 1, room - 1, self.max_draft_tokens)
-        drafter, hint, k = self._plan_draft(context, limit)
+        drafter, hint, k = self._plan_draft(context, limit, params, rng)
         controller = self._controller(drafter.name)
         if clock:
             clock.lap("controller")
@@ -490,7 +493,7 @@ class Engine:
         self.target.rewind(len(context) + len(accepted))
         if clock:
             clock.lap("rewind")
-        if controller is not None:
+        if controller is not None and not controller.hindsight:
             controller.update(len(drafts), len(accepted), hint.signal)
         if clock:
             clock.lap("controller")
@@ -505,7 +508,8 @@ class Engine:
             counters.accepted_by_drafter[drafter.name] = counters.accepted_by_drafter.get(drafter.name, 0) + len(accepted)
         return [*accepted, verdict.next_token], len(accepted), drafter.name
 
-    def _plan_draft(self, context: list[int], limit: int) -> tuple[Drafter, Hint, int]:
+    def _plan_draft(self, context: list[int], limit: int, params: SamplingParams,
+                    rng: np.random.Generator) -> tuple[Drafter, Hint, int]:
         """Which drafter proposes this step, what it hinted, and how many tokens it drafts.
 
         In combined mode each drafter's controller names its best draft
@@ -522,6 +526,10 @@ class Engine:
             hint = drafter.peek(context)
             cap = limit if hint.available is None else min(limit, hint.available)
             controller = self._controller(name)
+            if controller is not None and controller.hindsight:
+                controller.settle(context)
+                foreseen = drafter.propose(context, controller.k_max, params, rng).tokens if hint.available != 0 else []
+                controller.foresee(context, foreseen, hint.signal)
             if controller is not None and cap > 0:
                 options.append((drafter, hint, cap, controller))
         if not options:

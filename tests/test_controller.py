@@ -321,3 +321,83 @@ def test_reset_stats_keeps_what_was_learned():
     ctl.reset_stats()
     assert ctl.stats == {"steps": 0, "mean_k": 0.0, "k0_steps": 0, "probe_steps": 0, "unavailable_steps": 0}
     assert ctl.acceptance()[0] < 0.3
+
+
+# -- learning in hindsight (n-gram drafters) ---------------------------------------------------
+
+
+def hindsight_run(ctl, text, guess, start=1):
+    """Decode `text` through a hindsight controller; guess(context) is the drafter's full proposal.
+
+    Verification at T = 0 keeps the drafts that match the text. Returns the chosen ks."""
+    context, ks = list(text[:start]), []
+    while len(context) < len(text):
+        ctl.settle(context)
+        proposal = guess(context)
+        ctl.foresee(context, proposal, signal=8 if proposal else 0)
+        k = ctl.choose(8 if proposal else 0, len(text) - len(context) - 1)
+        truth = text[len(context) : len(context) + k + 1]
+        accepted = 0
+        while accepted < min(k, len(proposal)) and proposal[accepted] == truth[accepted]:
+            accepted += 1
+        context.extend(truth[: accepted + 1])
+        ks.append(k)
+    return ks
+
+
+def test_hindsight_learns_from_steps_that_drafted_nothing():
+    # The first guesses are wrong, then the drafter starts copying perfectly.  A controller that
+    # only learns from what it drafts has backed off to k = 0 and waits for probes; one that
+    # checks every step's proposal against the text sees the change within a few steps.
+    text = list(range(300))
+    guess = lambda context: [0] * 15 if len(context) < 60 else text[len(context) : len(context) + 15]
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, hindsight=True, decay=0.9)
+    ks = hindsight_run(ctl, text, guess)
+    # only the first step drafts, on the prior; then no wrong guess is drafted, and nothing probes
+    assert all(k == 0 for k in ks[1:59])
+    assert ctl.stats["probe_steps"] == 0
+    assert max(ks[59:80]) == 15  # the curve's cheap 16-token pass
+
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, decay=0.9)  # learns from verification only
+    context, ks = [0], []
+    while len(context) < len(text):
+        proposal, k = guess(context), ctl.choose(8, len(text) - len(context) - 1)
+        truth = text[len(context) : len(context) + k + 1]
+        accepted = 0
+        while accepted < k and proposal[accepted] == truth[accepted]:
+            accepted += 1
+        ctl.update(k, accepted, 8)
+        context.extend(truth[: accepted + 1])
+        ks.append(k)
+    assert max(ks[59:80]) < 15
+
+
+def test_hindsight_counts_each_position_once_and_stops_at_the_first_miss():
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), 4, hindsight=True, decay=1.0, prior_acceptance=0.5)
+    context = [1, 2, 3]
+    ctl.foresee(context, [4, 5, 9, 7], signal=8)
+    context += [4]
+    ctl.settle(context)
+    context += [5, 6, 7]  # 6 where 9 was guessed: position 3 missed, position 4 never reached
+    ctl.settle(context)
+    ctl.settle(context)  # settling again changes nothing
+    bucket = ctl._bucketed[4]
+    assert list(bucket.tries) == [1, 1, 1, 0] and list(bucket.hits) == [1, 1, 0, 0]
+
+
+def test_hindsight_forgets_proposals_made_on_another_text():
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), 4, hindsight=True, decay=1.0)
+    ctl.foresee([1, 2], [3, 4], signal=8)
+    ctl.settle([1, 2, 9, 9])  # a new list: a new generation, not the continuation of [1, 2]
+    assert 4 not in ctl._bucketed or ctl._bucketed[4].tries.sum() == 0
+
+
+def test_longer_matches_lean_on_shorter_ones_until_they_have_data():
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), 4, decay=1.0, prior_acceptance=0.5)
+    for _ in range(50):
+        ctl.update(4, 4, signal=2)  # matches of 2-3 tokens: always right
+    assert ctl.acceptance(20)[0] > 0.95  # 16-31 tokens, never seen: no worse than 2-3
+    for _ in range(50):
+        ctl.update(4, 0, signal=20)
+    assert ctl.acceptance(20)[0] < 0.05  # once seen, its own data wins
+    assert ctl.acceptance(2)[0] > 0.95

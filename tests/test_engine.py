@@ -275,7 +275,8 @@ def test_auto_k_backs_off_from_a_drafter_that_is_always_wrong_then_recovers(auto
     assert len(tail) * CPU_LIKE_COST[0] / cost >= 0.95, (sum(tail), len(tail))
 
     drafter.right = True
-    proposed, emitted = drive(engine, prompt_ids, 300)
+    # 120 steps of up to 17 tokens stay inside the 3000-token reference the drafter copies from
+    proposed, emitted = drive(engine, prompt_ids, 120)
     assert max(proposed[-50:]) >= 4, "k did not come back once the drafter was right"
     assert sum(emitted[-50:]) / 50 >= 4
 
