@@ -23,11 +23,12 @@ The controller only decides how much is proposed; verification is untouched, so 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+from .costs import CostModel
 
 # n-gram match lengths 1, 2-3, 4-7, 8-15, 16-31 and 32+ get their own estimates; 0 means "no signal".
 # Longer matches are accepted more often, and at every depth, not only the first.
@@ -44,42 +45,6 @@ DEPTH_SHRINK = 0.98
 # A controller that learns in hindsight gets an observation every step, not only when it drafts,
 # so it can afford a shorter memory: it notices within a few tokens that a copy has begun.
 HINDSIGHT_DECAY = 0.9
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Seconds for one target pass over n tokens (index n - 1), and per drafted token."""
-
-    forward_seconds: Sequence[float]
-    draft_seconds_per_token: float = 0.0
-
-    def __post_init__(self) -> None:
-        seconds = tuple(float(s) for s in self.forward_seconds)
-        if not seconds or not all(math.isfinite(s) and s > 0 for s in seconds):
-            raise ValueError(f"forward_seconds must be positive and finite, got {seconds!r}")
-        draft = float(self.draft_seconds_per_token)
-        if not (math.isfinite(draft) and draft >= 0):
-            raise ValueError(f"draft_seconds_per_token must be >= 0, got {draft!r}")
-        object.__setattr__(self, "forward_seconds", seconds)
-        object.__setattr__(self, "draft_seconds_per_token", draft)
-
-    def target(self, n: int) -> float:
-        if n < 1:
-            raise ValueError(f"a target pass covers at least one token, got n={n}")
-        measured = len(self.forward_seconds)
-        if n <= measured:
-            return self.forward_seconds[n - 1]
-        # Unmeasured widths get no batching gain beyond the widest measured pass: over-estimating
-        # keeps the controller off widths nobody timed.
-        return max(self.forward_seconds) * n / measured
-
-    def draft(self, k: int) -> float:
-        return k * self.draft_seconds_per_token
-
-    def relative(self) -> tuple[float, ...]:
-        """T(n) / T(1) for each measured n: the shape of the curve, for display."""
-        single = self.forward_seconds[0]
-        return tuple(s / single for s in self.forward_seconds)
 
 
 class _DecayedCounts:

@@ -20,7 +20,8 @@ import numpy as np
 
 from .backend import RUNTIME, LlamaModel, common_prefix_length
 from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
-from .controller import HINDSIGHT_DECAY, CostModel, DraftLengthController
+from .controller import HINDSIGHT_DECAY, DraftLengthController
+from .costs import CostModel, best_speedup
 from .chat_template import ChatTemplate
 from .drafters import DraftModelDrafter, Drafter, Hint, NgramDrafter, NoDrafter
 from .limits import MAX_DRAFT_TOKENS
@@ -271,14 +272,37 @@ class Engine:
                 cost, self._widest - 1, fixed, **learning)
         return controller
 
+    def draft_model_gain(self, acceptance: float) -> float:
+        """The speedup over plain decoding the draft model would give at this acceptance, from the
+        measured costs of both models (the best draft length; 1.0 when no draft length pays)."""
+        cost = self._drafter_costs.get("draft-model")
+        if cost is None:
+            return 1.0
+        return best_speedup(cost, acceptance, self.max_draft_tokens)[1]
+
     def draft_choice_notice(self) -> str:
         """One line on how this engine drafts with its draft model, from the measured costs."""
         name = self.draft.path.name
-        if self.cost is None or self.plain_step_seconds is None:
+        if self.cost is None:
             return f"drafting with n-grams and {name}, chosen per step by expected speed"
-        share = self.cost.draft_seconds_per_token / self.plain_step_seconds
         return (f"drafting with n-grams and {name}, chosen per step by expected speed "
-                f"(a draft token costs {share:.0%} of a target step here)")
+                f"(a draft token costs {self.draft_token_share():.0%} of a target step here)")
+
+    def drop_draft(self, reason: str) -> None:
+        """Close the draft model and draft with n-grams alone from now on; reason says why (the plan shows it)."""
+        self.draft.close()
+        self.draft = None
+        for name in ("draft-model", "combined"):
+            self._drafters.pop(name)
+        self._drafter_costs.pop("draft-model", None)
+        self._controllers = {key: c for key, c in self._controllers.items() if key[0] != "draft-model"}
+        if self.plan is not None:
+            self.plan = dataclasses.replace(self.plan, mode="ngram", reason=reason)
+        self.configure(mode="ngram")
+
+    def draft_token_share(self) -> float:
+        """The draft model's time per token as a fraction of a one-token target pass."""
+        return self.cost.draft_seconds_per_token / self.cost.target(1)
 
     def _probe_tokens(self) -> list[int]:
         text = "The quick brown fox jumps over the lazy dog; def area(w, h): return w * h. " * 8

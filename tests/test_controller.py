@@ -3,7 +3,8 @@ import itertools
 import numpy as np
 import pytest
 
-from edgespec.controller import CostModel, DraftLengthController
+from edgespec.controller import DraftLengthController
+from edgespec.costs import CostModel
 
 K_MAX = 15
 

@@ -392,3 +392,51 @@ def test_a_stale_curve_can_be_used_at_once_and_measured_between_generations(tiny
     assert engine.plain_step_seconds < OLD_CURVE[0] and not engine.calibration_due
     assert engine.exact_width == 3 and cache.load_entry(key) is not None
     engine.close()
+
+
+# -- --draft auto keeps the draft model only where its measured cost pays ----------------------
+
+CHEAP_WIDE_PASSES = (1.0, 1.6, 2.1, 2.2, 3.2)  # the AVX2 EPYC's shape
+
+
+@pytest.fixture
+def auto_draft(tiny_models, monkeypatch):
+    """--draft auto resolves to the tiny draft, as the catalog's pairing would for a real target."""
+    import edgespec.loading as loading
+
+    resolve = loading._resolve_draft
+    monkeypatch.setattr(loading, "_resolve_draft", lambda target, draft, pull, notice:
+                        tiny_models["draft"] if draft == "auto" else resolve(target, draft, pull, notice))
+    return tiny_models
+
+
+@pytest.mark.parametrize("draft_share, kept", [(0.4, False), (0.05, True)])
+def test_draft_auto_drops_a_draft_model_whose_measured_cost_cannot_pay(auto_draft, draft_share, kept):
+    from edgespec.costs import CostModel
+
+    notices = []
+    engine = load_engine(auto_draft["target"], "auto", n_threads=1, notice=notices.append,
+                         cost_curve=CostModel(CHEAP_WIDE_PASSES, draft_seconds_per_token=draft_share))
+    try:
+        assert (engine.draft is not None) is kept
+        assert engine.mode == ("combined" if kept else "ngram")
+        line = notices[-1]
+        assert ("n-grams only" in line) is not kept and f"{draft_share:.0%}" in line
+        if not kept:
+            assert "--draft draft.gguf" in line and engine.plan.mode == "ngram"
+            assert engine.generate("def f(x):", SamplingParams(temperature=0.0, max_tokens=8), raw=True).token_ids
+    finally:
+        engine.close()
+
+
+def test_an_explicit_draft_model_is_kept_with_a_warning_when_it_cannot_pay(auto_draft):
+    from edgespec.costs import CostModel
+
+    notices = []
+    engine = load_engine(auto_draft["target"], auto_draft["draft"], n_threads=1, notice=notices.append,
+                         cost_curve=CostModel(CHEAP_WIDE_PASSES, draft_seconds_per_token=0.4))
+    try:
+        assert engine.draft is not None and engine.mode == "combined"
+        assert "as asked" in notices[-1] and "--draft ngram" in notices[-1]
+    finally:
+        engine.close()
