@@ -28,14 +28,20 @@ record (the request changed since OUT was written) is redone and its new
 record appended: the last record for a custom_id is the one that counts.
 Records written before fingerprints existed are kept as they are, with a note.
 
+With --endpoint URL the requests go to an OpenAI-compatible server instead
+of a local engine, up to --concurrency at a time (see remote.py); OUT, resume
+and the summary work the same way.
+
 Exit codes (see EXIT_* below): 0 every request succeeded, 1 some requests
-got error records, 2 the batch was refused before it started (duplicate
+got error records (or, with --endpoint, no answer after every retry), 2 the batch was refused before it started (duplicate
 custom_ids, unreadable files, OUT not batch output or in use, model failed
 to load) or OUT became unwritable, 130 interrupted.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -45,7 +51,9 @@ from typing import Callable, Iterator
 from ...errors import EdgespecError
 from ...stats import Stats
 from ..options import add_engine_options, add_sampling_options, engine_from_args, sampling_params
+from ..serve import API_KEY_ENV
 from .output import FINGERPRINT_FIELD, RecordWriter, is_done, same_file
+from .remote import MAX_ATTEMPTS, MAX_CONCURRENCY, Endpoint, default_fields, run_remote_batch
 from .requests import BatchError, check_unique_ids, read_requests
 from .runner import Interrupt, RunTally, batch_summary_line, run_batch, summarize, write_summary
 
@@ -76,6 +84,13 @@ def add_batch_parser(subparsers) -> None:
     parser.add_argument("input", type=Path, metavar="IN", help="batch input, JSONL")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="OUT", help="batch output, JSONL (appended)")
     parser.add_argument("--summary", type=Path, metavar="FILE", help="also write the summary as JSON to FILE")
+    remote = parser.add_argument_group("server (instead of a local engine)")
+    remote.add_argument("--endpoint", metavar="URL", help="send the requests to this OpenAI-compatible server "
+                        "(edgespec serve, vLLM, llama-server), e.g. http://127.0.0.1:8080; the model options are then unused")
+    remote.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
+                        help=f"the server's API key (default: ${API_KEY_ENV})")
+    remote.add_argument("--concurrency", type=_concurrency, default=1, metavar="N",
+                        help=f"requests in flight at once, 1..{MAX_CONCURRENCY} (default: %(default)s)")
     add_engine_options(parser)
     add_sampling_options(parser, max_tokens=256)
     parser.set_defaults(func=handle_batch)
@@ -113,7 +128,8 @@ def _batch_command(args) -> int:
         resumed = sum(1 for e in entries if is_done(e, finished))
         tally = RunTally()
         if resumed < len(entries):
-            tally = _run_with_engine(args, entries, writer, finished, resumed)
+            run = _run_on_endpoint if args.endpoint else _run_with_engine
+            tally = run(args, entries, writer, finished, resumed)
     finally:
         writer.close()
     summary = summarize(entries, finished, tally, resumed, time.monotonic() - started)
@@ -124,7 +140,11 @@ def _batch_command(args) -> int:
         done = len(entries) - summary["requests_pending"]
         print(f"edgespec batch: interrupted after {done} of {len(entries)} requests; {_resume_hint(args)}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    return EXIT_OK if summary["requests_failed"] == 0 else EXIT_REQUESTS_FAILED
+    if tally.unanswered:
+        print(f"edgespec batch: {_requests(tally.unanswered)} got no answer from {args.endpoint} after "
+              f"{MAX_ATTEMPTS} attempts and were not written; rerun the same command to retry them", file=sys.stderr)
+    ok = summary["requests_failed"] == 0 and not tally.unanswered
+    return EXIT_OK if ok else EXIT_REQUESTS_FAILED
 
 
 def check_paths(input_path: Path, output_path: Path, summary_path: Path | None) -> None:
@@ -172,6 +192,24 @@ def _run_with_engine(args, entries, writer, finished, resumed) -> RunTally:
             return run_batch(engine, entries, writer, params, finished, interrupt, on_progress)
     finally:
         engine.close()
+
+
+def _run_on_endpoint(args, entries, writer, finished, resumed) -> RunTally:
+    endpoint = Endpoint.parse(args.endpoint, args.api_key)
+    interrupt = Interrupt()
+    with _progress_bar(len(entries), resumed) as on_progress, interrupt.catching_sigint():
+        return run_remote_batch(endpoint, entries, writer, default_fields(args), finished, interrupt,
+                                args.concurrency, on_progress)
+
+
+def _concurrency(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_CONCURRENCY}, not {text!r}")
+    return value
 
 
 @contextmanager

@@ -242,6 +242,12 @@ def success_record(request: BatchRequest, result, model_name: str) -> dict:
     return _record(request.custom_id, response, None, request.fingerprint)
 
 
+def answer_record(request: BatchRequest, status: int, body: dict) -> dict:
+    """The record of a server's answer (edgespec batch --endpoint): its status and body as they came."""
+    response = {"status_code": status, "request_id": _new_id("req_"), "body": body}
+    return _record(request.custom_id, response, None, request.fingerprint)
+
+
 def _choice(request: BatchRequest, text: str, finish_reason: str) -> dict:
     if request.url == CHAT_URL:
         return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}

@@ -36,6 +36,7 @@ class BatchRequest:
     prompt: str = ""  # completion requests
     overrides: tuple[tuple[str, object], ...] = ()  # SamplingParams fields set by the body
     fingerprint: str = dataclasses.field(default="", compare=False)  # see request_fingerprint
+    body: dict | None = dataclasses.field(default=None, compare=False)  # IN's body as it is; None for a plain line
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,8 @@ def _openai_request(value: dict, custom_id: str, line_no: int) -> BatchRequest:
         raise _LineError("invalid_field", '"body" must be a JSON object')
     overrides = tuple(_sampling_overrides(body).items())
     if url == CHAT_URL:
-        return BatchRequest(custom_id, line_no, url, messages=_parse_messages(body), overrides=overrides)
-    return BatchRequest(custom_id, line_no, url, prompt=_parse_prompt(body), overrides=overrides)
+        return BatchRequest(custom_id, line_no, url, messages=_parse_messages(body), overrides=overrides, body=body)
+    return BatchRequest(custom_id, line_no, url, prompt=_parse_prompt(body), overrides=overrides, body=body)
 
 
 def _expect_string(obj: dict, field: str) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import signal
 import threading
 import time
@@ -15,6 +17,7 @@ from typing import Callable, Iterator
 from ...engine import Done, Step
 from ...errors import ContextOverflowError, EdgespecError
 from ...files import atomic_write
+from ...monitor import AcceptanceMonitor
 from ...session import ChatSession
 from ...stats import Stats
 from .output import RecordWriter, error_record, is_done, is_success, success_record
@@ -56,11 +59,59 @@ class RunTally:
     accepted: int = 0
     started: float = dataclasses.field(default_factory=time.monotonic)
     interrupted: bool = False
+    unanswered: int = 0  # --endpoint requests left unwritten after every attempt failed
 
     def add(self, stats: Stats) -> None:
         self.tokens += stats.tokens_generated
         self.proposed += stats.draft_tokens_proposed
         self.accepted += stats.draft_tokens_accepted
+
+    def add_answer(self, record: dict) -> None:
+        """A server's answer (--endpoint), with whatever figures it reports."""
+        figures = record_figures(record)
+        if figures is not None:
+            self.tokens += figures["tokens"]
+            self.proposed += figures["proposed"]
+            self.accepted += figures["accepted"]
+
+
+def record_figures(record: dict) -> dict | None:
+    """Tokens, drafting and time of a successful record, or None for a failed one.
+
+    A local record carries edgespec's "stats"; an answer of edgespec serve carries them in
+    usage.speculative; other servers (vLLM, llama-server) report tokens only. A server's answer
+    is data from outside: a figure that is not a number counts as 0.
+    """
+    if not is_success(record):
+        return None
+    body = record["response"]["body"]
+    usage = _mapping(body, "usage")
+    stats = _mapping(body, "stats")
+    if stats:
+        return {"tokens": _count(stats, "tokens_generated"), "decode_seconds": _count(stats, "decode_seconds"),
+                "proposed": _count(stats, "draft_tokens_proposed"), "accepted": _count(stats, "draft_tokens_accepted"),
+                "passes": _count(stats, "target_forward_passes"), "mode": _name(stats.get("mode"))}
+    speculative = _mapping(usage, "speculative")
+    tokens, speed = _count(usage, "completion_tokens"), _count(speculative, "decode_tokens_per_second")
+    return {"tokens": tokens, "decode_seconds": tokens / speed if speed > 0 else 0.0,
+            "proposed": _count(speculative, "draft_tokens"), "accepted": _count(speculative, "draft_tokens_accepted"),
+            "passes": _count(speculative, "target_forward_passes"), "mode": _name(speculative.get("mode"))}
+
+
+def _mapping(obj: object, key: str) -> dict:
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _count(obj: dict, key: str) -> float:
+    value = obj.get(key)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return value if ok else 0
+
+
+def _name(value: object) -> str | None:
+    # a drafting mode's name ends up in the summary line: nothing a terminal would act on
+    return value if isinstance(value, str) and re.fullmatch(r"[a-z][a-z0-9-]{0,31}", value) else None
 
 
 def run_batch(
@@ -158,30 +209,40 @@ def summarize(entries, finished: dict[str, dict], tally: RunTally, resumed: int,
     """Figures for the whole batch as it now stands in OUT (earlier runs included)."""
     records = [finished[e.custom_id] for e in entries if is_done(e, finished)]
     ok = [r for r in records if is_success(r)]
-    usage = [r["response"]["body"].get("usage", {}) for r in ok]
-    stats = [r["response"]["body"].get("stats", {}) for r in ok]
-    generated = sum(int(s.get("tokens_generated", 0)) for s in stats)
-    decode_seconds = sum(float(s.get("decode_seconds", 0.0)) for s in stats)
-    proposed = sum(int(s.get("draft_tokens_proposed", 0)) for s in stats)
-    accepted = sum(int(s.get("draft_tokens_accepted", 0)) for s in stats)
-    target_passes = sum(int(s.get("target_forward_passes", 0)) for s in stats)
+    usage = [_mapping(r["response"]["body"], "usage") for r in ok]
+    figures = [f for f in map(record_figures, ok) if f is not None]
+    generated = sum(f["tokens"] for f in figures)
+    decode_seconds = sum(f["decode_seconds"] for f in figures)
+    proposed = sum(f["proposed"] for f in figures)
+    accepted = sum(f["accepted"] for f in figures)
+    target_passes = sum(f["passes"] for f in figures)
     return {
         "requests_total": len(entries),
         "requests_ok": len(ok),
         "requests_failed": len(records) - len(ok),
         "requests_pending": len(entries) - len(records),
         "requests_resumed": resumed,
+        "requests_unanswered": tally.unanswered,
         "interrupted": tally.interrupted,
-        "prompt_tokens": sum(int(u.get("prompt_tokens", 0)) for u in usage),
-        "completion_tokens": sum(int(u.get("completion_tokens", 0)) for u in usage),
-        "total_tokens": sum(int(u.get("total_tokens", 0)) for u in usage),
+        "prompt_tokens": int(sum(_count(u, "prompt_tokens") for u in usage)),
+        "completion_tokens": int(sum(_count(u, "completion_tokens") for u in usage)),
+        "total_tokens": int(sum(_count(u, "total_tokens") for u in usage)),
         "wall_seconds": round(wall_seconds, 3),  # this run only, model loading included
         "decode_tokens_per_second": round(generated / decode_seconds, 2) if decode_seconds else None,
         # Token-weighted: all accepted draft tokens over all proposed ones.
         "mean_acceptance_rate": round(accepted / proposed, 4) if proposed else None,
-        "target_passes_per_token": round(target_passes / generated, 4) if generated else None,
-        "modes": sorted({str(s.get("mode")) for s in stats if s.get("mode")}),
+        "target_passes_per_token": round(target_passes / generated, 4) if generated and target_passes else None,
+        "modes": sorted({f["mode"] for f in figures if f["mode"]}),
+        "draft_alerts": _draft_alerts(figures),
     }
+
+
+def _draft_alerts(figures: list[dict]) -> list[str]:
+    """The rolling acceptance check of edgespec serve, run over the records in input order: every
+    change it reports (a draft that went stale, and its recovery)."""
+    monitor = AcceptanceMonitor()
+    changes = (monitor.observe(str(f["mode"]), f["proposed"], f["accepted"]) for f in figures if f["mode"])
+    return [change.message for change in changes if change is not None]
 
 
 def batch_summary_line(summary: dict) -> str:
@@ -197,6 +258,7 @@ def batch_summary_line(summary: dict) -> str:
         f" | decode {show(summary['decode_tokens_per_second'], '.1f')} tok/s"
         f" | acceptance {show(summary['mean_acceptance_rate'], '.1%')}"
         f" | {show(summary['target_passes_per_token'], '.3f')} target passes/token"
+        + "".join(f"\nbatch: warning: {alert}" for alert in summary["draft_alerts"])
     )
 
 
