@@ -50,7 +50,9 @@ def test_command_line_per_speculation_type(tmp_path):
     plain = peer.command(Path("p.txt"), "none", None, 64, 0.0, 7)
     assert plain[:5] == [str(tmp_path / peers.BINARY), "-m", "t.gguf", "-f", "p.txt"]
     assert "-md" not in plain and plain[plain.index("-n") + 1] == "64"
-    assert plain[-4:] == ["--spec-type", "ngram-simple", "--spec-draft-n-max", "0"]  # drafts nothing: plain decoding
+    # a 1024-token lookup that may copy 1 token never drafts: plain decoding through the C++ loop
+    assert plain[-6:] == ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1024",
+                          "--spec-ngram-simple-size-m", "1"]
     ngram = peer.command(Path("p.txt"), "ngram-simple", 3, 64, 0.0, 7)
     assert ngram[ngram.index("--spec-type") + 1] == "ngram-simple" and ngram[-2:] == ["--spec-draft-n-max", "3"]
     draft = peer.command(Path("p.txt"), "draft-simple", None, 64, 0.0, 7)

@@ -28,6 +28,10 @@ _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _COUNT = re.compile(r"\b(n_drafted|n_accept)\s*=\s*(\d+)")
 
 
+# llama.cpp's largest ngram-simple lookup length
+NEVER_MATCHING_NGRAM = 1024
+
+
 class PeerError(EdgespecError):
     """llama.cpp's binary is missing or failed."""
 
@@ -99,9 +103,13 @@ class LlamaCppPeer:
                 "-c", str(self.n_ctx), "-b", str(self.n_ctx), "-t", str(self.n_threads), "-tb", str(self.n_threads),
                 "-ngl", str(self.n_gpu_layers), "--temp", str(temperature), "--seed", str(seed)]
         if spec_type == "none":
-            # llama-speculative-simple cannot run without a speculation type; drafting at most 0 tokens
-            # makes each step one plain target pass, the C++ loop's own baseline
-            spec_type, draft_max = "ngram-simple", 0
+            # llama-speculative-simple cannot run without a speculation type, and ignores a draft
+            # length of 0.  An ngram-simple lookup of 1024 tokens that may copy only 1 never drafts
+            # (it proposes nothing when it may copy fewer tokens than it matched), so each step is
+            # one plain target pass: the C++ loop's own baseline.
+            args += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(NEVER_MATCHING_NGRAM),
+                     "--spec-ngram-simple-size-m", "1"]
+            return args
         args += ["--spec-type", spec_type]
         if SPEC_TYPES[spec_type]:
             if self.draft is None:
