@@ -90,6 +90,7 @@ class _Counters:
     bit_exact: bool = False
     widest_pass: int = 0
     accepted_by_drafter: dict = field(default_factory=dict)  # accepted draft tokens per drafter name
+    pass_widths: dict = field(default_factory=dict)  # verification passes per width
 
     def snapshot(self) -> Stats:
         return Stats.from_counts(**dataclasses.asdict(self))
@@ -528,6 +529,7 @@ class Engine:
         counters.draft_tokens_accepted += len(accepted)
         counters.k0_steps += not drafts
         counters.widest_pass = max(counters.widest_pass, len(drafts) + 1)
+        counters.pass_widths[len(drafts) + 1] = counters.pass_widths.get(len(drafts) + 1, 0) + 1
         if accepted:
             counters.accepted_by_drafter[drafter.name] = counters.accepted_by_drafter.get(drafter.name, 0) + len(accepted)
         return [*accepted, verdict.next_token], len(accepted), drafter.name

@@ -62,13 +62,16 @@ class Stats:
     """The most tokens one verification pass covered (k + 1 for the longest draft)."""
     accepted_by_drafter: dict[str, int] = dataclasses.field(default_factory=dict)
     """Accepted draft tokens per drafter ("ngram", "draft-model"): who proposed what the target kept."""
+    pass_widths: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Verification passes per width (k + 1 tokens): how much of the cost curve the controller used."""
 
     @classmethod
     def from_counts(cls, *, mode: str, plan_reason: str | None, prompt_tokens: int, prompt_tokens_reused: int,
                     tokens_generated: int, draft_tokens_proposed: int, draft_tokens_accepted: int,
                     target_forward_passes: int, draft_forward_passes: int, steps: int, k0_steps: int,
                     prefill_seconds: float, decode_seconds: float, finish_reason: str | None,
-                    bit_exact: bool = False, widest_pass: int = 0, accepted_by_drafter: dict | None = None) -> Stats:
+                    bit_exact: bool = False, widest_pass: int = 0, accepted_by_drafter: dict | None = None,
+                    pass_widths: dict | None = None) -> Stats:
         """The snapshot of the engine's running counts, with every ratio computed from them."""
         return cls(
             mode=mode, plan_reason=plan_reason, prompt_tokens=prompt_tokens,
@@ -83,12 +86,16 @@ class Stats:
             prefill_seconds=prefill_seconds, decode_seconds=decode_seconds,
             decode_tokens_per_second=_ratio(tokens_generated, decode_seconds), finish_reason=finish_reason,
             bit_exact=bit_exact, widest_pass=widest_pass, accepted_by_drafter=dict(accepted_by_drafter or {}),
+            pass_widths=dict(sorted((pass_widths or {}).items())),
         )
 
     @classmethod
     def from_dict(cls, data: dict) -> Stats:
         """Stats from their JSON form (e.g. a saved chat's turn); keys it does not know are ignored."""
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+        known = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+        if isinstance(known.get("pass_widths"), dict):  # JSON keys are strings
+            known["pass_widths"] = {int(width): count for width, count in known["pass_widths"].items()}
+        return cls(**known)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

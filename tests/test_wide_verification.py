@@ -78,6 +78,9 @@ def test_a_loaded_draft_model_makes_the_combined_drafter_the_default(tiny_models
         assert drafters and drafters <= {"ngram", "draft-model"}
         final = steps[-1].stats
         assert sum(final.accepted_by_drafter.values()) == final.draft_tokens_accepted
+        assert sum(final.pass_widths.values()) == final.steps == len(steps)
+        assert max(final.pass_widths) == final.widest_pass
+        assert sum((width - 1) * n for width, n in final.pass_widths.items()) == final.draft_tokens_proposed
         assert final.mode == "combined"
         plain_ids = [t.id for step in steps for t in step.tokens]
         engine.configure(mode="none")

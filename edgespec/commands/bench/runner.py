@@ -199,6 +199,7 @@ class _Runner:
             "bit_exact": stats.bit_exact,
             "widest_pass": stats.widest_pass,
             "accepted_by_drafter": stats.accepted_by_drafter,
+            "pass_widths": stats.pass_widths,
             "draft_forward_passes": stats.draft_forward_passes,
             "k0_steps": stats.k0_steps,
             "steps": stats.steps,
@@ -235,6 +236,7 @@ class _Runner:
             "bit_exact": None,
             "widest_pass": None,
             "accepted_by_drafter": None,
+            "pass_widths": None,
             "draft_forward_passes": None,
         }
 
