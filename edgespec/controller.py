@@ -45,6 +45,8 @@ DEPTH_SHRINK = 0.98
 # A controller that learns in hindsight gets an observation every step, not only when it drafts,
 # so it can afford a shorter memory: it notices within a few tokens that a copy has begun.
 HINDSIGHT_DECAY = 0.9
+# A drafter is probed only if, always right, it would beat plain decoding by at least this much.
+MIN_CEILING_GAIN = 1.05
 
 
 class _DecayedCounts:
@@ -165,6 +167,10 @@ class DraftLengthController:
         self.cost = cost
         # Plan cost for k = 0..k_max drafted tokens.
         self._plan_seconds = np.array([cost.target(k + 1) + cost.draft(k) for k in range(self.k_max + 1)])
+        # What a drafter that is always right would gain: when even that is too little, probing
+        # cannot find anything worth drafting (a draft model on a CPU where its tokens are dear).
+        always_right = np.arange(1, self.k_max + 2) / self._plan_seconds
+        self._worth_probing = always_right.max() * self._plan_seconds[0] >= MIN_CEILING_GAIN
 
     # -- acceptance estimates -------------------------------------------------------------
 
@@ -238,6 +244,9 @@ class DraftLengthController:
             self._thresholds = self._stop_thresholds(alphas, k, rates[k])
             return k
         probe_k = min(self.probe_k, limit)
+        if not self._worth_probing:
+            self._k0_steps += 1
+            return 0
         # Each probe is expected to lose this fraction of a plain step's throughput; spacing
         # probes by loss / budget steps keeps the total loss under the budget.
         loss = 1.0 - rates[probe_k] / rates[0]

@@ -402,3 +402,14 @@ def test_longer_matches_lean_on_shorter_ones_until_they_have_data():
         ctl.update(4, 0, signal=20)
     assert ctl.acceptance(20)[0] < 0.05  # once seen, its own data wins
     assert ctl.acceptance(2)[0] > 0.95
+
+
+def test_a_drafter_that_could_not_pay_even_when_always_right_is_never_probed():
+    # A draft model whose token costs 46% of a target step on a CPU curve: even 100% acceptance
+    # gains about 2%, so probing it only costs time.  A cheap one is still probed.
+    dear = DraftLengthController(CostModel([1.0, 1.62, 2.12, 2.53, 3.11], 0.46), 4)
+    cheap = DraftLengthController(CostModel([1.0, 1.62, 2.12, 2.53, 3.11], 0.05), 4)
+    for ctl in (dear, cheap):
+        run(ctl, always_wrong, 300)
+    assert dear.stats["probe_steps"] == 0 and dear.stats["mean_k"] == 0.0
+    assert cheap.stats["probe_steps"] > 0
