@@ -73,3 +73,12 @@ def test_plan_json(tiny_models):
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["mode"] == "ngram" and plan["budget_bytes"] == 4 * 2**20 and plan["fits"]
+
+
+@pytest.mark.parametrize("flag", [["--seed", "3"], ["--stop", "END"]])
+def test_chat_refuses_the_per_reply_flags_it_would_ignore(flag):
+    # The chat app samples every reply afresh and stops at the end of a turn; it used to accept
+    # --seed and --stop and silently do nothing with them.
+    done = run_cli("chat", *flag)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and flag[0] in done.stderr

@@ -12,7 +12,7 @@ def add_chat_parser(subparsers) -> None:
 
     parser = subparsers.add_parser("chat", help="the terminal chat app")
     add_engine_options(parser)
-    add_sampling_options(parser, max_tokens=1024)
+    add_sampling_options(parser, max_tokens=1024, per_request=False)
     # flags the user leaves out fall back to config.toml, whose own defaults match the ones above
     parser.set_defaults(func=chat, **{name: None for name in FLAG_SETTINGS})
 

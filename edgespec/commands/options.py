@@ -28,15 +28,18 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                             "distribution up to llama.cpp's rounding)")
 
 
-def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256) -> None:
+def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256, per_request: bool = True) -> None:
+    """The sampling flags; per_request=False leaves out --seed and --stop, which only make sense for one
+    reply or a batch of them (the chat app samples each reply afresh and stops at the end of a turn)."""
     group = parser.add_argument_group("sampling")
     group.add_argument("--max-tokens", type=int, default=max_tokens)
     group.add_argument("--temperature", "-t", type=float, default=0.8, help="0 means greedy (default: %(default)s)")
     group.add_argument("--top-k", type=int, default=40, help="0 switches it off (default: %(default)s)")
     group.add_argument("--top-p", type=float, default=0.95, help="1.0 switches it off (default: %(default)s)")
     group.add_argument("--min-p", type=float, default=0.05, help="0.0 switches it off (default: %(default)s)")
-    group.add_argument("--seed", type=int, default=None)
-    group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    if per_request:
+        group.add_argument("--seed", type=int, default=None)
+        group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
 def setting(name: str):
