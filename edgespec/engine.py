@@ -20,7 +20,7 @@ import numpy as np
 
 from .backend import RUNTIME, LlamaModel, common_prefix_length
 from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
-from .controller import HINDSIGHT_DECAY, DraftLengthController
+from .controller import HINDSIGHT_DECAY, NGRAM_PRIOR_BY_BUCKET, DraftLengthController
 from .costs import CostModel, best_speedup
 from .chat_template import ChatTemplate
 from .drafters import DraftModelDrafter, Drafter, Hint, NgramDrafter, NoDrafter
@@ -268,7 +268,8 @@ class Engine:
         controller = self._controllers.get((name, fixed))
         if controller is None:
             # n-gram proposals are free to make, so their controller learns from every step in hindsight
-            learning = {"hindsight": True, "decay": HINDSIGHT_DECAY} if name == "ngram" else {}
+            learning = ({"hindsight": True, "decay": HINDSIGHT_DECAY, "prior_by_bucket": NGRAM_PRIOR_BY_BUCKET}
+                        if name == "ngram" else {})
             controller = self._controllers[(name, fixed)] = DraftLengthController(
                 cost, self._widest - 1, fixed, **learning)
         return controller
@@ -314,6 +315,14 @@ class Engine:
         self.target.rewind(0)
         if self.draft is not None:
             self.draft.rewind(0)
+
+    def forget_learning(self) -> None:
+        """Start the draft-length controllers afresh, from their priors, as a new process would.
+
+        Within one engine they keep what they learned across generations (a chat's second reply
+        drafts better than its first); a benchmark's runs must not learn from each other.
+        """
+        self._controllers = {}
 
     def plain_logits(self, ids: list[int]) -> np.ndarray:
         """The target's logits after ids as plain decoding computes them: the last token in a pass of its own."""

@@ -172,6 +172,7 @@ class _Runner:
         engine.configure(mode="none" if config.drafter == "baseline" else config.drafter,
                          draft_tokens=config.draft_tokens, bit_exact=config.bit_exact)
         engine.forget_cache()  # a bench run must pay (and time) its prefill in full
+        engine.forget_learning()  # and start from the priors, as `edgespec run` and llama.cpp's peers do
         clock = engine.phase_clock = PhaseClock(engine.target, engine.draft) if self.overhead else None
         result = None
         try:
