@@ -336,11 +336,12 @@ class DraftLengthController:
         """
         if context is not self._foreseen_context:
             self._foreseen, self._foreseen_context = [], context  # a new text: old proposals say nothing
+        if not tokens:
+            return
         bucket = self._bucket_counts(_bucket(signal))
         for counts in (self._pooled, bucket):
-            counts.decay(self.decay)
-        if tokens:
-            self._foreseen.append(_Foreseen(len(context), list(tokens[: self.k_max]), bucket))
+            counts.decay(self.decay)  # once per proposal, as update() decays once per verification
+        self._foreseen.append(_Foreseen(len(context), list(tokens[: self.k_max]), bucket))
 
     def settle(self, context: list[int]) -> None:
         """Score the recorded proposals against the tokens context has gained since, position by

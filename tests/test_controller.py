@@ -413,3 +413,14 @@ def test_a_drafter_that_could_not_pay_even_when_always_right_is_never_probed():
         run(ctl, always_wrong, 300)
     assert dear.stats["probe_steps"] == 0 and dear.stats["mean_k"] == 0.0
     assert cheap.stats["probe_steps"] > 0
+
+
+def test_steps_without_a_proposal_leave_the_estimates_alone():
+    # A long reply with no n-gram match used to decay the counts every step, until after some
+    # 7000 steps they underflowed to 0/0 and the controller stopped drafting for good.
+    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, hindsight=True, decay=0.9)
+    before = ctl.acceptance(8)
+    context = [1, 2, 3]
+    for _ in range(8000):
+        ctl.foresee(context, [], signal=0)
+    assert np.array_equal(ctl.acceptance(8), before)
