@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tinygguf import write_model_family
@@ -19,6 +21,19 @@ def smollm2_path():
     from edgespec.fetch import resolve_model
 
     return resolve_model("smollm2-135m-instruct", pull=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_calibration_cache_for_shared_fixtures(tmp_path_factory):
+    # Engines that a module's tests share are loaded before the per-test fixture below sets its
+    # directories, and those that measure their speed used to write the user's calibration cache.
+    previous = os.environ.get("EDGESPEC_CACHE_DIR")
+    os.environ["EDGESPEC_CACHE_DIR"] = str(tmp_path_factory.mktemp("shared-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("EDGESPEC_CACHE_DIR", None)
+    else:
+        os.environ["EDGESPEC_CACHE_DIR"] = previous
 
 
 @pytest.fixture(autouse=True)
