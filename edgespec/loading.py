@@ -116,8 +116,9 @@ def _settle_draft_model(engine: Engine, keep: bool) -> str:
            f"of a target step, measured)")
     if keep:
         return f"drafting with n-grams and {name} as asked, though {why}; --draft ngram may be faster"
+    path = engine.draft.path
     engine.drop_draft(f"n-grams only: {why}")
-    return f"drafting with n-grams only: {why}; --draft {name} uses it anyway"
+    return f"drafting with n-grams only: {why}; --draft {path} uses it anyway"
 
 
 def _why_narrower(engine: Engine) -> str:

@@ -423,7 +423,7 @@ def test_draft_auto_drops_a_draft_model_whose_measured_cost_cannot_pay(auto_draf
         line = notices[-1]
         assert ("n-grams only" in line) is not kept and f"{draft_share:.0%}" in line
         if not kept:
-            assert "--draft draft.gguf" in line and engine.plan.mode == "ngram"
+            assert f"--draft {auto_draft['draft']}" in line and engine.plan.mode == "ngram"
             assert engine.generate("def f(x):", SamplingParams(temperature=0.0, max_tokens=8), raw=True).token_ids
     finally:
         engine.close()
