@@ -12,13 +12,15 @@ answers come back (in any order, which the OpenAI Batch format allows), so
 resume after kill -9, one record per custom_id and bad lines as error records
 hold as they do locally. A 4xx answer is that request's record (OpenAI's
 form: the status and the server's body). 429, 5xx and connections that fail
-are retried with exponential backoff, honouring Retry-After; a request that
+are retried with exponential backoff, honouring Retry-After (a full queue
+for up to QUEUE_WAIT_SECONDS without counting as a failure); a request that
 still fails after MAX_ATTEMPTS is left unwritten, so a rerun retries it.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -34,15 +36,16 @@ MAX_ATTEMPTS = 6
 FIRST_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 30.0
 REQUEST_TIMEOUT_SECONDS = 600.0
+QUEUE_WAIT_SECONDS = 600.0  # how long one request waits out a full queue (429s) before they count as failures
 MAX_CONCURRENCY = 64
 
 
 class _Unanswered(Exception):
     """No usable answer this attempt: retried, and after the last attempt left for a rerun."""
 
-    def __init__(self, reason: str, retry_after: float | None = None):
+    def __init__(self, reason: str, retry_after: float | None = None, status: int | None = None):
         super().__init__(reason)
-        self.retry_after = retry_after
+        self.retry_after, self.status = retry_after, status
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ class Endpoint:
         """The status and JSON body of a final answer; raises _Unanswered for one worth retrying."""
         status, answer = self._call("POST", path, json.dumps(body).encode())
         if status in RETRIED_STATUSES:
-            raise _Unanswered(f"HTTP {status}", answer.pop("_retry_after", None))
+            raise _Unanswered(f"HTTP {status}", answer.pop("_retry_after", None), status)
         answer.pop("_retry_after", None)
         return status, answer
 
@@ -170,13 +173,20 @@ def run_remote_batch(
 
 
 def _answer(endpoint: Endpoint, request: BatchRequest, body: dict, interrupt: Interrupt) -> dict | None:
-    """The request's record, or None when every attempt went unanswered (or the batch was interrupted)."""
-    delay = FIRST_BACKOFF_SECONDS
-    for attempt in range(1, MAX_ATTEMPTS + 1):
+    """The request's record, or None when every attempt went unanswered (or the batch was interrupted).
+
+    A full queue (429) is a server at work, not a failure: it is waited out for up to
+    QUEUE_WAIT_SECONDS without using up attempts, so --concurrency may exceed the server's queue.
+    """
+    delay, failures = FIRST_BACKOFF_SECONDS, 0
+    queue_deadline = time.monotonic() + QUEUE_WAIT_SECONDS
+    while True:
         try:
             status, answer = endpoint.post(request.url, body)
         except _Unanswered as err:
-            if attempt == MAX_ATTEMPTS:
+            busy = err.status == 429 and time.monotonic() < queue_deadline
+            failures += not busy
+            if failures == MAX_ATTEMPTS:
                 return None
             wait_seconds = err.retry_after if err.retry_after is not None else delay
             if interrupt.requested.wait(min(wait_seconds, MAX_BACKOFF_SECONDS)):
@@ -184,7 +194,6 @@ def _answer(endpoint: Endpoint, request: BatchRequest, body: dict, interrupt: In
             delay = min(2 * delay, MAX_BACKOFF_SECONDS)
             continue
         return answer_record(request, status, answer)
-    return None
 
 
 def default_fields(args) -> dict:
