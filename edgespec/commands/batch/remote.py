@@ -65,7 +65,7 @@ class Endpoint:
     def first_model(self) -> str:
         """The first model the server lists: checks the URL and the key before any request is sent."""
         try:
-            status, body = self._call("GET", "/v1/models", None)
+            status, body, _ = self._call("GET", "/v1/models", None)
         except _Unanswered as err:
             raise BatchError(f"cannot reach {self.base_url}: {err}; check --endpoint and that the server runs") from None
         if status == 401:
@@ -78,24 +78,22 @@ class Endpoint:
 
     def post(self, path: str, body: dict) -> tuple[int, dict]:
         """The status and JSON body of a final answer; raises _Unanswered for one worth retrying."""
-        status, answer = self._call("POST", path, json.dumps(body).encode())
+        status, answer, retry_after = self._call("POST", path, json.dumps(body).encode())
         if status in RETRIED_STATUSES:
-            raise _Unanswered(f"HTTP {status}", answer.pop("_retry_after", None), status)
-        answer.pop("_retry_after", None)
+            raise _Unanswered(f"HTTP {status}", retry_after, status)
         return status, answer
 
-    def _call(self, method: str, path: str, data: bytes | None) -> tuple[int, dict]:
+    def _call(self, method: str, path: str, data: bytes | None) -> tuple[int, dict, float | None]:
+        """The status, the JSON body, and the seconds the server's Retry-After asks for (None: none given)."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         request = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
         try:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS) as response:
-                return response.status, _json_body(response.read())
+                return response.status, _json_body(response.read()), None
         except urllib.error.HTTPError as error:
-            body = _json_body(error.read())
-            body["_retry_after"] = _seconds(error.headers.get("Retry-After"))
-            return error.code, body
+            return error.code, _json_body(error.read()), _seconds(error.headers.get("Retry-After"))
         except (urllib.error.URLError, OSError, ValueError) as error:  # refused, reset, timed out, bad answer
             raise _Unanswered(str(getattr(error, "reason", error))) from None
 
