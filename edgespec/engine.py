@@ -96,6 +96,66 @@ class _Counters:
         return Stats.from_counts(**dataclasses.asdict(self))
 
 
+@dataclass
+class Lane:
+    """What one sequence drafts with: its drafters and their draft-length controllers (by drafter and fixed k).
+
+    The engine's own lane serves its one-at-a-time generations and keeps what
+    its controllers learn across them; the scheduler gives each sequence it
+    decodes in parallel a lane of its own, as an n-gram index and acceptance
+    estimates belong to one text.
+    """
+
+    drafters: dict[str, Drafter]
+    controllers: dict[tuple[str, int | None], DraftLengthController] = field(default_factory=dict)
+    mode: str | None = None  # the drafting mode, when not the engine's
+
+
+@dataclass
+class Generation:
+    """One generation in progress: its sequence in the target's cache, its context, sampling and figures."""
+
+    context: list[int]
+    params: SamplingParams
+    lane: Lane
+    counters: _Counters
+    rng: np.random.Generator
+    text: TextAssembler
+    seq: int = 0
+    generated: list[int] = field(default_factory=list)
+    decode_start: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.counters.finish_reason is not None
+
+    def done(self) -> Done:
+        self.counters.decode_seconds = time.perf_counter() - self.decode_start
+        return Done(GenerationResult(self.text.text, self.generated, self.counters.finish_reason,
+                                     self.counters.snapshot()))
+
+
+@dataclass(frozen=True)
+class DraftChoice:
+    """The drafter of a step, what it hinted, the most tokens it may draft, and its controller (None: no drafting)."""
+
+    drafter: Drafter
+    hint: Hint
+    cap: int
+    controller: DraftLengthController | None
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A step's draft, made before its verification pass: who proposed what, and how it was chosen."""
+
+    drafter: Drafter
+    hint: Hint
+    controller: DraftLengthController | None
+    tokens: list[int]
+    probs: object = None  # the draft model's distributions, for rejection sampling; None for n-grams
+
+
 
 
 class Engine:
@@ -105,7 +165,6 @@ class Engine:
         self.draft = draft
         self.plan = plan
         self._draft_tokens = draft_tokens
-        self._controllers: dict[tuple[str, int | None], DraftLengthController] = {}  # by drafter and fixed k
         self._drafter_costs: dict[str, CostModel] = {}  # filled by calibrate()
         self.cost: CostModel | None = None  # the cost curve the controllers use, once calibrated
         self.plain_step_seconds: float | None = None  # measured one-token target pass; None for a given curve
@@ -121,6 +180,7 @@ class Engine:
         if draft is not None:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
             self._drafters["combined"] = self._drafters["draft-model"]  # picks per step between it and n-grams
+        self._lane = Lane(self._drafters)
         self.configure(mode=mode)
         self.chat_template = ChatTemplate(
             target.metadata("tokenizer.chat_template"),
@@ -250,27 +310,29 @@ class Engine:
         self.plain_step_seconds = plain_step_seconds
         self.exact_width, self.kernel_drift = width, dict(drift)
         if widest != self._widest:
-            self._controllers = {}  # a re-measured curve keeps the acceptance learned so far
+            self._lane.controllers = {}  # a re-measured curve keeps the acceptance learned so far
         self._widest = widest
         # only the draft model charges time per drafted token
         self._drafter_costs = {"ngram": CostModel(cost.forward_seconds)} if widest > 1 else {}
         if widest > 1 and "draft-model" in self._drafters:
             self._drafter_costs["draft-model"] = cost
-        for (name, _), controller in self._controllers.items():
+        for (name, _), controller in self._lane.controllers.items():
             controller.set_cost(self._drafter_costs[name])
 
-    def _controller(self, name: str) -> DraftLengthController | None:
-        """The draft-length controller of one drafter under the current draft-tokens setting."""
+    def _controller(self, name: str, lane: Lane | None = None) -> DraftLengthController | None:
+        """The draft-length controller of one drafter of a lane (the engine's own by default) under the
+        current draft-tokens setting."""
         cost = self._drafter_costs.get(name)
         if cost is None:
             return None  # plain decoding, or a curve with no pass wider than one token
         fixed = None if self._draft_tokens == "auto" else min(int(self._draft_tokens), self._widest - 1)
-        controller = self._controllers.get((name, fixed))
+        controllers = (lane or self._lane).controllers
+        controller = controllers.get((name, fixed))
         if controller is None:
             # n-gram proposals are free to make, so their controller learns from every step in hindsight
             learning = ({"hindsight": True, "decay": HINDSIGHT_DECAY, "prior_by_bucket": NGRAM_PRIOR_BY_BUCKET}
                         if name == "ngram" else {})
-            controller = self._controllers[(name, fixed)] = DraftLengthController(
+            controller = controllers[(name, fixed)] = DraftLengthController(
                 cost, self._widest - 1, fixed, **learning)
         return controller
 
@@ -297,7 +359,7 @@ class Engine:
         for name in ("draft-model", "combined"):
             self._drafters.pop(name)
         self._drafter_costs.pop("draft-model", None)
-        self._controllers = {key: c for key, c in self._controllers.items() if key[0] != "draft-model"}
+        self._lane.controllers = {key: c for key, c in self._lane.controllers.items() if key[0] != "draft-model"}
         if self.plan is not None:
             self.plan = dataclasses.replace(self.plan, mode="ngram", reason=reason)
         self.configure(mode="ngram")
@@ -322,7 +384,7 @@ class Engine:
         Within one engine they keep what they learned across generations (a chat's second reply
         drafts better than its first); a benchmark's runs must not learn from each other.
         """
-        self._controllers = {}
+        self._lane.controllers = {}
 
     def plain_logits(self, ids: list[int]) -> np.ndarray:
         """The target's logits after ids as plain decoding computes them: the last token in a pass of its own."""
@@ -414,74 +476,149 @@ class Engine:
         with self._lock:
             try:
                 yield from self._generate(list(prompt_ids), params, cancel)
-            except _NonFiniteLogits:
-                path = self.target.path
-                raise CorruptModelError(
-                    f"{path.name} computed NaN or infinite logits, so the model file {path} is likely corrupt "
-                    "(download it again, or convert it afresh)"
-                ) from None
+            except NonFiniteLogits:
+                raise self.corrupt_model_error() from None
+
+    def corrupt_model_error(self) -> CorruptModelError:
+        """What a generation that met NaN or infinite logits ends with."""
+        path = self.target.path
+        return CorruptModelError(f"{path.name} computed NaN or infinite logits, so the model file {path} is likely "
+                                 "corrupt (download it again, or convert it afresh)")
 
     def _generate(self, context: list[int], params: SamplingParams, cancel) -> Iterator[Step | Done]:
-        if self.cost is None:
-            self.calibrate()
-        counters = _Counters(self.mode, self.plan.reason if self.plan else None, prompt_tokens=len(context),
-                             bit_exact=self.bit_exact)
-        rng = np.random.default_rng(params.seed)
-        text = TextAssembler(params.stop)
-        generated: list[int] = []
-
+        generation = self.begin(context, params, self._lane)
         start = time.perf_counter()
-        counters.prompt_tokens_reused = self._prefill(context)
-        counters.prefill_seconds = time.perf_counter() - start
+        generation.counters.prompt_tokens_reused = self._prefill(context)
+        generation.counters.prefill_seconds = time.perf_counter() - start
         draft_passes_before = self.draft.forward_passes if self.draft is not None else 0
-        decode_start = time.perf_counter()
+        generation.decode_start = time.perf_counter()
         clock = self.phase_clock
 
-        while counters.finish_reason is None:
+        while True:
             if clock:
                 clock.start()
             if cancel is not None and cancel.is_set():
-                counters.finish_reason = "cancelled"
+                generation.counters.finish_reason = "cancelled"
+            room = self.room(generation)
+            if generation.finished:
                 break
-            room = self.n_ctx - len(context)
-            if room <= 0:
-                counters.finish_reason = "context"
-                break
-            proposed_before = counters.draft_tokens_proposed
-            new_tokens, n_drafted, source = self._step(context, params, rng, counters, room)
-            tokens = []
-            for i, token in enumerate(new_tokens):
-                if self.target.is_end_of_generation(token):
-                    counters.finish_reason = "stop"
-                    break
-                generated.append(token)
-                piece = text.feed(self.target.token_bytes(token))
-                tokens.append(Token(token, piece, source if i < n_drafted else None))
-                if text.stopped:
-                    counters.finish_reason = "stop"
-                    break
-                if len(generated) >= params.max_tokens:
-                    counters.finish_reason = "length"
-                    break
-            if counters.finish_reason is not None:
-                tail = text.flush()
-                if tail and tokens:
-                    tokens[-1] = Token(tokens[-1].id, tokens[-1].text + tail, tokens[-1].drafter)
+            draft = self.plan_draft(generation, room)
+            # The cache holds context[:-1]; one pass scores the last token and every draft.
+            self.target.rewind(len(context) - 1)
             if clock:
-                clock.lap("text")
-            context.extend(new_tokens)
-            counters.tokens_generated = len(generated)
+                clock.lap("rewind")
+            started = time.perf_counter()
+            # a view of llama.cpp's rows, read by the verifier before the next pass
+            logits = self.target.decode([context[-1], *draft.tokens], n_logits=len(draft.tokens) + 1, copy=False)
+            if clock:
+                clock.lap("logits")
+            if self._step_watch is not None:
+                self._step_watch.observe(len(draft.tokens) + 1, time.perf_counter() - started)
+            if clock:
+                clock.lap("controller")
             if self.draft is not None:
-                counters.draft_forward_passes = self.draft.forward_passes - draft_passes_before
-            counters.decode_seconds = time.perf_counter() - decode_start
-            step = Step(tokens, counters.snapshot(), counters.draft_tokens_proposed - proposed_before, n_drafted)
+                generation.counters.draft_forward_passes = self.draft.forward_passes - draft_passes_before
+            step = self.conclude_step(generation, draft, logits)
             if clock:
                 clock.lap("stats")
                 clock.steps += 1
             yield step
+        yield generation.done()
 
-        counters.decode_seconds = time.perf_counter() - decode_start
-        yield Done(GenerationResult(text.text, generated, counters.finish_reason, counters.snapshot()))
+    def begin(self, context: list[int], params: SamplingParams, lane: Lane, seq: int = 0) -> Generation:
+        """A generation after context (whose cache the caller fills), drafting with lane's drafters, in sequence seq."""
+        if self.cost is None:
+            self.calibrate()
+        counters = _Counters(self.mode, self.plan.reason if self.plan else None, prompt_tokens=len(context),
+                             bit_exact=self.bit_exact)
+        return Generation(context, params, lane, counters, np.random.default_rng(params.seed),
+                          TextAssembler(params.stop), seq)
+
+    def room(self, generation: Generation) -> int:
+        """Tokens the generation's context has left; ends the generation ("context") when none."""
+        room = self.n_ctx - len(generation.context)
+        if room <= 0 and not generation.finished:
+            generation.counters.finish_reason = "context"
+        return room
+
+    def plan_draft(self, generation: Generation, room: int) -> Draft:
+        """The draft of the generation's next step, its length chosen by the drafter's controller."""
+        choice = self.draft_choice(generation, room)
+        k = choice.controller.choose(choice.hint.signal, choice.cap) if choice.controller is not None else 0
+        if self.phase_clock:
+            self.phase_clock.lap("controller")
+        return self.propose(generation, choice, k)
+
+    def propose(self, generation: Generation, choice: DraftChoice, k: int) -> Draft:
+        """k tokens (at most; the drafter may stop early) from the chosen drafter."""
+        stop_below = choice.controller.stop_thresholds() if choice.controller is not None else ()
+        proposal = (choice.drafter.propose(generation.context, k, generation.params, generation.rng, stop_below)
+                    if k > 0 else None)
+        if self.phase_clock:
+            self.phase_clock.lap("propose")
+        return Draft(choice.drafter, choice.hint, choice.controller, proposal.tokens if proposal else [],
+                     proposal.probs if proposal else None)
+
+    def conclude_step(self, generation: Generation, draft: Draft, logits: np.ndarray) -> Step:
+        """Verify the draft against the target's logits rows for [last token, *draft], keep the accepted part
+        in the generation's cache, and emit the step's tokens."""
+        clock = self.phase_clock
+        verdict = verify(_LazyRows(logits, generation.params), draft.tokens, draft.probs, generation.rng)
+        accepted = draft.tokens[: verdict.n_accepted]
+        if clock:
+            clock.lap("verify")
+        context = generation.context
+        self.target.rewind(len(context) + len(accepted), generation.seq)
+        if clock:
+            clock.lap("rewind")
+        if draft.controller is not None and not draft.controller.hindsight:
+            draft.controller.update(len(draft.tokens), len(accepted), draft.hint.signal)
+        if clock:
+            clock.lap("controller")
+        self._count_step(generation.counters, draft, len(accepted))
+        return self._emit(generation, [*accepted, verdict.next_token], len(accepted), draft)
+
+    @staticmethod
+    def _count_step(counters: _Counters, draft: Draft, n_accepted: int) -> None:
+        width = len(draft.tokens) + 1
+        counters.steps += 1
+        counters.target_forward_passes += 1
+        counters.draft_tokens_proposed += len(draft.tokens)
+        counters.draft_tokens_accepted += n_accepted
+        counters.k0_steps += not draft.tokens
+        counters.widest_pass = max(counters.widest_pass, width)
+        counters.pass_widths[width] = counters.pass_widths.get(width, 0) + 1
+        if n_accepted:
+            name = draft.drafter.name
+            counters.accepted_by_drafter[name] = counters.accepted_by_drafter.get(name, 0) + n_accepted
+
+    def _emit(self, generation: Generation, new_tokens: list[int], n_drafted: int, draft: Draft) -> Step:
+        """The step's tokens as text, up to the first stop (end of generation, stop string, max_tokens)."""
+        counters, text, generated = generation.counters, generation.text, generation.generated
+        tokens = []
+        for i, token in enumerate(new_tokens):
+            if self.target.is_end_of_generation(token):
+                counters.finish_reason = "stop"
+                break
+            generated.append(token)
+            piece = text.feed(self.target.token_bytes(token))
+            tokens.append(Token(token, piece, draft.drafter.name if i < n_drafted else None))
+            if text.stopped:
+                counters.finish_reason = "stop"
+                break
+            if len(generated) >= generation.params.max_tokens:
+                counters.finish_reason = "length"
+                break
+        if counters.finish_reason is not None:
+            tail = text.flush()
+            if tail and tokens:
+                tokens[-1] = Token(tokens[-1].id, tokens[-1].text + tail, tokens[-1].drafter)
+        if self.phase_clock:
+            self.phase_clock.lap("text")
+        generation.context.extend(new_tokens)
+        counters.tokens_generated = len(generated)
+        counters.decode_seconds = time.perf_counter() - generation.decode_start
+        return Step(tokens, counters.snapshot(), len(draft.tokens), n_drafted)
 
     def _prefill(self, context: list[int]) -> int:
         """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);
@@ -493,59 +630,9 @@ class Engine:
             self._drafters["draft-model"].prefill(context)
         return reused
 
-    def _step(self, context, params, rng, counters: _Counters, room: int) -> tuple[list[int], int, str]:
-        """One draft/verify step: the new tokens, how many of them came from the draft, and from which drafter."""
-        clock = self.phase_clock
-        limit = min(params.max_tokens - counters.tokens_generated - 1, room - 1, self.max_draft_tokens)
-        drafter, hint, k = self._plan_draft(context, limit, params, rng)
-        controller = self._controller(drafter.name)
-        if clock:
-            clock.lap("controller")
-        stop_below = controller.stop_thresholds() if controller is not None else ()
-        proposal = drafter.propose(context, k, params, rng, stop_below) if k > 0 else None
-        drafts = proposal.tokens if proposal else []
-        if clock:
-            clock.lap("propose")
-
-        # The cache holds context[:-1]; one pass scores the last token and every draft.
-        self.target.rewind(len(context) - 1)
-        if clock:
-            clock.lap("rewind")
-        started = time.perf_counter()
-        # a view of llama.cpp's rows, read by the verifier before the next pass
-        logits = self.target.decode([context[-1], *drafts], n_logits=len(drafts) + 1, copy=False)
-        if clock:
-            clock.lap("logits")
-        if self._step_watch is not None:
-            self._step_watch.observe(len(drafts) + 1, time.perf_counter() - started)
-        if clock:
-            clock.lap("controller")
-        verdict = verify(_LazyRows(logits, params), drafts, proposal.probs if proposal else None, rng)
-        accepted = drafts[: verdict.n_accepted]
-        if clock:
-            clock.lap("verify")
-        self.target.rewind(len(context) + len(accepted))
-        if clock:
-            clock.lap("rewind")
-        if controller is not None and not controller.hindsight:
-            controller.update(len(drafts), len(accepted), hint.signal)
-        if clock:
-            clock.lap("controller")
-
-        counters.steps += 1
-        counters.target_forward_passes += 1
-        counters.draft_tokens_proposed += len(drafts)
-        counters.draft_tokens_accepted += len(accepted)
-        counters.k0_steps += not drafts
-        counters.widest_pass = max(counters.widest_pass, len(drafts) + 1)
-        counters.pass_widths[len(drafts) + 1] = counters.pass_widths.get(len(drafts) + 1, 0) + 1
-        if accepted:
-            counters.accepted_by_drafter[drafter.name] = counters.accepted_by_drafter.get(drafter.name, 0) + len(accepted)
-        return [*accepted, verdict.next_token], len(accepted), drafter.name
-
-    def _plan_draft(self, context: list[int], limit: int, params: SamplingParams,
-                    rng: np.random.Generator) -> tuple[Drafter, Hint, int]:
-        """Which drafter proposes this step, what it hinted, and how many tokens it drafts.
+    def draft_choice(self, generation: Generation, room: int) -> DraftChoice:
+        """Which of the lane's drafters proposes the generation's next step, what it hinted, and how many
+        tokens it may draft at most.
 
         In combined mode each drafter's controller names its best draft
         length and the tokens per second that is expected to give (the
@@ -554,28 +641,31 @@ class Engine:
         could propose something (n-grams first, being free) decides whether
         to probe.
         """
-        names = ("ngram", "draft-model") if self.mode == "combined" else (self.mode,)
+        context, lane, counters = generation.context, generation.lane, generation.counters
+        limit = min(generation.params.max_tokens - counters.tokens_generated - 1, room - 1, self.max_draft_tokens)
+        mode = lane.mode or self.mode
+        names = ("ngram", "draft-model") if mode == "combined" else (mode,)
         options = []
         for name in names:
-            drafter = self._drafters[name]
+            drafter = lane.drafters[name]
             hint = drafter.peek(context)
             cap = limit if hint.available is None else min(limit, hint.available)
-            controller = self._controller(name)
+            controller = self._controller(name, lane)
             if controller is not None and controller.hindsight:
                 controller.settle(context)
-                foreseen = drafter.propose(context, controller.k_max, params, rng).tokens if hint.available != 0 else []
+                foreseen = (drafter.propose(context, controller.k_max, generation.params, generation.rng).tokens
+                            if hint.available != 0 else [])
                 controller.foresee(context, foreseen, hint.signal)
             if controller is not None and cap > 0:
                 options.append((drafter, hint, cap, controller))
         if not options:
-            return self._drafters["none"], Hint(0, 0), 0
+            return DraftChoice(lane.drafters["none"], Hint(0, 0), 0, None)
         if len(options) > 1:
             rated = [(option[3].best(option[1].signal, option[2]), option) for option in options]
             paying = [(rate, option) for (k, rate), option in rated if k > 0]
             if paying:
                 options = [max(paying, key=lambda pair: pair[0])[1]]
-        drafter, hint, cap, controller = options[0]
-        return drafter, hint, controller.choose(hint.signal, cap)
+        return DraftChoice(*options[0])
 
 
 class _LazyRows:
@@ -596,12 +686,12 @@ class _LazyRows:
         row = self._rows.get(i)
         if row is None:
             if not np.isfinite(self._logits[i].max()):  # max is NaN if any logit is
-                raise _NonFiniteLogits
+                raise NonFiniteLogits
             row = self._rows[i] = to_probs(self._logits[i], self._params)
         return row
 
 
-class _NonFiniteLogits(Exception):
+class NonFiniteLogits(Exception):
     """A logits row the verifier reads holds NaN or inf: the engine names the model."""
 
 

@@ -114,6 +114,11 @@ class ChatSession:
         turns = [{"role": m["role"], "content": m["content"]} for m in self.messages[self.first_visible :]]
         return system + turns
 
+    def reply_prompt(self, params: SamplingParams) -> list[int]:
+        """The tokens the next reply would be generated after, as stream_reply would send them to the engine
+        (raises ContextOverflowError as it would); for a caller that schedules the generation itself."""
+        return self._prompt_for_reply(params)[0]
+
     def _prompt_for_reply(self, params: SamplingParams) -> tuple[list[int], Notice | None]:
         reserve = min(params.max_tokens, self.engine.n_ctx // 4)
         dropped = 0

@@ -58,6 +58,8 @@ def run_cli(argv: list[str]) -> int:
 def batch_argv(models, source: Path, out: Path, *extra: str) -> list[str]:
     return ["batch", str(source), "-o", str(out), "--model", str(models["target"]),
             "--draft", str(models["draft"]), "--draft-tokens", "4", "--temperature", "0", "--max-tokens", "8",
+            # one request at a time, in input order (test_batch_parallel.py runs several)
+            "--parallel", "1",
             # One thread: a tiny model gains nothing from more, and spinning threads crawl on a busy machine.
             "--threads", "1", *extra]
 

@@ -22,6 +22,7 @@ import llama_cpp
 from ..errors import ContextOverflowError, DecodeError, ModelFileError, ModelLoadError
 from ..limits import MAX_OUTPUT_ROWS, N_UBATCH, checked_threads
 import edgespec.backend.tokenizer as tokenizer  # the module itself: `from . import` would name the package
+from .batch import TokenBatch
 from .runtime import EXTRA_BUFFER_TYPES_SAFE, default_threads, forget_log, last_error
 
 
@@ -49,10 +50,12 @@ class PassProbe:
 
 
 class LlamaModel:
-    """A loaded GGUF model with one context (one sequence) and its KV cache.
+    """A loaded GGUF model with one context and its KV cache.
 
+    The context holds one sequence, or several after reserve_sequences().
     ``cached`` always lists the tokens whose keys and values sit in the KV
-    cache, at positions 0..len(cached)-1.
+    cache of sequence 0, at positions 0..len(cached)-1; cached_of(seq) does
+    so for any sequence.
     """
 
     def __init__(
@@ -70,14 +73,9 @@ class LlamaModel:
         self._model = self._load_model(n_gpu_layers)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self._ctx = self._create_context(n_ctx, n_batch, self.n_threads)
-        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
-        self.n_batch = llama_cpp.llama_n_batch(self._ctx)  # llama.cpp caps it at n_ctx
         self.n_gpu_layers = n_gpu_layers
-        self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self._batch = self._init_batch(n_batch)
         self._pieces: dict[int, bytes] = {}
-        self.cached: list[int] = []
+        self._open_context(n_ctx, n_batch, n_seq=1)
         self.forward_passes = 0
         self.decode_ns = 0  # time inside llama_decode, summed: what `bench --overhead` subtracts
 
@@ -109,12 +107,36 @@ class LlamaModel:
             )
         return model
 
-    def _create_context(self, n_ctx: int, n_batch: int, n_threads: int):
+    def _open_context(self, n_ctx: int, n_batch: int, n_seq: int) -> None:
+        self._ctx = self._create_context(n_ctx, n_batch, self.n_threads, n_seq)
+        self.n_ctx = llama_cpp.llama_n_ctx_seq(self._ctx)  # per sequence
+        self.n_batch = llama_cpp.llama_n_batch(self._ctx)  # llama.cpp caps it at n_ctx
+        self.n_seq = n_seq
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = TokenBatch(n_batch)
+        self._cached_by_seq: list[list[int]] = [[] for _ in range(n_seq)]
+        self.cached = self._cached_by_seq[0]
+
+    def reserve_sequences(self, n_seq: int) -> None:
+        """Make room for n_seq sequences of n_ctx tokens each, in a new context: every cache starts empty.
+
+        Each sequence gets a KV stream of its own (not a unified buffer), so a
+        sequence's attention never spans another's cells and its cache is its
+        own to rewind.  The KV memory grows n_seq-fold.
+        """
+        if n_seq == self.n_seq:
+            return
+        n_ctx, n_batch = self.n_ctx, self.n_batch
+        self._free_context()
+        self._open_context(n_ctx * n_seq, n_batch, n_seq)
+
+    def _create_context(self, n_ctx: int, n_batch: int, n_threads: int, n_seq: int = 1):
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = min(n_batch, N_UBATCH)
-        params.n_seq_max = 1
+        params.n_seq_max = n_seq
+        params.kv_unified = False
         params.n_outputs_max = MAX_OUTPUT_ROWS
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
@@ -124,17 +146,23 @@ class LlamaModel:
         ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not ctx:
             llama_cpp.llama_model_free(self._model)
+            self._model = None
             raise ModelLoadError(
                 f"llama.cpp could not create a {n_ctx}-token context for {self.path}: {last_error()} (try a smaller --n-ctx)"
             )
         return ctx
 
+    def _free_context(self) -> None:
+        self._batch.free()
+        llama_cpp.llama_free(self._ctx)
+        self._ctx = None
+
     def close(self) -> None:
         if getattr(self, "_ctx", None):
-            llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self._ctx)
+            self._free_context()
+        if getattr(self, "_model", None):
             llama_cpp.llama_model_free(self._model)
-            self._ctx = None
+            self._model = None
 
     def __del__(self):
         self.close()
@@ -206,25 +234,19 @@ class LlamaModel:
 
     # -- the KV cache and forward passes --------------------------------------
 
-    def rewind(self, n_keep: int) -> None:
-        """Forget every cached position from n_keep on."""
-        if n_keep < len(self.cached):
-            llama_cpp.llama_memory_seq_rm(self._memory, 0, n_keep, -1)
-            del self.cached[n_keep:]
+    def cached_of(self, seq: int) -> list[int]:
+        """The tokens in sequence seq's KV cache (sequence 0's is ``cached``)."""
+        return self._cached_by_seq[seq]
 
-    def _init_batch(self, n_batch: int):
-        """The one llama_batch every pass reuses, with numpy views on its token, position and output-flag arrays."""
-        batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        for i in range(n_batch):  # every token belongs to sequence 0, always
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-        self._batch_tokens = np.ctypeslib.as_array(batch.token, shape=(n_batch,))
-        self._batch_positions = np.ctypeslib.as_array(batch.pos, shape=(n_batch,))
-        self._batch_outputs = np.ctypeslib.as_array(batch.logits, shape=(n_batch,))
-        return batch
+    def rewind(self, n_keep: int, seq: int = 0) -> None:
+        """Forget every cached position of sequence seq from n_keep on."""
+        cached = self._cached_by_seq[seq]
+        if n_keep < len(cached):
+            llama_cpp.llama_memory_seq_rm(self._memory, seq, n_keep, -1)
+            del cached[n_keep:]
 
-    def decode(self, tokens: Sequence[int], n_logits: int = 1, *, copy: bool = True) -> np.ndarray | None:
-        """Append tokens to the cache; return the logits of the last n_logits of them.
+    def decode(self, tokens: Sequence[int], n_logits: int = 1, *, copy: bool = True, seq: int = 0) -> np.ndarray | None:
+        """Append tokens to sequence seq's cache; return the logits of the last n_logits of them.
 
         The result has shape (n_logits, n_vocab) and row i predicts the token
         after tokens[len(tokens) - n_logits + i].  Long inputs go in chunks of
@@ -235,9 +257,10 @@ class LlamaModel:
         """
         if not tokens:
             return None
-        if len(self.cached) + len(tokens) > self.n_ctx:
+        cached = self._cached_by_seq[seq]
+        if len(cached) + len(tokens) > self.n_ctx:
             raise ContextOverflowError(
-                f"{len(self.cached) + len(tokens)} tokens do not fit in the {self.n_ctx}-token context (raise --n-ctx or shorten the input)"
+                f"{len(cached) + len(tokens)} tokens do not fit in the {self.n_ctx}-token context (raise --n-ctx or shorten the input)"
             )
         if n_logits > min(MAX_OUTPUT_ROWS, self.n_batch) or n_logits > len(tokens):
             raise ValueError(f"cannot return {n_logits} logits rows for {len(tokens)} tokens")
@@ -246,7 +269,7 @@ class LlamaModel:
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             wanted = max(0, start + len(chunk) - max(first_row, start))
-            self._decode_chunk(chunk, wanted)
+            self._decode_chunk(chunk, wanted, seq)
             if wanted:
                 rows.append(self._logits_view(wanted))
         if not rows:
@@ -255,21 +278,48 @@ class LlamaModel:
             return rows[0].copy() if copy else rows[0]
         return np.concatenate(rows)  # rows from several chunks: one copy of them all
 
-    def _decode_chunk(self, chunk: Sequence[int], n_logits: int) -> None:
-        n = len(chunk)
-        pos0 = len(self.cached)
-        self._batch_tokens[:n] = chunk
-        self._batch_positions[:n] = np.arange(pos0, pos0 + n)
-        self._batch_outputs[: n - n_logits] = 0
-        self._batch_outputs[n - n_logits : n] = 1
-        self._batch.n_tokens = n
+    def _decode_chunk(self, chunk: Sequence[int], n_logits: int, seq: int) -> None:
+        n, cached = len(chunk), self._cached_by_seq[seq]
+        self._batch.fill(chunk, np.arange(len(cached), len(cached) + n), [0] * (n - n_logits) + [1] * n_logits, seq)
+        self._run_batch()
+        cached.extend(chunk)
+
+    def _run_batch(self) -> None:
         started = time.perf_counter_ns()
-        status = llama_cpp.llama_decode(self._ctx, self._batch)
+        status = llama_cpp.llama_decode(self._ctx, self._batch.raw)
         self.decode_ns += time.perf_counter_ns() - started
         if status != 0:
             raise DecodeError(f"llama_decode failed with status {status} on {self.path.name}: {last_error()}")
-        self.cached.extend(chunk)
         self.forward_passes += 1
+
+    def decode_sequences(self, parts: Sequence[tuple[int, Sequence[int], int]]) -> list[np.ndarray]:
+        """One pass over several sequences: each (seq, tokens, n_logits) appends tokens to sequence seq's cache.
+
+        Returns, per part, the logits of its last n_logits tokens: read-only
+        views of llama.cpp's output buffer, valid until this model's next
+        decode.  The whole pass must fit in one batch and one output buffer.
+        """
+        seq_ids, positions, outputs, tokens = [], [], [], []
+        for seq, part, n_logits in parts:
+            cached = self._cached_by_seq[seq]
+            if len(cached) + len(part) > self.n_ctx:
+                raise ContextOverflowError(
+                    f"{len(cached) + len(part)} tokens do not fit in the {self.n_ctx}-token context (raise --n-ctx or shorten the input)")
+            seq_ids += [seq] * len(part)
+            positions += range(len(cached), len(cached) + len(part))
+            outputs += [0] * (len(part) - n_logits) + [1] * n_logits
+            tokens += part
+        n_rows = sum(outputs)
+        if len(tokens) > self.n_batch or n_rows > MAX_OUTPUT_ROWS:
+            raise ValueError(f"a pass of {len(tokens)} tokens and {n_rows} logits rows does not fit one batch")
+        self._batch.fill(tokens, positions, outputs, seq_ids)
+        self._run_batch()
+        rows, views, first = self._logits_view(n_rows), [], 0
+        for seq, part, n_logits in parts:
+            self._cached_by_seq[seq].extend(part)
+            views.append(rows[first : first + n_logits])
+            first += n_logits
+        return views
 
     def _logits_view(self, n_rows: int) -> np.ndarray:
         # outputs are stored contiguously in batch order

@@ -49,9 +49,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ...errors import EdgespecError
+from ...notices import print_notice
+from ...scheduler import MAX_PARALLEL, best_parallel
 from ...stats import Stats
 from ..options import add_engine_options, add_sampling_options, engine_from_args, sampling_params
 from ..serve import API_KEY_ENV
+from .parallel import run_batch_parallel
 from .output import FINGERPRINT_FIELD, RecordWriter, is_done, same_file
 from .remote import MAX_ATTEMPTS, MAX_CONCURRENCY, Endpoint, default_fields, run_remote_batch
 from .requests import BatchError, check_unique_ids, read_requests
@@ -91,6 +94,11 @@ def add_batch_parser(subparsers) -> None:
                         help=f"the server's API key (default: ${API_KEY_ENV})")
     remote.add_argument("--concurrency", type=_concurrency, default=1, metavar="N",
                         help=f"requests in flight at once, 1..{MAX_CONCURRENCY} (default: %(default)s)")
+    local = parser.add_argument_group("local engine")
+    local.add_argument("--parallel", type=_parallel, default=None, metavar="N",
+                       help=f"requests decoded together in each forward pass, 1..{MAX_PARALLEL} (default: the number "
+                            "that gives the most tokens per second on this machine's measured cost curve, within the "
+                            "memory budget; 1 with --bit-exact)")
     add_engine_options(parser)
     add_sampling_options(parser, max_tokens=256)
     parser.set_defaults(func=handle_batch)
@@ -188,10 +196,54 @@ def _run_with_engine(args, entries, writer, finished, resumed) -> RunTally:
     engine = engine_from_args(args)
     interrupt = Interrupt()
     try:
+        parallel = parallel_for(engine, args.parallel, len(entries) - resumed)
         with _progress_bar(len(entries), resumed) as on_progress, interrupt.catching_sigint():
-            return run_batch(engine, entries, writer, params, finished, interrupt, on_progress)
+            if parallel == 1:
+                return run_batch(engine, entries, writer, params, finished, interrupt, on_progress)
+            return run_batch_parallel(engine, entries, writer, params, finished, interrupt, parallel, on_progress)
     finally:
         engine.close()
+
+
+def parallel_for(engine, asked: int | None, pending: int) -> int:
+    """How many requests to decode together: as asked (checked against memory), or the best the curve allows."""
+    if engine.bit_exact:
+        if asked is not None and asked > 1:
+            print_notice(f"running one request at a time, not {asked}: rows in a shared pass are not bit-identical "
+                         "to plain decoding (--bit-exact)")
+        return 1
+    fit = _sequences_that_fit(engine)
+    if asked is not None:
+        if asked > fit:
+            raise BatchError(f"--parallel {asked} needs a KV cache per request, and the memory budget has room for "
+                             f"{fit}: use --parallel {fit} or less, or a smaller --n-ctx")
+        return asked
+    parallel = best_parallel(engine.cost, max(1, min(MAX_PARALLEL, fit, pending)))
+    if parallel > 1:
+        print_notice(f"decoding {parallel} requests together (the most tokens per second on this machine's "
+                     "cost curve; --parallel N to choose)")
+    if parallel > 1 and engine.mode in ("draft-model", "combined"):
+        print_notice("each request drafts with n-grams: the draft model drafts for one sequence at a time")
+    return parallel
+
+
+def _sequences_that_fit(engine) -> int:
+    """How many sequences' KV caches the memory plan has room for (MAX_PARALLEL without a plan)."""
+    plan = engine.plan
+    if plan is None or not plan.parts or plan.parts[0].kv_bytes <= 0:
+        return MAX_PARALLEL
+    room = plan.budget_bytes - plan.total_bytes
+    return max(1, min(MAX_PARALLEL, 1 + room // plan.parts[0].kv_bytes))
+
+
+def _parallel(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_PARALLEL:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_PARALLEL}, not {text!r}")
+    return value
 
 
 def _run_on_endpoint(args, entries, writer, finished, resumed) -> RunTally:

@@ -61,6 +61,11 @@ class RunTally:
     interrupted: bool = False
     unanswered: int = 0  # --endpoint requests left unwritten after every attempt failed
 
+    @property
+    def seconds(self) -> float:
+        """Time since the run started (after the model was loaded)."""
+        return time.monotonic() - self.started
+
     def add(self, stats: Stats) -> None:
         self.tokens += stats.tokens_generated
         self.proposed += stats.draft_tokens_proposed
@@ -185,15 +190,15 @@ def _events(engine, request: BatchRequest, params, interrupt: Interrupt) -> Iter
     if request.url == COMPLETIONS_URL:
         yield from engine.stream(request.prompt, params, raw=True, cancel=interrupt.requested)
         return
-    session = _chat_session(engine, request.messages)
+    session = chat_session(engine, request.messages)
     for event in session.stream(request.messages[-1]["content"], params):
         if interrupt.requested.is_set():
             session.cancel()
         yield event
 
 
-def _chat_session(engine, messages: tuple[dict, ...]) -> ChatSession:
-    """A session holding the request's conversation up to its last user message.
+def chat_session(engine, messages: tuple[dict, ...], with_last: bool = False) -> ChatSession:
+    """A session holding the request's conversation up to its last user message (with_last: and that too).
 
     Every request gets a fresh session; requests that share a system prompt
     still share KV cache, as the engine keeps the longest common token prefix.
@@ -201,7 +206,7 @@ def _chat_session(engine, messages: tuple[dict, ...]) -> ChatSession:
     """
     has_system = messages[0]["role"] == "system"
     session = ChatSession(engine, messages[0]["content"] if has_system else None, context_policy="error")
-    session.messages = [dict(m) for m in messages[1 if has_system else 0 : -1]]
+    session.messages = [dict(m) for m in messages[1 if has_system else 0 : None if with_last else -1]]
     return session
 
 
@@ -229,6 +234,8 @@ def summarize(entries, finished: dict[str, dict], tally: RunTally, resumed: int,
         "total_tokens": int(sum(_count(u, "total_tokens") for u in usage)),
         "wall_seconds": round(wall_seconds, 3),  # this run only, model loading included
         "decode_tokens_per_second": round(generated / decode_seconds, 2) if decode_seconds else None,
+        # this run's generated tokens over its time after loading: what several requests at once speed up
+        "throughput_tokens_per_second": round(tally.tokens / tally.seconds, 2) if tally.tokens and tally.seconds else None,
         # Token-weighted: all accepted draft tokens over all proposed ones.
         "mean_acceptance_rate": round(accepted / proposed, 4) if proposed else None,
         "target_passes_per_token": round(target_passes / generated, 4) if generated and target_passes else None,
@@ -255,7 +262,8 @@ def batch_summary_line(summary: dict) -> str:
         f" of {summary['requests_total']} ({summary['requests_resumed']} already done)"
         f" | {summary['total_tokens']} tokens ({summary['completion_tokens']} generated)"
         f" | wall {summary['wall_seconds']:.1f} s"
-        f" | decode {show(summary['decode_tokens_per_second'], '.1f')} tok/s"
+        f" | decode {show(summary['decode_tokens_per_second'], '.1f')} tok/s per request"
+        f" | throughput {show(summary['throughput_tokens_per_second'], '.1f')} tok/s"
         f" | acceptance {show(summary['mean_acceptance_rate'], '.1%')}"
         f" | {show(summary['target_passes_per_token'], '.3f')} target passes/token"
         + "".join(f"\nbatch: warning: {alert}" for alert in summary["draft_alerts"])
