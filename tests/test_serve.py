@@ -418,3 +418,22 @@ def test_a_taken_port_is_one_clear_line(tiny_models, tmp_path):
                                 capture_output=True, text=True, timeout=WAIT_SECONDS, env=server_env(tmp_path))
     assert result.returncode == 1
     assert result.stderr == f"edgespec: cannot listen on 127.0.0.1:{port}: Address already in use; pick another --host or --port\n"
+
+
+def test_concurrent_clients_decode_together_with_the_same_replies(start_server, server):
+    together = start_server("--api-key", API_KEY, "--parallel", "3", "--queue-size", "4")
+    prompts = [[{"role": "user", "content": f"Hello the cat {i} sat on the"}] for i in range(5)]
+
+    def ask(target, messages):
+        reply = target.client().chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0)
+        return reply.choices[0].message.content, speculative(reply.usage)["target_forward_passes"]
+
+    alone = [ask(server, messages)[0] for messages in prompts]  # one at a time
+    replies: dict[int, tuple] = {}
+    threads = [threading.Thread(target=lambda i=i: replies.__setitem__(i, ask(together, prompts[i]))) for i in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=WAIT_SECONDS)
+    assert [replies[i][0] for i in range(5)] == alone
+    assert together.health()["busy"] is False

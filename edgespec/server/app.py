@@ -43,6 +43,7 @@ class ServerConfig:
     queue_size: int = 8
     request_timeout: float = 300.0
     max_body_bytes: int = 2 * 1024 * 1024
+    parallel: int = 1  # requests decoded together (see worker.py)
 
 
 class _ClientGone(Exception):
@@ -54,7 +55,8 @@ class _Server:
         self.engine, self.config = engine, config
         self.metrics = ServerMetrics(monitor)
         self.metrics.start_mode(engine.mode)
-        self.worker = EngineWorker(engine, config.queue_size, lambda job, result: self.metrics.record_generation(result.stats))
+        self.worker = EngineWorker(engine, config.queue_size, lambda job, result: self.metrics.record_generation(result.stats),
+                                   config.parallel)
         self.metrics.queue_depth.set_function(lambda: self.worker.depth)
 
     # -- routes ----------------------------------------------------------------

@@ -1,10 +1,16 @@
-"""One engine, one generation at a time: a worker thread fed by a bounded FIFO queue.
+"""One engine, fed by a bounded FIFO queue: a worker thread runs one generation at a time, or several together.
 
 The HTTP side submits a Job and reads its events from an asyncio queue; the
 worker thread tokenizes the prompt, runs the engine and hands every Step and
 the final Done back through the event loop.  A job's cancel event (a client
 that went away, the time limit) stops its generation within one step; a job
 cancelled while it waits is simply skipped.
+
+With parallel > 1 the jobs go through the batch command's scheduler
+(edgespec.scheduler): up to that many decode together, one shared pass per
+step, each new job joining as soon as a place is free.  Each then evaluates its
+whole prompt: the one-at-a-time path's reuse of the previous request's cache
+(a chat's earlier turns) does not carry over.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Callable
 
 from ..engine import Done, Engine, GenerationResult
 from ..errors import ContextOverflowError, EdgespecError
+from ..scheduler import Failed, Job as ScheduledJob, Scheduler
 from .protocol import ApiError, CompletionRequest
 
 log = logging.getLogger("edgespec.serve")
@@ -60,12 +67,14 @@ class Job:
 
 
 class EngineWorker:
-    def __init__(self, engine: Engine, queue_size: int, on_finished: Callable[[Job, GenerationResult], None]):
+    def __init__(self, engine: Engine, queue_size: int, on_finished: Callable[[Job, GenerationResult], None],
+                 parallel: int = 1):
         self.engine = engine
         self.queue_size = queue_size
+        self.parallel = parallel
         self._on_finished = on_finished
         self._waiting: collections.deque[Job] = collections.deque()
-        self._current: Job | None = None
+        self._running: set[Job] = set()
         self._closed = False
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._serve, name="edgespec-engine", daemon=True)
@@ -78,10 +87,9 @@ class EngineWorker:
         error = ApiError(503, "the server is shutting down; retry when it is back", type="server_error", code="shutting_down")
         with self._wake:
             self._closed = True
-            for job in [*self._waiting, self._current]:
-                if job is not None:
-                    job.stop(error)
-                    job.deliver(error)  # a waiting job gets no other event
+            for job in [*self._waiting, *self._running]:
+                job.stop(error)
+                job.deliver(error)  # a waiting job gets no other event
             self._waiting.clear()
             self._wake.notify_all()
 
@@ -92,18 +100,18 @@ class EngineWorker:
 
     @property
     def depth(self) -> int:
-        """Requests waiting for the engine (not counting the one it is generating)."""
+        """Requests waiting for the engine (not counting those it is generating)."""
         return len(self._waiting)
 
     @property
     def busy(self) -> bool:
-        return self._current is not None
+        return bool(self._running)
 
     def submit(self, job: Job) -> None:
         with self._wake:
             if self._closed:
                 raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
-            if len(self._waiting) + self.busy > self.queue_size:
+            if len(self._waiting) + len(self._running) > self.queue_size + self.parallel - 1:
                 raise QueueFull()
             self._waiting.append(job)
             self._wake.notify()
@@ -116,19 +124,23 @@ class EngineWorker:
                 self._waiting.remove(job)
 
     def _serve(self) -> None:
+        if self.parallel > 1:
+            self._serve_together()
+            return
         while True:
             with self._wake:
                 while not self._waiting and not self._closed:
                     self._wake.wait()
                 if self._closed:
                     return
-                job = self._current = self._waiting.popleft()
+                job = self._waiting.popleft()
+                self._running.add(job)
             try:
                 if not job.cancel.is_set():
                     self._run(job)
             finally:
                 with self._wake:
-                    self._current = None
+                    self._running.discard(job)
 
     def _run(self, job: Job) -> None:
         job.check_deadline()
@@ -141,14 +153,62 @@ class EngineWorker:
                     self._on_finished(job, event.result)
                 job.deliver(event)
                 job.check_deadline()
-        except ContextOverflowError as error:
-            job.deliver(ApiError(400, str(error), param="messages" if job.request.chat else "prompt",
-                                 code="context_length_exceeded"))
-        except EdgespecError as error:
-            job.deliver(ApiError(400, str(error)))
         except Exception as error:  # a bug must cost one request, never the server
-            log.error("request failed inside the engine: %s: %s", type(error).__name__, error)
-            job.deliver(ApiError(500, f"internal error: {type(error).__name__}", type="server_error"))
+            job.deliver(self._api_error(job, error))
+
+    def _serve_together(self) -> None:
+        """Run jobs through the scheduler until the worker closes; a bug ends the jobs in flight, not the thread."""
+        while not self._closed:
+            try:
+                for job, event in Scheduler(self.engine, self.parallel).run(self._next_job):
+                    if isinstance(event, (Done, Failed)):
+                        with self._wake:
+                            self._running.discard(job)
+                    if isinstance(event, Failed):
+                        job.deliver(self._api_error(job, event.error))
+                        continue
+                    if isinstance(event, Done):
+                        self._on_finished(job, event.result)
+                    job.deliver(event)
+                    job.check_deadline()
+            except Exception as error:
+                with self._wake:
+                    running, self._running = list(self._running), set()
+                for job in running:
+                    job.stop(self._api_error(job, error))
+                    job.deliver(job.stopped_by)
+
+    def _next_job(self, wait: bool) -> ScheduledJob | None:
+        """The next waiting job, ready for the scheduler (None: none waiting; with wait, until one comes or the
+        worker closes); one that timed out, was withdrawn, or whose prompt cannot be made is answered here."""
+        while True:
+            with self._wake:
+                while wait and not self._waiting and not self._closed:
+                    self._wake.wait()
+                if self._closed or not self._waiting:
+                    return None
+                job = self._waiting.popleft()
+                self._running.add(job)
+            job.check_deadline()
+            try:
+                if not job.cancel.is_set():
+                    return ScheduledJob(job, self._prompt_ids(job.request), job.request.params, job.cancel)
+                if job.stopped_by is not None:
+                    job.deliver(job.stopped_by)
+            except Exception as error:
+                job.deliver(self._api_error(job, error))
+            with self._wake:
+                self._running.discard(job)
+
+    @staticmethod
+    def _api_error(job: Job, error: Exception) -> ApiError:
+        if isinstance(error, ContextOverflowError):
+            return ApiError(400, str(error), param="messages" if job.request.chat else "prompt",
+                            code="context_length_exceeded")
+        if isinstance(error, EdgespecError):
+            return ApiError(400, str(error))
+        log.error("request failed inside the engine: %s: %s", type(error).__name__, error)
+        return ApiError(500, f"internal error: {type(error).__name__}", type="server_error")
 
     def _prompt_ids(self, request: CompletionRequest) -> list[int]:
         if request.chat:
