@@ -29,12 +29,17 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from .backend import common_prefix_length
 from .costs import CostModel
 from .drafters import NgramDrafter, NoDrafter
 from .engine import Done, DraftChoice, Engine, Generation, Lane, NonFiniteLogits, Step
 from .errors import ContextOverflowError, EdgespecError
 from .limits import MAX_OUTPUT_ROWS
 from .sampling import SamplingParams
+
+# A prompt that shares at least this many more tokens with another sequence's cache than with its
+# own gets a copy of that cache: copying a KV stream costs milliseconds, evaluating 128 tokens a second or more.
+MIN_COPIED_PREFIX = 128
 
 # The most sequences one context holds: past 16 rows a pass on a CPU costs about what 16 single
 # steps would, and each sequence adds a whole KV cache.
@@ -122,7 +127,8 @@ class Scheduler:
                 job = next_job(not active)
                 if job is None:
                     break
-                seq = free.pop()
+                seq = self._place_for(job.prompt_ids, free)
+                free.remove(seq)
                 started = self._start(job, seq)
                 if isinstance(started, Failed):
                     free.append(seq)
@@ -148,15 +154,32 @@ class Scheduler:
         generation = engine.begin(ids, job.params, lane, seq)
         generation.counters.mode = self.mode
         started = time.perf_counter()
-        engine.target.rewind(0, seq)
+        reused = generation.counters.prompt_tokens_reused = self._reuse_prefix(ids, seq)
         try:
-            engine.target.decode(ids[:-1], n_logits=0, seq=seq)
+            engine.target.decode(ids[reused:-1], n_logits=0, seq=seq)
         except EdgespecError as err:
             engine.target.rewind(0, seq)
             return Failed(err)
         generation.counters.prefill_seconds = time.perf_counter() - started
         generation.decode_start = time.perf_counter()
         return generation
+
+    def _place_for(self, ids: list[int], free: list[int]) -> int:
+        """The free sequence whose cache shares the longest prefix with ids (the lowest on a tie)."""
+        return max(sorted(free), key=lambda seq: common_prefix_length(self.engine.target.cached_of(seq), ids))
+
+    def _reuse_prefix(self, ids: list[int], seq: int) -> int:
+        """Leave in sequence seq's cache the longest prefix of ids any sequence holds (copied from it if
+        that pays); return its length, at most len(ids) - 1 (the last token is evaluated by the first step)."""
+        target = self.engine.target
+        shared = {other: common_prefix_length(target.cached_of(other), ids) for other in range(self.parallel)}
+        best = max(shared, key=lambda other: (shared[other], other == seq))
+        keep = min(shared[seq], len(ids) - 1)
+        if shared[best] - shared[seq] >= MIN_COPIED_PREFIX:
+            keep = min(shared[best], len(ids) - 1)
+            target.copy_sequence(best, seq, keep)
+        target.rewind(keep, seq)
+        return keep
 
     def _step(self, active: dict, cancel) -> Iterator[tuple[object, Step | Done | Failed]]:
         """One shared pass over every active generation; their steps, and a Done for each that ended."""

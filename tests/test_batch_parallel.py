@@ -134,6 +134,20 @@ def test_sequences_that_stop_or_fill_their_context_end_while_the_others_go_on(en
     assert steps["fills"] > steps["short"]  # it went on after the others ended
 
 
+def test_a_prompt_sharing_a_long_prefix_with_another_sequence_copies_its_cache(engine):
+    document = "The cat sat on the mat and the dog sat on the log. " * 7
+    prompts = [engine.prompt_tokens(document + question, raw=True) for question in ("Who sat?", "Where?", "Why?")]
+    shared = min(len(p) for p in prompts) - 4
+    assert shared >= 128  # long enough to be worth a copy (MIN_COPIED_PREFIX)
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    alone = [engine.generate(document + q, params, raw=True).text for q in ("Who sat?", "Where?", "Why?")]
+    results, _ = run_jobs(engine, [Job(i, p, params) for i, p in enumerate(prompts)], parallel=2)
+    assert [results[i].text for i in range(3)] == alone
+    assert results[0].stats.prompt_tokens_reused == 0
+    assert results[1].stats.prompt_tokens_reused >= shared  # copied from sequence 0 while it ran
+    assert results[2].stats.prompt_tokens_reused >= shared
+
+
 def test_cancel_ends_every_sequence_in_flight(engine):
     import threading
 

@@ -238,6 +238,13 @@ class LlamaModel:
         """The tokens in sequence seq's KV cache (sequence 0's is ``cached``)."""
         return self._cached_by_seq[seq]
 
+    def copy_sequence(self, source: int, dest: int, n_keep: int) -> None:
+        """Make sequence dest's cache the first n_keep tokens of sequence source's (the KV data is copied,
+        stream to stream, at the start of the next pass)."""
+        llama_cpp.llama_memory_seq_cp(self._memory, source, dest, -1, -1)
+        self._cached_by_seq[dest][:] = self._cached_by_seq[source]
+        self.rewind(n_keep, dest)
+
     def rewind(self, n_keep: int, seq: int = 0) -> None:
         """Forget every cached position of sequence seq from n_keep on."""
         cached = self._cached_by_seq[seq]
