@@ -39,12 +39,17 @@ MAX_OUTPUT_ROWS = 64
 # MAX_DRAFT_TOKENS + 1 wide) always fit in one.
 N_UBATCH = 128
 
+# The most sequences one context decodes together (batch/serve --parallel): past 16 rows a pass on
+# a CPU costs about what 16 single steps would, and each sequence adds a whole KV cache.
+MAX_PARALLEL = 16
+
 # setting -> (lowest, highest, what the range means, when that needs saying)
 RANGES: dict[str, tuple[int, int, str]] = {
     "n_ctx": (MIN_N_CTX, MAX_N_CTX, ""),
     "gpu_layers": (-1, MAX_GPU_LAYERS, " (-1: all layers)"),
     "draft_gpu_layers": (-1, MAX_GPU_LAYERS, " (-1: all layers)"),
     "draft_tokens": (0, MAX_DRAFT_TOKENS, ' or "auto"'),
+    "parallel": (1, MAX_PARALLEL, ""),
 }
 
 

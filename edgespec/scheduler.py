@@ -34,16 +34,13 @@ from .costs import CostModel
 from .drafters import NgramDrafter, NoDrafter
 from .engine import Done, DraftChoice, Engine, Generation, Lane, NonFiniteLogits, Step
 from .errors import ContextOverflowError, EdgespecError
-from .limits import MAX_OUTPUT_ROWS
+from .limits import MAX_OUTPUT_ROWS, checked_setting
 from .sampling import SamplingParams
 
 # A prompt that shares at least this many more tokens with another sequence's cache than with its
 # own gets a copy of that cache: copying a KV stream costs milliseconds, evaluating 128 tokens a second or more.
 MIN_COPIED_PREFIX = 128
 
-# The most sequences one context holds: past 16 rows a pass on a CPU costs about what 16 single
-# steps would, and each sequence adds a whole KV cache.
-MAX_PARALLEL = 16
 
 
 @dataclass(frozen=True)
@@ -104,8 +101,7 @@ class Scheduler:
     """Runs jobs `parallel` at a time in the engine's target, one shared pass per step."""
 
     def __init__(self, engine: Engine, parallel: int):
-        if not 1 <= parallel <= MAX_PARALLEL:
-            raise EdgespecError(f"parallel sequences must be 1..{MAX_PARALLEL}, not {parallel}")
+        checked_setting("parallel", parallel)
         self.engine = engine
         self.parallel = parallel
         self.mode = "none" if engine.mode == "none" else "ngram"

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from ..errors import EdgespecError
-from ..scheduler import MAX_PARALLEL
+from ..limits import MAX_PARALLEL
 from ..monitor import DEFAULT_THRESHOLD, DEFAULT_WINDOW, AcceptanceMonitor
-from .options import add_engine_options, add_sampling_options, engine_from_args, sampling_params
+from .options import add_engine_options, add_sampling_options, engine_from_args, sampling_params, setting
 
 API_KEY_ENV = "EDGESPEC_API_KEY"
 
@@ -31,7 +31,7 @@ def add_serve_parser(subparsers) -> None:
     group.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                        help=f"require 'Authorization: Bearer KEY' on /v1 and /metrics (default: ${API_KEY_ENV})")
     group.add_argument("--queue-size", type=int, default=8, help="requests that may wait for the engine; more get 429 (default: %(default)s)")
-    group.add_argument("--parallel", type=int, default=1, metavar="N",
+    group.add_argument("--parallel", type=setting("parallel"), default=1, metavar="N",
                        help=f"requests decoded together, 1..{MAX_PARALLEL}: more throughput for concurrent clients, "
                             "but each request then evaluates its whole prompt, with no reuse of the previous "
                             "request's cache (default: %(default)s)")
@@ -76,8 +76,6 @@ def _check_options(args: argparse.Namespace) -> None:
         raise EdgespecError(f"--port {args.port} is not a port number (use 0-65535)")
     if args.queue_size < 0:
         raise EdgespecError("--queue-size must be 0 or more")
-    if not 1 <= args.parallel <= MAX_PARALLEL:
-        raise EdgespecError(f"--parallel must be a whole number from 1 to {MAX_PARALLEL}, not {args.parallel}")
     if args.parallel > 1 and args.bit_exact:
         raise EdgespecError("--parallel above 1 and --bit-exact do not go together: rows in a shared pass are not "
                             "bit-identical to plain decoding; drop one of them")

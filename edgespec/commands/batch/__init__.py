@@ -50,9 +50,10 @@ from typing import Callable, Iterator
 
 from ...errors import EdgespecError
 from ...notices import print_notice
-from ...scheduler import MAX_PARALLEL, best_parallel
+from ...limits import MAX_PARALLEL
+from ...scheduler import best_parallel
 from ...stats import Stats
-from ..options import add_engine_options, add_sampling_options, engine_from_args, sampling_params
+from ..options import add_engine_options, add_sampling_options, engine_from_args, sampling_params, setting
 from ..serve import API_KEY_ENV
 from .parallel import run_batch_parallel
 from .output import FINGERPRINT_FIELD, RecordWriter, is_done, same_file
@@ -95,7 +96,7 @@ def add_batch_parser(subparsers) -> None:
     remote.add_argument("--concurrency", type=_concurrency, default=1, metavar="N",
                         help=f"requests in flight at once, 1..{MAX_CONCURRENCY} (default: %(default)s)")
     local = parser.add_argument_group("local engine")
-    local.add_argument("--parallel", type=_parallel, default=None, metavar="N",
+    local.add_argument("--parallel", type=setting("parallel"), default=None, metavar="N",
                        help=f"requests decoded together in each forward pass, 1..{MAX_PARALLEL} (default: the number "
                             "that gives the most tokens per second on this machine's measured cost curve, within the "
                             "memory budget; 1 with --bit-exact)")
@@ -234,16 +235,6 @@ def _sequences_that_fit(engine) -> int:
         return MAX_PARALLEL
     room = plan.budget_bytes - plan.total_bytes
     return max(1, min(MAX_PARALLEL, 1 + room // plan.parts[0].kv_bytes))
-
-
-def _parallel(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_PARALLEL:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_PARALLEL}, not {text!r}")
-    return value
 
 
 def _run_on_endpoint(args, entries, writer, finished, resumed) -> RunTally:
