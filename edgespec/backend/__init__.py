@@ -1,14 +1,15 @@
 """The only package that talks to llama-cpp-python.
 
 runtime.py starts llama.cpp and reads its build; model.py is a loaded model
-(KV cache, forward passes, logits) over the low-level C API; tokenizer.py is
-text <-> token ids.
+(KV cache, forward passes, logits) over the low-level C API; kvcache.py edits
+a KV cache in place (the context shift); tokenizer.py is text <-> token ids.
 """
 
-from .model import LlamaModel, common_prefix_length
+from .kvcache import common_prefix_length, dropped_span
+from .model import LlamaModel
 from .runtime import RUNTIME, default_threads, supports_gpu_offload, width_independent_kernels
 
 __all__ = [
-    "LlamaModel", "RUNTIME", "common_prefix_length",
+    "LlamaModel", "RUNTIME", "common_prefix_length", "dropped_span",
     "default_threads", "supports_gpu_offload", "width_independent_kernels",
 ]
