@@ -181,7 +181,7 @@ class Engine:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
             self._drafters["combined"] = self._drafters["draft-model"]  # picks per step between it and n-grams
         self._lane = Lane(self._drafters)
-        self.configure(mode=mode)
+        self.configure(mode=mode, bit_exact=bit_exact)  # refuses bit_exact over flash attention
         self.chat_template = ChatTemplate(
             target.metadata("tokenizer.chat_template"),
             bos_token=target.token_bytes(target.bos_id).decode("utf-8", "replace") if target.bos_id >= 0 else "",
@@ -235,7 +235,8 @@ class Engine:
             self._use_cost(probe.exact_width, probe.drift, cost, plain_step_seconds=None, widest=widest)
             return
         cache = cache or CalibrationCache()
-        key = CalibrationKey.for_model(self.target.path, self.target.n_gpu_layers, self.target.n_threads, RUNTIME)
+        key = CalibrationKey.for_model(self.target.path, self.target.n_gpu_layers, self.target.n_threads, RUNTIME,
+                                       kv_cache=self.target.kv_cache_label)
         cached = cache.read(key)
         self._calibration = cache, key
         self._stale_curve = False
@@ -411,6 +412,8 @@ class Engine:
         if mode is not None and mode not in self._drafters:
             have = ", ".join(self._drafters)
             raise EdgespecError(f"drafting mode {mode!r} is not available (available: {have}; draft-model needs --draft FILE)")
+        if bit_exact and self.target.flash_attn:
+            raise EdgespecError("bit-exact verification needs flash attention off; load the model without --flash-attn")
         if draft_tokens is not None and draft_tokens != "auto" and not (
                 isinstance(draft_tokens, int) and 0 <= draft_tokens <= MAX_DRAFT_TOKENS):
             raise EdgespecError(f"draft tokens must be 'auto' or a whole number from 0 to {MAX_DRAFT_TOKENS}, not {draft_tokens!r}")

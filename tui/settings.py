@@ -30,6 +30,11 @@ class ChatConfig:
     draft_gpu_layers: int | None = _setting(None, "range", flag=True)
     memory_budget: str | None = _setting(None, "string", flag=True)
     bit_exact: bool = _setting(False, "boolean", flag=True)  # --bit-exact: greedy output bit for bit plain decoding's
+    # the KV caches (--kv-type, --draft-kv-type, --flash-attn): they size the contexts, so like n_ctx
+    # they take effect when models are loaded, not from the settings screen
+    kv_type: str = _setting("f16", "string", flag=True)
+    draft_kv_type: str | None = _setting(None, "string", flag=True)  # None: the kv_type
+    flash_attn: bool = _setting(False, "boolean", flag=True)
     system_prompt: str = _setting("", "string")
     draft_tint: str = _setting("#24513a", "string")
     temperature: float = _setting(0.7, "number", section="sampling", flag=True, label="Temperature")

@@ -150,7 +150,8 @@ class LlamaModel(ShiftableCache):
             llama_cpp.llama_model_free(self._model)
             self._model = None
             raise ModelLoadError(
-                f"llama.cpp could not create a {n_ctx}-token context for {self.path}: {last_error()} (try a smaller --n-ctx)"
+                f"llama.cpp could not create a {n_ctx}-token context for {self.path}: {last_error()} "
+                f"(try a smaller --n-ctx{'' if self.type_k == 'f16' else ', or --kv-type f16'})"
             )
         return ctx
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import EdgespecError
-from ..limits import MAX_DRAFT_TOKENS, MIN_N_CTX, SettingError, checked_setting, checked_threads
+from ..limits import KV_TYPES, MAX_DRAFT_TOKENS, MIN_N_CTX, SettingError, checked_kv_type, checked_setting, checked_threads
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 
@@ -26,6 +26,20 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                        help="verify only in passes llama.cpp computes bit-identically to one token at a time, so greedy "
                             "output is plain decoding's token for token (default: passes as wide as pay, exact in "
                             "distribution up to llama.cpp's rounding)")
+    add_kv_cache_options(group)
+
+
+def add_kv_cache_options(group) -> None:
+    """--kv-type, --draft-kv-type and --flash-attn: what the KV caches hold, and what that trades away."""
+    choices = "|".join(KV_TYPES)
+    group.add_argument("--kv-type", type=_kv_type, default="f16",
+                       help=f"the target's KV cache type, {choices} (default: %(default)s); quantised, it takes less "
+                            "memory, but only the keys are quantised unless --flash-attn")
+    group.add_argument("--draft-kv-type", type=_kv_type, default=None,
+                       help=f"the draft model's KV cache type, {choices} (default: the --kv-type)")
+    group.add_argument("--flash-attn", action="store_true",
+                       help="use flash attention, which lets the values be quantised too; a token's logits then "
+                            "depend on its pass's width, so it cannot go with --bit-exact")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256, per_request: bool = True) -> None:
@@ -57,6 +71,13 @@ def setting(name: str):
     return parse
 
 
+def _kv_type(text: str) -> str:
+    try:
+        return checked_kv_type(text)
+    except SettingError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _threads(text: str) -> int:
     try:
         return checked_threads(int(text))
@@ -85,5 +106,6 @@ def engine_from_args(args: argparse.Namespace, **overrides):
     return load_engine(
         args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
         draft_gpu_layers=args.draft_gpu_layers, draft_tokens=args.draft_tokens,
-        n_threads=args.threads, memory_budget=args.memory_budget, bit_exact=args.bit_exact, **overrides,
+        n_threads=args.threads, memory_budget=args.memory_budget, bit_exact=args.bit_exact,
+        kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn, **overrides,
     )

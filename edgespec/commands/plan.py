@@ -23,7 +23,8 @@ def plan(args: argparse.Namespace) -> int:
     from ..planner import format_plan_table
 
     _, _, memory_plan = plan_load(args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
-                                  draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget)
+                                  draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget,
+                                  kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn)
     if args.json:
         print(json.dumps(memory_plan.to_dict(), indent=2))
     else:
