@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import RUNTIME, LlamaModel, common_prefix_length
+from .backend import RUNTIME, LlamaModel, common_prefix_length, dropped_span
 from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
 from .controller import HINDSIGHT_DECAY, NGRAM_PRIOR_BY_BUCKET, DraftLengthController
 from .costs import CostModel, best_speedup
@@ -176,6 +176,7 @@ class Engine:
         self._calibration: tuple[CalibrationCache, CalibrationKey] | None = None  # None: the curve was given
         self._stale_curve = False  # a stale cached curve is in use until recalibrate()
         self.phase_clock: PhaseClock | None = None  # set by `bench --overhead`
+        self.shift_dropped_turns = True  # see _shift_out_dropped_span; False recomputes (a benchmark's "before")
         self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft is not None:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
@@ -626,12 +627,33 @@ class Engine:
     def _prefill(self, context: list[int]) -> int:
         """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);
         return how many the target had cached already."""
+        self._shift_out_dropped_span(self.target, context)
         reused = min(common_prefix_length(self.target.cached, context), len(context) - 1)
         self.target.rewind(reused)
         self.target.decode(context[reused:-1], n_logits=0)
         if self.mode in ("draft-model", "combined"):
+            self._shift_out_dropped_span(self.draft, context)
             self._drafters["draft-model"].prefill(context)
         return reused
+
+    @property
+    def shifts_context(self) -> bool:
+        """Whether a chat's dropped turn is shifted out of the caches rather than the rest recomputed."""
+        return self.shift_dropped_turns and not self.bit_exact and self.target.can_shift
+
+    def _shift_out_dropped_span(self, model: LlamaModel, context: list[int]) -> None:
+        """When context is model's cache with one span left out (a chat dropped its oldest turn), drop
+        that span from the cache and move what follows back, as llama.cpp's context shift does, so the
+        prefill computes only what is new.
+
+        The moved keys and values still carry what they attended to in the
+        dropped span, so this is not the cache a fresh prefill would compute,
+        nor bit-identical to it: under bit_exact the rest is computed again.
+        """
+        if self.shifts_context and model.can_shift:
+            span = dropped_span(model.cached, context[:-1])
+            if span is not None:
+                model.drop_span(*span)
 
     def draft_choice(self, generation: Generation, room: int) -> DraftChoice:
         """Which of the lane's drafters proposes the generation's next step, what it hinted, and how many

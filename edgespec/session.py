@@ -137,8 +137,16 @@ class ChatSession:
             self.first_visible = next_turn
         notice = None
         if dropped:
-            notice = Notice(f"left the oldest {dropped} message(s) out of the model's view to fit the {self.engine.n_ctx}-token context")
+            notice = Notice(f"left the oldest {dropped} message(s) out of the model's view to fit the "
+                            f"{self.engine.n_ctx}-token context{self._shift_note()}")
         return prompt_ids, notice
+
+    def _shift_note(self) -> str:
+        """How the engine makes room: by shifting the kept turns in its cache, or by computing them again."""
+        if self.engine.shifts_context:
+            return ("; the rest was shifted in the cache, not recomputed, so it still carries traces of them "
+                    "(--bit-exact recomputes)")
+        return ""
 
     def _next_turn_start(self) -> int | None:
         """Index of the second visible user message: dropping up to it drops one whole turn."""
