@@ -49,9 +49,9 @@ def fill_chat(session: ChatSession, chat_tokens: int, turns: list[str]) -> list[
 
 
 def one_run(engine, args, shift: bool) -> dict:
-    engine.shift_dropped_turns = shift
     engine.forget_cache()
     session = ChatSession(engine, system_prompt="You are a concise assistant for programmers.")
+    session.shift_dropped_turns = shift
     turns = fill_chat(session, args.chat_tokens - 40, user_turns())
     session.messages.pop()  # the last canned reply: the session replies to that turn itself
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)

@@ -176,7 +176,7 @@ class Engine:
         self._calibration: tuple[CalibrationCache, CalibrationKey] | None = None  # None: the curve was given
         self._stale_curve = False  # a stale cached curve is in use until recalibrate()
         self.phase_clock: PhaseClock | None = None  # set by `bench --overhead`
-        self.shift_dropped_turns = True  # see _shift_out_dropped_span; False recomputes (a benchmark's "before")
+        self._shift_allowed = False  # this generation's caller accepts a shifted cache (stream_tokens)
         self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft is not None:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
@@ -468,9 +468,16 @@ class Engine:
         return self.stream_tokens(self.prompt_tokens(prompt, raw), params, cancel=cancel)
 
     def stream_tokens(
-        self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None
+        self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None,
+        shift_dropped_span: bool = False,
     ) -> Iterator[Step | Done]:
-        """Generate after prompt_ids; yields one Step per verification and a final Done."""
+        """Generate after prompt_ids; yields one Step per verification and a final Done.
+
+        shift_dropped_span: the caller (a chat that dropped its oldest turn)
+        accepts a cache with that turn shifted out for one recomputed, see
+        _shift_out_dropped_span.  Other callers get a cache as a fresh prefill
+        would make it, so a prompt's output never depends on the one before.
+        """
         if not prompt_ids:
             raise EdgespecError("the prompt is empty (give some text to continue)")
         if len(prompt_ids) >= self.n_ctx:
@@ -478,6 +485,7 @@ class Engine:
                 f"the prompt has {len(prompt_ids)} tokens but the context holds {self.n_ctx} (raise --n-ctx or shorten the prompt)"
             )
         with self._lock:
+            self._shift_allowed = shift_dropped_span
             try:
                 yield from self._generate(list(prompt_ids), params, cancel)
             except NonFiniteLogits:
@@ -638,8 +646,8 @@ class Engine:
 
     @property
     def shifts_context(self) -> bool:
-        """Whether a chat's dropped turn is shifted out of the caches rather than the rest recomputed."""
-        return self.shift_dropped_turns and not self.bit_exact and self.target.can_shift
+        """Whether a dropped turn is shifted out of the caches, when the caller allows it, rather than the rest recomputed."""
+        return not self.bit_exact and self.target.can_shift
 
     def _shift_out_dropped_span(self, model: LlamaModel, context: list[int]) -> None:
         """When context is model's cache with one span left out (a chat dropped its oldest turn), drop
@@ -650,7 +658,7 @@ class Engine:
         dropped span, so this is not the cache a fresh prefill would compute,
         nor bit-identical to it: under bit_exact the rest is computed again.
         """
-        if self.shifts_context and model.can_shift:
+        if self._shift_allowed and self.shifts_context and model.can_shift:
             span = dropped_span(model.cached, context[:-1])
             if span is not None:
                 model.drop_span(*span)

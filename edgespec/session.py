@@ -52,6 +52,9 @@ class ChatSession:
         self.turn_stats: list[dict] = []
         self.params: SamplingParams | None = None
         self.first_visible = 0  # messages before this index were dropped from the model's view
+        # shift the dropped turns out of the engine's caches rather than compute the kept ones again
+        # (the engine does not under bit_exact); False is the recomputing a benchmark compares with
+        self.shift_dropped_turns = True
         self._cancel = threading.Event()
 
     # -- turns ---------------------------------------------------------------
@@ -143,7 +146,7 @@ class ChatSession:
 
     def _shift_note(self) -> str:
         """How the engine makes room: by shifting the kept turns in its cache, or by computing them again."""
-        if self.engine.shifts_context:
+        if self.shift_dropped_turns and self.engine.shifts_context:
             return ("; the rest was shifted in the cache, not recomputed, so it still carries traces of them "
                     "(--bit-exact recomputes)")
         return ""
@@ -158,7 +161,8 @@ class ChatSession:
         self._cancel.clear()
         if notice is not None:
             yield notice
-        for event in self.engine.stream_tokens(prompt_ids, params, cancel=self._cancel):
+        shift = notice is not None and self.shift_dropped_turns
+        for event in self.engine.stream_tokens(prompt_ids, params, cancel=self._cancel, shift_dropped_span=shift):
             if isinstance(event, Done):
                 self._record(event.result)
             yield event

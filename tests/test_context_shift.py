@@ -10,7 +10,7 @@ from edgespec.backend import LlamaModel, dropped_span
 from edgespec.loading import load_engine
 from tinygguf import write_tiny_model
 
-SYSTEM, DROPPED, KEPT = list(range(100, 120)), list(range(200, 250)), list(range(300, 360))
+SYSTEM, DROPPED, KEPT = list(range(100, 120)), list(range(200, 250)), list(range(250, 310))  # ids the tiny vocabulary has
 
 
 def test_dropped_span_is_the_one_span_left_out():
@@ -62,6 +62,20 @@ def test_a_shifted_cache_has_the_positions_and_logits_of_a_fresh_one(one_layer_p
     # equal up to rounding (the keys are rotated again and stored in f16), unlike with the span still there
     assert np.abs(after_shift - expected).max() < 1e-3
     assert np.abs(with_the_span - expected).max() > 0.05
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_the_engine_shifts_only_for_a_caller_that_allows_it(one_layer_path, allowed):
+    # a server's or a batch's next prompt must get what a fresh prefill computes, whatever came before
+    engine = load_engine(one_layer_path, "none", n_ctx=512, cost_curve=[1.0], notice=lambda _: None)
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    try:
+        list(engine.stream_tokens(SYSTEM + DROPPED + KEPT, params))
+        events = list(engine.stream_tokens(SYSTEM + KEPT + [7], params, shift_dropped_span=allowed))
+    finally:
+        engine.close()
+    reused = events[-1].result.stats.prompt_tokens_reused
+    assert reused == (len(SYSTEM + KEPT) if allowed else len(SYSTEM))
 
 
 FILLER = ("Here is a note about gardening: water the tomatoes every morning, keep the basil in the sun, "
