@@ -38,21 +38,36 @@ def user_turns() -> list[str]:
 
 
 def fill_chat(session: ChatSession, chat_tokens: int, turns: list[str]) -> list[str]:
-    """Give the session canned turns until its prompt holds about chat_tokens; return the turns left."""
+    """Give the session canned turns until its prompt holds about chat_tokens (the last turn cut to fit);
+    return the turns left."""
     while turns:
-        session.messages += [{"role": "user", "content": turns[0]}, {"role": "assistant", "content": REPLY}]
-        if len(session.engine.chat_tokens(session.visible_messages())) > chat_tokens:
-            del session.messages[-2:]
+        turn, turns = turns[0], turns[1:]
+        session.messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": REPLY}]
+        if prompt_length(session) > chat_tokens:
+            cut_last_turn(session, turn, chat_tokens)
             break
-        turns = turns[1:]
     return turns
+
+
+def prompt_length(session: ChatSession) -> int:
+    return len(session.engine.chat_tokens(session.visible_messages()))
+
+
+def cut_last_turn(session: ChatSession, turn: str, chat_tokens: int) -> None:
+    """Shorten the last user message to the longest prefix that keeps the prompt within chat_tokens."""
+    low, high = 0, len(turn)  # a prefix of `low` characters fits, one of `high` does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        session.messages[-2]["content"] = turn[:middle]
+        low, high = (middle, high) if prompt_length(session) <= chat_tokens else (low, middle)
+    session.messages[-2]["content"] = turn[:low]
 
 
 def one_run(engine, args, shift: bool) -> dict:
     engine.forget_cache()
     session = ChatSession(engine, system_prompt="You are a concise assistant for programmers.")
     session.shift_dropped_turns = shift
-    turns = fill_chat(session, args.chat_tokens - 40, user_turns())
+    turns = fill_chat(session, args.chat_tokens, user_turns())
     session.messages.pop()  # the last canned reply: the session replies to that turn itself
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     whole = final(session.stream_reply(params))[0].stats  # a cold prefill of the whole chat fills the cache
