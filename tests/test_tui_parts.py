@@ -140,6 +140,20 @@ def test_config_file_overrides_defaults_and_flags_override_the_file(tmp_path):
     assert load_config(tmp_path / "missing.toml") == ChatConfig()
 
 
+def test_the_kv_cache_settings_come_from_the_file_and_the_chat_flags(tmp_path):
+    from edgespec.commands import build_parser
+    from tui.settings import FLAG_SETTINGS
+
+    path = tmp_path / "config.toml"
+    path.write_text('kv_type = "q8_0"\nflash_attn = true\n')
+    config = load_config(path)
+    assert (config.kv_type, config.draft_kv_type, config.flash_attn) == ("q8_0", None, True)
+    args = build_parser().parse_args(["chat", "--kv-type", "q4_0", "--draft-kv-type", "f16"])
+    flagged = config.with_overrides(**{name: getattr(args, name) for name in FLAG_SETTINGS})
+    assert (flagged.kv_type, flagged.draft_kv_type, flagged.flash_attn) == ("q4_0", "f16", True)
+    assert load_config(save_defaults(flagged, tmp_path / "saved.toml")) == flagged
+
+
 @pytest.mark.parametrize("text, problem", [
     ("colour = 1\n", "unknown setting colour"),
     ("[keymap]\nfly = \"x\"\n", "unknown setting \\[keymap\\] fly"),

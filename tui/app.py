@@ -348,7 +348,8 @@ def run_chat(args=None, **overrides) -> int:
 
     `args` is an argparse namespace (or None), `overrides` keyword arguments;
     both may give model, draft, draft_tokens, n_ctx, gpu_layers,
-    draft_gpu_layers, memory_budget, temperature, top_p, top_k, min_p,
+    draft_gpu_layers, memory_budget, bit_exact, kv_type, draft_kv_type,
+    flash_attn, temperature, top_p, top_k, min_p,
     max_tokens, system and threads.  A value of None leaves the setting to
     config.toml (threads: to llama.cpp's default).  Raises EdgespecError for a bad config file or history
     database.
