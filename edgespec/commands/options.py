@@ -33,7 +33,7 @@ def add_kv_cache_options(group) -> None:
     """--kv-type, --draft-kv-type and --flash-attn: what the KV caches hold, and what that trades away."""
     choices = "|".join(KV_TYPES)
     group.add_argument("--kv-type", type=_kv_type, default="f16",
-                       help=f"the target's KV cache type, {choices} (default: %(default)s); quantised, it takes less "
+                       help=f"the target's KV cache type, {choices} (default: f16); quantised, it takes less "
                             "memory, but only the keys are quantised unless --flash-attn")
     group.add_argument("--draft-kv-type", type=_kv_type, default=None,
                        help=f"the draft model's KV cache type, {choices} (default: the --kv-type)")
