@@ -341,6 +341,19 @@ async def test_a_full_context_drops_the_oldest_turns_with_a_note(models):
 
 
 @pilot_test
+async def test_the_kv_cache_settings_load_the_models_with_them_and_say_what_they_trade(models):
+    app = make_app(models, kv_type="q8_0", draft_kv_type="f16")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        engine = app.chat.engine
+        assert (engine.target.type_k, engine.target.type_v, engine.draft.type_k) == ("q8_0", "f16", "f16")
+        notes = [str(note.render()) for note in app.query(Note)]
+        assert any("keys only" in note for note in notes), notes
+        await send(pilot, "Hello world")
+        assert replies(app)
+
+
+@pilot_test
 async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
     app = make_app(models, max_tokens=3000)
     async with app.run_test(size=SIZE) as pilot:
