@@ -147,8 +147,8 @@ class ChatSession:
     def _shift_note(self) -> str:
         """How the engine makes room: by shifting the kept turns in its cache, or by computing them again."""
         if self.shift_dropped_turns and self.engine.shifts_context:
-            return ("; the rest was shifted in the cache, not recomputed, so it still carries traces of them "
-                    "(--bit-exact recomputes)")
+            return ("; the kept turns are shifted in the cache, not recomputed, so they still carry traces of "
+                    "the dropped ones (--bit-exact recomputes)")
         return ""
 
     def _next_turn_start(self) -> int | None:
