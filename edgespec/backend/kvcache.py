@@ -1,8 +1,9 @@
 """Editing a KV cache in place: where a new context departs from it, and removing a span from it.
 
-Pure token arithmetic (common_prefix_length, dropped_span) and the span
-removal LlamaModel inherits (ShiftableCache), which moves the positions after
-the span back as llama.cpp's context shift does.
+Pure token arithmetic (common_prefix_length, dropped_span) and what
+LlamaModel inherits (ShiftableCache): the label of its cache types, and the
+span removal that moves the positions after the span back as llama.cpp's
+context shift does.
 """
 
 from __future__ import annotations
@@ -59,7 +60,15 @@ def dropped_span(cached: Sequence[int], context: Sequence[int],
 
 
 class ShiftableCache:
-    """The span edits of a model's KV cache; needs the model's _memory and _cached_by_seq."""
+    """What a model's KV cache holds and its span edits; needs the model's type_k, type_v, flash_attn,
+    _memory and _cached_by_seq."""
+
+    @property
+    def kv_cache_label(self) -> str:
+        """What the KV cache setup changes in the logits: "" for f16 keys and values without flash attention."""
+        if (self.type_k, self.type_v, self.flash_attn) == ("f16", "f16", False):
+            return ""
+        return f"K {self.type_k}, V {self.type_v}, flash attention {'on' if self.flash_attn else 'off'}"
 
     @property
     def can_shift(self) -> bool:

@@ -255,13 +255,6 @@ class LlamaModel(ShiftableCache):
             llama_cpp.llama_memory_seq_rm(self._memory, seq, n_keep, -1)
             del cached[n_keep:]
 
-    @property
-    def kv_cache_label(self) -> str:
-        """What the KV cache setup changes in the logits: "" for f16 keys and values without flash attention."""
-        if (self.type_k, self.type_v, self.flash_attn) == ("f16", "f16", False):
-            return ""
-        return f"K {self.type_k}, V {self.type_v}, flash attention {'on' if self.flash_attn else 'off'}"
-
     def decode(self, tokens: Sequence[int], n_logits: int = 1, *, copy: bool = True, seq: int = 0) -> np.ndarray | None:
         """Append tokens to sequence seq's cache; return the logits of the last n_logits of them.
 
