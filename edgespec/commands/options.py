@@ -32,10 +32,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
 def add_kv_cache_options(group) -> None:
     """--kv-type, --draft-kv-type and --flash-attn: what the KV caches hold, and what that trades away."""
     choices = "|".join(KV_TYPES)
-    group.add_argument("--kv-type", type=_kv_type, default="f16",
+    group.add_argument("--kv-type", type=parse_kv_type, default="f16",
                        help=f"the target's KV cache type, {choices} (default: f16); quantised, it takes less "
                             "memory, but only the keys are quantised unless --flash-attn")
-    group.add_argument("--draft-kv-type", type=_kv_type, default=None,
+    group.add_argument("--draft-kv-type", type=parse_kv_type, default=None,
                        help=f"the draft model's KV cache type, {choices} (default: the --kv-type)")
     group.add_argument("--flash-attn", action="store_true",
                        help="use flash attention, which lets the values be quantised too; a token's logits then "
@@ -71,7 +71,8 @@ def setting(name: str):
     return parse
 
 
-def _kv_type(text: str) -> str:
+def parse_kv_type(text: str) -> str:
+    """An argparse type for --kv-type and its kin: one of edgespec.limits.KV_TYPES."""
     try:
         return checked_kv_type(text)
     except SettingError as error:
