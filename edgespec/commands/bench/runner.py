@@ -54,9 +54,8 @@ def run_bench(
     With overhead=True every edgespec run also records where its decode time
     went, per phase of the loop (engine.PhaseClock), and the result gains an
     "overhead" summary.  llama_cpp_bin (a folder holding llama-speculative-simple)
-    adds llama.cpp's own speculation as peers.  Raises ExactnessError at the
-    first temperature-0 mismatch of an edgespec mode with the baseline.
-    kv_type is the models' KV cache type (keys only: the bench keeps flash attention off).
+    adds llama.cpp's own speculation as peers.  kv_type: the models' KV cache type (keys
+    only).  Raises ExactnessError at the first temperature-0 mismatch of an edgespec mode with the baseline.
     """
     if repeats < 1:
         raise BenchError("--repeats must be at least 1")
