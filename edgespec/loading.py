@@ -25,12 +25,13 @@ from .planner import Plan, plan_models
 def plan_load(
     target, draft="auto", *, n_ctx: int, n_gpu_layers=None, draft_gpu_layers=None,
     memory_budget=None, pull: bool = True, notice: Callable[[str], None] = print_notice,
-    kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False,
+    kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False, parallel: int = 1,
 ) -> tuple[Path, Path | None, Plan]:
     """Resolve the model names to files and plan their memory: what load_engine will do.
 
     pull=False never downloads: a missing target is an error, a missing draft means n-grams.
-    kv_type, draft_kv_type and flash_attn are load_engine's.
+    kv_type, draft_kv_type and flash_attn are load_engine's; parallel counts a target KV cache
+    per sequence decoded together (batch --parallel).
     """
     target_path = resolve_model(target, pull=pull, notice=notice)
     draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, pull, notice)
@@ -40,7 +41,7 @@ def plan_load(
         target_path, draft_path, n_ctx=n_ctx, gpu_offload=supports_gpu_offload(),
         memory_budget=memory_budget, force_mode=forced_mode,
         force_gpu_layers=n_gpu_layers, force_draft_gpu_layers=draft_gpu_layers,
-        kv_type=kv_type, draft_kv_type=draft_kv_type, flash_attn=flash_attn,
+        kv_type=kv_type, draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel,
     )
     for warning in plan.warnings:
         notice(warning)
@@ -67,6 +68,7 @@ def load_engine(
     kv_type: str = "f16",
     draft_kv_type: str | None = None,
     flash_attn: bool = False,
+    parallel: int = 1,
 ) -> Engine:
     """Load a target and its drafter.
 
@@ -85,12 +87,13 @@ def load_engine(
     kv_type and draft_kv_type (default: kv_type) are the KV cache types of the
     target and the draft (f16, q8_0, q4_0); without flash_attn only the keys
     take them (see kv_cache_notice).  flash_attn cannot go with bit_exact.
+    parallel only plans the memory of that many target KV caches: a Scheduler makes room for them.
     """
     kv_notice = kv_cache_notice(kv_type, kv_type if draft_kv_type is None else draft_kv_type, flash_attn, bit_exact)
     target_path, draft_path, plan = plan_load(
         target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
         memory_budget=memory_budget, pull=pull, notice=notice,
-        kv_type=kv_type, draft_kv_type=draft_kv_type, flash_attn=flash_attn,
+        kv_type=kv_type, draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel,
     )
     if kv_notice:
         notice(kv_notice)

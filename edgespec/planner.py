@@ -85,6 +85,7 @@ class Plan:
     kv_type: str  # the target's --kv-type
     draft_kv_type: str = "f16"
     flash_attn: bool = False  # without it only the keys take the KV type (edgespec.limits.kv_cache_types)
+    parallel: int = 1  # target sequences decoded together, each with a KV cache of n_ctx tokens
 
     def to_dict(self) -> dict:
         return {
@@ -94,7 +95,7 @@ class Plan:
             "total_bytes": self.total_bytes, "budget_bytes": self.budget_bytes,
             "budget_source": self.budget_source, "fits": self.fits, "reason": self.reason,
             "warnings": list(self.warnings), "n_ctx": self.n_ctx, "kv_type": self.kv_type,
-            "draft_kv_type": self.draft_kv_type, "flash_attn": self.flash_attn,
+            "draft_kv_type": self.draft_kv_type, "flash_attn": self.flash_attn, "parallel": self.parallel,
             "kv_cache_types": {part.role: self.cache_types(part.role) for part in self.parts},
         }
 
@@ -152,13 +153,14 @@ def runtime_bytes(info: GGUFInfo) -> int:
 
 def model_memory(info: GGUFInfo, role: str, *, gpu_layers: int, on_gpu: bool, n_ctx: int,
                  kv_type: str = "f16", flash_attn: bool = False, n_batch: int = DEFAULT_N_BATCH,
-                 n_outputs: int = DEFAULT_N_OUTPUTS) -> ModelMemory:
-    """What one model needs, counted against a GPU budget (on_gpu) or against RAM.
+                 n_outputs: int = DEFAULT_N_OUTPUTS, n_seq: int = 1) -> ModelMemory:
+    """What one model needs, counted against a GPU budget (on_gpu) or against RAM; n_seq sequences
+    decoded together (batch --parallel) each have a KV cache of n_ctx tokens.
 
     The compute buffer is counted as without flash attention, which holds the
     attention scores: with it the buffer is smaller, so this overcounts.
     """
-    kv_layer = kv_bytes_per_layer(info, n_ctx, kv_type, flash_attn)
+    kv_layer = kv_bytes_per_layer(info, n_ctx, kv_type, flash_attn) * n_seq
     compute = compute_bytes(info, n_ctx, n_batch, n_outputs)
     runtime = runtime_bytes(info)
     name = os.path.basename(str(info.path))
@@ -181,21 +183,21 @@ def model_memory(info: GGUFInfo, role: str, *, gpu_layers: int, on_gpu: bool, n_
 def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: MemoryBudget, gpu_offload: bool,
          kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False,
          force_gpu_layers: int | None = None, force_draft_gpu_layers: int | None = None,
-         force_mode: str | None = None, n_batch: int = DEFAULT_N_BATCH, n_outputs: int = DEFAULT_N_OUTPUTS) -> Plan:
+         force_mode: str | None = None, n_batch: int = DEFAULT_N_BATCH, n_outputs: int = DEFAULT_N_OUTPUTS,
+         parallel: int = 1) -> Plan:
     """Pick GPU layers and the drafting mode for target (+ draft) within budget.
 
-    force_* are the user's choices (--gpu-layers, --draft-gpu-layers, --draft
-    ngram|none, or "draft-model" for an explicit draft file); -1 means all layers.
-    kv_type, draft_kv_type (default: kv_type) and flash_attn are the KV caches' flags.
+    force_* are the user's choices (--gpu-layers, --draft-gpu-layers, --draft ngram|none, or "draft-model"
+    for an explicit draft file); -1 means all layers.  kv_type, draft_kv_type (default: kv_type) and
+    flash_attn are the KV caches' flags; the target has `parallel` KV caches (batch --parallel).
     """
     draft_kv_type = kv_type if draft_kv_type is None else draft_kv_type
     _check_choices(force_mode, draft, kv_type, draft_kv_type)
     n_ctx = n_ctx if n_ctx > 0 else target.context_length
     on_gpu = gpu_offload and budget.kind != "cpu"
     available = budget.available_bytes
-    size = _sizer(kv_type, draft_kv_type, on_gpu=on_gpu, n_ctx=n_ctx, flash_attn=flash_attn,
+    size = _sizer(kv_type, draft_kv_type, parallel, on_gpu=on_gpu, n_ctx=n_ctx, flash_attn=flash_attn,
                   n_batch=n_batch, n_outputs=n_outputs)
-
     warnings = []
     if not on_gpu and (force_gpu_layers or force_draft_gpu_layers):
         warnings.append("no GPU offload here, so --gpu-layers and --draft-gpu-layers are ignored")
@@ -216,8 +218,7 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: Memory
     total = sum(part.budget_bytes for part in parts)
     fits = total <= available
     if not fits:
-        # The automatic choices never add a draft that does not fit, so an
-        # unforced plan can only miss the budget through the target alone.
+        # Automatic choices never add a draft that does not fit: an unforced plan misses through the target alone.
         forced = force_mode == "draft-model" or (
             on_gpu and (force_gpu_layers is not None or force_draft_gpu_layers is not None))
         warnings.append(_over_budget(forced, total, available, "GPU memory" if on_gpu else "RAM"))
@@ -237,6 +238,7 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: Memory
         kv_type=kv_type,
         draft_kv_type=draft_kv_type,
         flash_attn=flash_attn,
+        parallel=parallel,
     )
 
 
@@ -273,7 +275,8 @@ def format_plan_table(plan: Plan) -> Table:
         table.add_column(f"{part.role}\n{part.model}", justify="right")
     table.add_row("GPU layers", *(_layers_text(part, plan.device) for part in plan.parts))
     table.add_row("weights", *(format_size(part.weights_bytes) for part in plan.parts))
-    table.add_row(f"KV cache ({plan.n_ctx} tokens)", *(format_size(p.kv_bytes) for p in plan.parts))
+    sequences = f" x {plan.parallel}" if plan.parallel > 1 else ""
+    table.add_row(f"KV cache ({plan.n_ctx} tokens{sequences})", *(format_size(p.kv_bytes) for p in plan.parts))
     table.add_row("KV cache types", *(plan.cache_types(part.role) for part in plan.parts))
     table.add_row("compute buffers", *(format_size(part.compute_bytes) for part in plan.parts))
     if plan.device == "cpu":
@@ -294,11 +297,12 @@ def _layers_text(part: ModelMemory, device: str) -> str:
     return f"{part.gpu_layers} of {part.n_layer}"
 
 
-def _sizer(kv_type: str, draft_kv_type: str, **common):
-    """model_memory for either role, with that role's KV cache type and the plan's other settings."""
+def _sizer(kv_type: str, draft_kv_type: str, parallel: int, **common):
+    """model_memory for either role, with that role's KV cache type and count and the plan's other settings."""
     def size(info: GGUFInfo, role: str, *, gpu_layers: int) -> ModelMemory:
-        return model_memory(info, role, gpu_layers=gpu_layers, kv_type=kv_type if role == "target" else draft_kv_type,
-                            **common)
+        target = role == "target"
+        return model_memory(info, role, gpu_layers=gpu_layers, kv_type=kv_type if target else draft_kv_type,
+                            n_seq=parallel if target else 1, **common)
     return size
 
 

@@ -265,6 +265,28 @@ def test_the_kv_cache_estimate_is_what_llama_cpp_allocates(smol_path, smol, kv_t
     assert reported is not None and abs(estimate - reported) <= 0.005 * MiB  # llama.cpp logs 2 decimals of MiB
 
 
+def test_sequences_decoded_together_each_get_a_target_kv_cache_as_llama_cpp_allocates(smol_path, smol, tiny):
+    from edgespec.backend import LlamaModel
+
+    model = LlamaModel(smol_path, n_ctx=1024, n_threads=1, kv_type="q8_0")
+    try:
+        model.reserve_sequences(4)
+        reported = model.kv_buffer_bytes
+    finally:
+        model.close()
+    estimate = plan(smol, None, n_ctx=1024, budget=_ram("4GiB"), gpu_offload=False, kv_type="q8_0", parallel=4)
+    assert reported is not None and abs(estimate.parts[0].kv_bytes - reported) <= 0.005 * MiB
+    one = plan(smol, None, n_ctx=1024, budget=_ram("4GiB"), gpu_offload=False, kv_type="q8_0")
+    assert estimate.parts[0].kv_bytes == 4 * one.parts[0].kv_bytes
+    both = plan(tiny["target"], tiny["draft"], n_ctx=512, budget=_ram("4GiB"), gpu_offload=False, parallel=3)
+    alone = plan(tiny["target"], tiny["draft"], n_ctx=512, budget=_ram("4GiB"), gpu_offload=False)
+    assert both.parts[0].kv_bytes == 3 * alone.parts[0].kv_bytes
+    assert both.parts[1].kv_bytes == alone.parts[1].kv_bytes  # the draft model drafts one sequence at a time
+    console = Console(width=140, record=True)
+    console.print(format_plan_table(both))
+    assert "512 tokens x 3" in console.export_text()
+
+
 def test_zero_context_means_the_trained_context(tiny):
     chosen = plan(QWEN, None, n_ctx=0, budget=_gpu("6GiB"), gpu_offload=True)
     assert chosen.n_ctx == 32768

@@ -126,6 +126,7 @@ class LlamaModel(ShiftableCache):
             return
         n_ctx, n_batch = self.n_ctx, self.n_batch
         self._free_context()
+        forget_log()  # so kv_buffer_bytes is the new context's
         self._open_context(n_ctx * n_seq, n_batch, n_seq)
 
     def _create_context(self, n_ctx: int, n_batch: int, n_threads: int, n_seq: int = 1):

@@ -56,7 +56,7 @@ def serve(args: argparse.Namespace) -> int:
     config = ServerConfig(_model_name(args.model), defaults, args.api_key, args.queue_size,
                           args.request_timeout, args.max_body_bytes, args.parallel)
     with _listen(args.host, args.port) as sock:
-        engine = engine_from_args(args)
+        engine = engine_from_args(args, parallel=args.parallel)
         try:
             app = create_app(engine, config, monitor)
             host, port = sock.getsockname()[:2]
