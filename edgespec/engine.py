@@ -147,11 +147,9 @@ class DraftChoice:
 
 @dataclass(frozen=True)
 class Draft:
-    """A step's draft, made before its verification pass: who proposed what, and how it was chosen."""
+    """A step's draft, made before its verification pass: what was proposed, and by whose choice."""
 
-    drafter: Drafter
-    hint: Hint
-    controller: DraftLengthController | None
+    choice: DraftChoice
     tokens: list[int]
     probs: object = None  # the draft model's distributions, for rejection sampling; None for n-grams
 
@@ -568,8 +566,7 @@ class Engine:
                     if k > 0 else None)
         if self.phase_clock:
             self.phase_clock.lap("propose")
-        return Draft(choice.drafter, choice.hint, choice.controller, proposal.tokens if proposal else [],
-                     proposal.probs if proposal else None)
+        return Draft(choice, proposal.tokens if proposal else [], proposal.probs if proposal else None)
 
     def conclude_step(self, generation: Generation, draft: Draft, logits: np.ndarray) -> Step:
         """Verify the draft against the target's logits rows for [last token, *draft], keep the accepted part
@@ -583,8 +580,9 @@ class Engine:
         self.target.rewind(len(context) + len(accepted), generation.seq)
         if clock:
             clock.lap("rewind")
-        if draft.controller is not None and not draft.controller.hindsight:
-            draft.controller.update(len(draft.tokens), len(accepted), draft.hint.signal)
+        controller = draft.choice.controller
+        if controller is not None and not controller.hindsight:
+            controller.update(len(draft.tokens), len(accepted), draft.choice.hint.signal)
         if clock:
             clock.lap("controller")
         self._count_step(generation.counters, draft, len(accepted))
@@ -601,7 +599,7 @@ class Engine:
         counters.widest_pass = max(counters.widest_pass, width)
         counters.pass_widths[width] = counters.pass_widths.get(width, 0) + 1
         if n_accepted:
-            name = draft.drafter.name
+            name = draft.choice.drafter.name
             counters.accepted_by_drafter[name] = counters.accepted_by_drafter.get(name, 0) + n_accepted
 
     def _emit(self, generation: Generation, new_tokens: list[int], n_drafted: int, draft: Draft) -> Step:
@@ -614,7 +612,7 @@ class Engine:
                 break
             generated.append(token)
             piece = text.feed(self.target.token_bytes(token))
-            tokens.append(Token(token, piece, draft.drafter.name if i < n_drafted else None))
+            tokens.append(Token(token, piece, draft.choice.drafter.name if i < n_drafted else None))
             if text.stopped:
                 counters.finish_reason = "stop"
                 break
