@@ -16,7 +16,8 @@ from tui.app import ChatApp
 from tui.config import KEY_ACTIONS, ChatConfig, config_path
 from tui.history import ChatStore
 from tui.screens import HistoryScreen, ModelInfoScreen, SettingsScreen
-from tui.widgets import AssistantMessage, BlockView, Note, PromptInput, UserMessage
+from tui.reply import BlockView
+from tui.widgets import AssistantMessage, Note, PromptInput, UserMessage
 
 SIZE = (120, 40)
 

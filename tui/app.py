@@ -273,6 +273,8 @@ class ChatApp(ChatActions, App):
         reply = generation.view.reply
         if reply.text != result.text:  # e.g. a stop string cut text that was already shown
             reply.set_text(result.text, reply.drafted_ranges())
+        else:
+            reply.finish()
         generation.view.footer.update(self.chat.reply_finished(result, reply.drafted_ranges()))
         self.chat.save()
         self._recalibrate_if_due()

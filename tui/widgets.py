@@ -9,7 +9,8 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import LoadingIndicator, Sparkline, Static, TextArea
 
-from tui.render import Block, BlockRenderer, split_blocks
+from tui.render import BlockRenderer
+from tui.reply import ReplyView
 
 
 class PromptInput(TextArea):
@@ -83,86 +84,6 @@ class PromptInput(TextArea):
     def _show(self, text: str) -> None:
         self.load_text(text)
         self.move_cursor(self.document.end)
-
-
-class BlockView(Static):
-    """One Markdown block of a reply."""
-
-    def __init__(self, block: Block):
-        super().__init__(classes=block.kind)
-        self.block = block
-        self.rendered = Text()
-
-    def show(self, block: Block, text: Text) -> None:
-        if block.kind != self.block.kind:
-            self.set_class(block.kind == "code", "code")
-            self.set_class(block.kind == "prose", "prose")
-        self.block = block
-        self.rendered = text
-        self.border_title = (block.language or None) if block.kind == "code" else None
-        self.update(text)
-
-
-class ReplyView(Vertical):
-    """A streamed reply: blocks before the last are final, so only the last is re-rendered."""
-
-    def __init__(self, renderer: BlockRenderer, mark_drafts: bool):
-        super().__init__(classes="reply")
-        self.text = ""
-        self.drafted = bytearray()  # 1 per character that came from an accepted draft token
-        self._renderer = renderer
-        self._mark = mark_drafts
-        self._final_blocks = 0  # leading BlockViews that no new text can change
-        self._open_from = 0  # where the first block that can still change starts
-
-    def append(self, pieces: list[tuple[str, bool]]) -> None:
-        for piece, drafted in pieces:
-            self.text += piece
-            self.drafted.extend((1 if drafted else 0,) * len(piece))
-        self._render_tail()
-
-    def set_text(self, text: str, drafted_ranges: list[list[int]]) -> None:
-        self.text = text
-        self.drafted = bytearray(len(text))
-        for start, end in drafted_ranges:
-            end = min(end, len(text))
-            self.drafted[start:end] = b"\x01" * max(0, end - start)
-        self._render_tail()
-
-    def drafted_ranges(self) -> list[list[int]]:
-        ranges, position = [], self.drafted.find(1)
-        while position != -1:
-            end = self.drafted.find(0, position)
-            end = len(self.drafted) if end == -1 else end
-            ranges.append([position, end])
-            position = self.drafted.find(1, end)
-        return ranges
-
-    def set_marking(self, mark: bool) -> None:
-        self._mark = mark
-        for view in self.query_children(BlockView):
-            view.show(view.block, self._renderer.render(view.block, self.text, bytes(self.drafted), mark))
-
-    def on_mount(self) -> None:
-        self._render_tail()
-
-    def _render_tail(self) -> None:
-        if not self.is_attached:  # on_mount renders what arrived before
-            return
-        blocks = split_blocks(self.text, self._open_from)
-        views = list(self.query_children(BlockView))
-        mask = bytes(self.drafted)
-        for number, block in enumerate(blocks, start=self._final_blocks):
-            rendered = self._renderer.render(block, self.text, mask, self._mark)
-            if number < len(views):
-                views[number].show(block, rendered)
-            else:
-                view = BlockView(block)
-                self.mount(view)
-                view.show(block, rendered)
-        if len(blocks) > 1:
-            self._final_blocks += len(blocks) - 1
-            self._open_from = blocks[-1].start
 
 
 class UserMessage(Static):
