@@ -9,9 +9,9 @@ for the UI.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import deque
+from pathlib import Path
 from typing import Callable, Iterator
 
 from edgespec import ChatSession, Done, Engine, Notice, Step
@@ -19,7 +19,8 @@ from edgespec.drafters import MODES
 from edgespec.stats import Stats
 from tui import stats as stats_text
 from tui.config import ChatConfig, chat_sampling
-from tui.history import ChatStore, StoredChat
+from tui.export import chat_markdown, write_new_file
+from tui.history import ChatStore, StoredChat, content_key
 from tui.settings import ChatSettings
 
 SPARKLINE_STEPS = 80
@@ -54,10 +55,6 @@ class ReplyStream:
             taken = self._pieces, self._acceptance, self._notices, self._stats
             self._pieces, self._acceptance, self._notices, self._stats = [], [], [], None
         return taken
-
-
-def content_key(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
 
 
 class ChatController:
@@ -202,6 +199,13 @@ class ChatController:
         visible = self.session.visible_messages()
         self.context_used = len(self.engine.chat_tokens(visible)) if visible else 0
         return stored
+
+    def rename(self, chat_id: int, title: str) -> None:
+        self.store.rename_chat(chat_id, title)
+
+    def export(self, chat_id: int, path: Path, mark_drafts: bool) -> Path:
+        """Write a saved chat as a new Markdown file; ExportError (an EdgespecError) if it cannot."""
+        return write_new_file(path, chat_markdown(self.store.load_chat(chat_id), mark_drafts))
 
     def delete(self, chat_id: int) -> None:
         self.store.delete_chat(chat_id)

@@ -1,9 +1,8 @@
-"""Modal screens: settings, chat history, model info, and loading another model."""
+"""Modal screens: settings, model info, and loading another model (the history's: tui/history_screens.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
 
 from rich.table import Table
 from rich.text import Text
@@ -11,14 +10,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
-from textual.widgets.option_list import Option
+from textual.widgets import Button, Input, Label, Static, TextArea
 
 from edgespec.gguf_info import read_gguf_info
 from edgespec.limits import SettingError, checked_setting
 from edgespec.planner import format_plan_table
 from tui import stats as stats_text
-from tui.history import ChatSummary
 from tui.settings import KINDS, LABELS, SCREEN_SETTINGS, ChatSettings
 
 
@@ -92,46 +89,6 @@ def _field(label: str, field_id: str, value) -> ComposeResult:
     with Vertical(classes="field"):
         yield Label(label)
         yield Input(str(value), id=field_id)
-
-
-class HistoryScreen(ModalScreen[int | None]):
-    """Past chats, newest first; Enter reopens one, Delete removes it."""
-
-    BINDINGS = [
-        Binding("escape", "dismiss(None)", "Close"),
-        Binding("delete", "delete_chat", "Delete chat"),
-    ]
-
-    def __init__(self, chats: list[ChatSummary], delete):
-        super().__init__()
-        self.chats = chats
-        self._delete = delete
-
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog", id="history") as dialog:
-            dialog.border_title = "Past chats (Enter opens, Delete removes, Esc closes)"
-            if self.chats:
-                yield OptionList(*(self._option(chat) for chat in self.chats), id="chats")
-            else:
-                yield Static("No saved chats yet.")
-
-    @staticmethod
-    def _option(chat: ChatSummary) -> Option:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated_at))
-        label = Text.assemble((when, "dim"), "  ", chat.title, (f"  ({chat.n_messages} messages)", "dim"))
-        return Option(label, id=str(chat.id))
-
-    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(int(event.option.id))
-
-    def action_delete_chat(self) -> None:
-        chats = self.query(OptionList)
-        if not chats or chats.first().highlighted is None:
-            return
-        option_list = chats.first()
-        option = option_list.get_option_at_index(option_list.highlighted)
-        self._delete(int(option.id))
-        option_list.remove_option(option.id)
 
 
 class ModelInfoScreen(ModalScreen[None]):
