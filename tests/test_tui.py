@@ -15,7 +15,8 @@ from tinygguf import write_model_family
 from tui.app import ChatApp
 from tui.config import KEY_ACTIONS, ChatConfig, config_path
 from tui.history import ChatStore
-from tui.screens import HistoryScreen, ModelInfoScreen, SettingsScreen
+from tui.history_screens import HistoryScreen
+from tui.screens import ModelInfoScreen, SettingsScreen
 from tui.reply import BlockView
 from tui.widgets import AssistantMessage, Note, PromptInput, UserMessage
 
@@ -119,9 +120,9 @@ async def test_prompt_streams_a_reply_with_draft_marks_stats_and_footer(models):
         assert app.clipboard == reply.reply.text
 
         await pilot.press("f1")
-        assert app.screen.query("HelpPanel")
+        assert app.screen.query("KeysPanel")
         await pilot.press("f1")
-        assert not app.screen.query("HelpPanel")
+        assert not app.screen.query("KeysPanel")
 
         titles = {command.title for command in app.get_system_commands(app.screen)}
         assert {description for _, description in KEY_ACTIONS.values()} <= titles
