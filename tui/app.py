@@ -37,7 +37,7 @@ from tui.widgets import AssistantMessage, ChatFooter, LoadingPanel, Note, Prompt
 DRAIN_INTERVAL_S = 1 / 12
 STATS_INTERVAL_S = 0.25
 # Most important first: a narrow footer keeps the first ones (ChatFooter)
-FOOTER_ACTIONS = ("cancel", "help", "new_chat", "history", "copy_reply", "regenerate", "cycle_mode", "model_info",
+FOOTER_ACTIONS = ("cancel", "help", "new_chat", "history", "copy_reply", "model_info", "regenerate", "cycle_mode",
                   "settings", "toggle_marks")
 
 
@@ -89,7 +89,7 @@ class ChatApp(ChatActions, App):
         yield self.conversation
         yield self.stats_bar
         yield self.prompt_input
-        yield ChatFooter(FOOTER_ACTIONS)
+        yield ChatFooter(("submit", *FOOTER_ACTIONS))  # Enter sends: the prompt's key, first
 
     def on_mount(self) -> None:
         keymap = {f"edgespec.{action}": keys for action, keys in self.config.keymap.items()}
