@@ -275,6 +275,39 @@ async def test_settings_apply_to_the_chat_and_save_as_defaults(models):
 
 
 @pilot_test
+async def test_settings_edit_min_p_seed_stop_strings_and_bit_exact_and_refuse_bad_values_in_place(models):
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        assert not app.chat.engine.bit_exact
+        for field, value, problem in (("#min-p", "nan", "min_p"), ("#min-p", "1.5", "min_p"),
+                                      ("#seed", "-3", "seed"), ("#seed", "two", "seed must be a whole number")):
+            await pilot.press("ctrl+s")
+            app.screen.query_one(field).value = value
+            app.screen.query_one("#apply").press()
+            await pilot.pause()
+            assert isinstance(app.screen, SettingsScreen), f"{field} = {value} keeps the dialog open"
+            assert problem in str(app.screen.query_one("#settings-error").render())
+            await pilot.press("escape")
+        await pilot.press("ctrl+s")
+        app.screen.query_one("#min-p").value = "0.1"
+        app.screen.query_one("#seed").value = "1234"
+        app.screen.query_one("#stop").load_text("cat\\nsat\nEND")
+        app.screen.query_one("#bit-exact").value = True
+        app.screen.query_one("#apply").press()
+        await pilot.pause()
+        sampling = app.chat.settings.sampling
+        assert (sampling.min_p, sampling.seed, sampling.stop) == (0.1, 1234, ("cat\nsat", "END"))
+        assert app.chat.engine.bit_exact and app.chat.settings.bit_exact
+        await send(pilot, "Hello world")
+        assert app.chat.shown_stats.bit_exact
+        assert app.store.load_chat(app.chat.chat_id).settings["bit_exact"] is True
+        await pilot.press("ctrl+s")  # shown as set, the newline written back as \n
+        assert app.screen.query_one("#stop").text == "cat\\nsat\nEND" and app.screen.query_one("#seed").value == "1234"
+        await pilot.press("escape")
+
+
+@pilot_test
 async def test_model_info_shows_both_models(models):
     app = make_app(models)
     async with app.run_test(size=SIZE) as pilot:

@@ -64,7 +64,7 @@ class ChatController:
         self.store = store
         self.engine: Engine | None = None
         self.session: ChatSession | None = None
-        self.settings = ChatSettings(config.system_prompt, chat_sampling(config), config.draft_tokens)
+        self.settings = ChatSettings(config.system_prompt, chat_sampling(config), config.draft_tokens, config.bit_exact)
         self.chat_id: int | None = None
         self.drafted_marks: dict[str, list] = {}  # reply content key -> drafted character ranges
         self.shown_stats: Stats | None = None  # live stats of the running reply, or the last reply's
@@ -168,7 +168,7 @@ class ChatController:
             self.session.set_system_prompt(settings.system_prompt or None)
         self.settings = settings
         if self.engine is not None:
-            self.engine.configure(draft_tokens=settings.draft_tokens)
+            self.engine.configure(draft_tokens=settings.draft_tokens, bit_exact=settings.bit_exact)
 
     def save(self, pending_prompt: str | None = None) -> None:
         """Write the chat in one transaction: after each reply, and with the prompt before it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from rich.table import Table
 from rich.text import Text
@@ -10,7 +11,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static, TextArea
+from textual.widgets import Button, Checkbox, Input, Label, Static, TextArea
 
 from edgespec.gguf_info import read_gguf_info
 from edgespec.limits import SettingError, checked_setting
@@ -29,13 +30,21 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
         self.settings = settings
 
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog", id="settings") as dialog:
+        with VerticalScroll(classes="dialog", id="settings") as dialog:  # scrolls in a short terminal
             dialog.border_title = "Chat settings (Esc cancels)"
             yield Label("System prompt")
             yield TextArea(self.settings.system_prompt, id="system-prompt", soft_wrap=True)
             with Horizontal(classes="fields"):
                 for name in SCREEN_SETTINGS:
                     yield from _field(LABELS[name], _field_id(name), self.settings.value(name))
+            sampling = self.settings.sampling
+            with Horizontal(classes="fields"):
+                yield from _field("Seed (empty: random)", "seed", "" if sampling.seed is None else sampling.seed)
+                with Vertical(classes="field wide"):
+                    yield Label("Stop strings (one per line; \\n is a newline)")
+                    yield TextArea("\n".join(_escaped(stop) for stop in sampling.stop), id="stop", soft_wrap=False)
+            yield Checkbox("Bit-exact: greedy output is plain decoding's, token for token",
+                           self.settings.bit_exact, id="bit-exact")
             yield Static("", id="settings-error")
             with Horizontal(classes="buttons"):
                 yield Button("Apply", id="apply", variant="primary")
@@ -56,10 +65,13 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
     def _read(self) -> ChatSettings:
         values = {name: self._value(name) for name in SCREEN_SETTINGS}
         draft_tokens = values.pop("draft_tokens")
+        seed = self.query_one("#seed", Input).value.strip()
+        values["seed"] = self._number("seed", seed, int) if seed else None
+        values["stop"] = tuple(_unescaped(line) for line in self.query_one("#stop", TextArea).text.splitlines() if line)
         # SamplingParams refuses what it cannot sample with (NaN, inf, out of range), naming the field.
         sampling = dataclasses.replace(self.settings.sampling, **values)
         system_prompt = self.query_one("#system-prompt", TextArea).text.strip()
-        return ChatSettings(system_prompt, sampling, draft_tokens)
+        return ChatSettings(system_prompt, sampling, draft_tokens, self.query_one("#bit-exact", Checkbox).value)
 
     def _value(self, name: str):
         """The value typed for setting `name`; ValueError naming it if it is not one."""
@@ -78,7 +90,21 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
         try:
             return kind(text)
         except ValueError:
-            raise ValueError(f"{field_id.replace('-', ' ')} must be a {kind.__name__}, not {text!r}") from None
+            wanted = "a whole number" if kind is int else "a number"
+            raise ValueError(f"{field_id.replace('-', ' ')} must be {wanted}, not {text!r}") from None
+
+
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\\": "\\\\"}
+
+
+def _escaped(stop: str) -> str:
+    """A stop string as one line of the stop-strings field."""
+    return "".join(_ESCAPES.get(char, char) for char in stop)
+
+
+def _unescaped(line: str) -> str:
+    """A line of the stop-strings field as the stop string it stands for: \\n, \\t and \\\\ decoded."""
+    return re.sub(r"\\([nt\\])", lambda match: {"n": "\n", "t": "\t", "\\": "\\"}[match.group(1)], line)
 
 
 def _field_id(name: str) -> str:
