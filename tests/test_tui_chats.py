@@ -217,3 +217,13 @@ async def test_a_streamed_reply_settles_lines_once_and_ends_as_the_whole_reply_r
         streamed = [(v.block, v.rendered) for v in app.streamed.query(BlockView)]
         assert streamed == [(v.block, v.rendered) for v in app.whole.query(BlockView)]
         assert all(len(view.children) == 1 for view in app.streamed.query(BlockView))
+
+
+@pilot_test
+async def test_a_code_blocks_language_is_shown_as_text_not_markup():
+    app = _Replies()
+    async with app.run_test(size=(100, 20)) as pilot:
+        app.whole.set_text("```[red]x\nprint(1)\n```", [])
+        await pilot.pause()
+        [view] = app.whole.query(BlockView)
+        assert view.border_title == "\\[red]x"  # escaped markup: it shows as typed

@@ -167,7 +167,7 @@ class ChatActions:
         try:
             self.open_chat(chat_id)
         except EdgespecError as error:  # e.g. the stored chat is damaged
-            self.notify(str(error), severity="error")
+            self.notify(str(error), severity="error", markup=False)
 
     def action_settings(self) -> None:
         def apply(answer: tuple[ChatSettings, bool] | None) -> None:
@@ -177,7 +177,7 @@ class ChatActions:
             self._apply_settings(settings)
             if save:
                 self.config = replace(self.config, **settings.config_values())
-                self.notify(f"Saved as defaults in {save_defaults(self.config)}.")
+                self.notify(f"Saved as defaults in {save_defaults(self.config)}.", markup=False)
             self.chat.save()
 
         self.push_screen(SettingsScreen(self.chat.settings), apply)

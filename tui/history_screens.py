@@ -98,7 +98,7 @@ class HistoryScreen(ModalScreen[int | None]):
         chat = self._highlighted()
         if chat is not None:
             self.app.push_screen(ExportScreen(chat, self.actions.export),
-                                 lambda path: path and self.app.notify(f"Exported “{chat.title}” to {path}."))
+                                 lambda path: path and self.app.notify(f"Exported “{chat.title}” to {path}.", markup=False))
 
 
 class ConfirmScreen(ModalScreen[bool]):

@@ -90,7 +90,8 @@ class BlockView(Vertical):
             self.set_class(block.kind == "prose", "prose")
         self.block = block
         self.code = text[block.body_start:block.body_end].rstrip("\n") if block.kind == "code" else ""
-        self.border_title = (block.language or None) if block.kind == "code" else None
+        # Text, not a str: a str title is read as markup, and the language comes from the model's output
+        self.border_title = Text(block.language) if block.kind == "code" and block.language else None
         self.tooltip = "click to copy this code" if block.kind == "code" else None
 
     def _sync(self, first_changed: int) -> None:
