@@ -120,7 +120,12 @@ async def test_prompt_streams_a_reply_with_draft_marks_stats_and_footer(models):
         assert app.clipboard == reply.reply.text
 
         await pilot.press("f1")
-        assert app.screen.query("KeysPanel")
+        [panel] = app.screen.query("KeysPanel")
+        table = panel.keys_table
+        descriptions = [str(cell) for cell in table.columns[1]._cells]
+        groups = [str(cell) for cell in table.columns[0]._cells if str(cell) in ("edgespec", "prompt", "editing")]
+        assert groups == ["edgespec", "prompt", "editing"], "edgespec's own keys first, the editor's last"
+        assert descriptions.index("History") < descriptions.index("Send") < descriptions.index("Cursor down")
         await pilot.press("f1")
         assert not app.screen.query("KeysPanel")
 

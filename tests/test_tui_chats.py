@@ -9,7 +9,9 @@ import pytest
 from rich.style import Style
 from textual.app import App
 
+from edgespec.engine import Done, GenerationResult, Step, Token
 from edgespec.session import SESSION_FORMAT
+from edgespec.stats import Stats
 from test_tui import SIZE, loaded, make_app, models, pilot_test, replies, send, user_dirs, wait_for  # noqa: F401
 from tui.history import ChatStore, content_key
 from tui.history_screens import ConfirmScreen, ExportScreen, HistoryScreen, RenameScreen
@@ -227,3 +229,41 @@ async def test_a_code_blocks_language_is_shown_as_text_not_markup():
         await pilot.pause()
         [view] = app.whole.query(BlockView)
         assert view.border_title == "\\[red]x"  # escaped markup: it shows as typed
+
+
+def scripted_reply(text: str, drafted: list):
+    """An Engine.stream_tokens stand-in that streams `text` (a code block a tiny model would not write)
+    in steps of a few tokens, marking the characters of `drafted` as accepted n-gram tokens."""
+    def stream_tokens(prompt_ids, params, cancel=None):
+        pieces, position, rng = [], 0, random.Random(5)
+        while position < len(text):
+            end = min(len(text), position + rng.randint(1, 4))
+            pieces.append(Token(0, text[position:end], "ngram" if any(a <= position < b for a, b in drafted) else None))
+            position = end
+        stats = Stats(mode="ngram", tokens_generated=len(pieces), finish_reason="stop", steps=len(pieces) // 3)
+        for start in range(0, len(pieces), 3):
+            yield Step(pieces[start:start + 3], stats)
+        yield Done(GenerationResult(text, [0] * len(pieces), "stop", stats))
+    return stream_tokens
+
+
+@pilot_test
+async def test_the_code_tint_of_a_streamed_reply_is_the_same_after_a_restart(models):
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.chat.engine.stream_tokens = scripted_reply(REPLY, DRAFTED)
+        await send(pilot, "Sum some numbers")
+        [reply] = replies(app)
+        assert reply.reply.text == REPLY
+        live = [(view.block.kind, tinted(view, app.config.draft_tint)) for view in reply.query(BlockView)]
+        assert live[1][0] == "code" and live[1][1]
+    app.close_engine()
+
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("ctrl+b")
+        await pilot.pause()
+        [reply] = replies(app)
+        assert [(view.block.kind, tinted(view, app.config.draft_tint)) for view in reply.query(BlockView)] == live

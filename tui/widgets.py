@@ -209,6 +209,7 @@ class KeysPanel(VerticalScroll):
                 table.add_row(Text(title, style="underline"), "")
                 for description, displays in keys.items():
                     table.add_row(Text(" ".join(dict.fromkeys(displays))), Text(description))
+        self.keys_table = table  # what it shows, for the tests to read
         self.table.update(table)
 
 
