@@ -47,8 +47,8 @@ async def test_the_last_chat_is_offered_and_resumes_with_its_code_tint_and_one_k
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         offer = [str(note.render()) for note in app.query(Note) if note.has_class("last-chat")]
-        assert len(offer) == 1 and "“Sum the numbers” (2 messages)" in offer[0] and "^b continues it" in offer[0]
-        await pilot.press("ctrl+b")
+        assert len(offer) == 1 and "“Sum the numbers” (2 messages)" in offer[0] and "f4 continues it" in offer[0]
+        await pilot.press("f4")
         await pilot.pause()
         assert [m["role"] for m in app.chat.session.messages] == ["user", "assistant"]
         [reply] = replies(app)
@@ -263,7 +263,7 @@ async def test_the_code_tint_of_a_streamed_reply_is_the_same_after_a_restart(mod
     app = make_app(models)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        await pilot.press("ctrl+b")
+        await pilot.press("f4")
         await pilot.pause()
         [reply] = replies(app)
         assert [(view.block.kind, tinted(view, app.config.draft_tint)) for view in reply.query(BlockView)] == live

@@ -49,7 +49,7 @@ KEY_ACTIONS: dict[str, tuple[str, str]] = {
     "cancel": ("escape", "Stop"),
     "regenerate": ("ctrl+r", "Regenerate"),
     "new_chat": ("ctrl+n", "New chat"),
-    "continue_last": ("ctrl+b", "Last chat"),
+    "continue_last": ("f4", "Last chat"),  # not ctrl+b: tmux takes that
     "edit_prompt": ("f3", "Edit prompt"),
     "copy_reply": ("ctrl+l", "Copy reply"),
     "cycle_mode": ("ctrl+g", "Drafting mode"),
