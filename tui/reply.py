@@ -50,7 +50,8 @@ class BlockView(Vertical):
     def __init__(self, block: Block):
         super().__init__(classes=block.kind)
         self.block = block
-        self.code = ""  # a code block's code, without its fences
+        self._source = ""  # the reply's text, which the block's offsets are in
+        self._titled: tuple[str, str] | None = None  # the (kind, language) the title and tooltip show
         self._texts: list[Text] = []  # what each segment shows
         self._statics: list[Static] = []  # the segments mounted, in order
         self._settled_to: int | None = None  # while streaming: where the segment still re-rendered starts
@@ -85,14 +86,22 @@ class BlockView(Vertical):
         self._sync(first_changed)
 
     def _retitle(self, block: Block, text: str) -> None:
-        if block.kind != self.block.kind:
-            self.set_class(block.kind == "code", "code")
-            self.set_class(block.kind == "prose", "prose")
-        self.block = block
-        self.code = text[block.body_start:block.body_end].rstrip("\n") if block.kind == "code" else ""
+        self.block, self._source = block, text
+        if (block.kind, block.language) == self._titled:  # set once: a title or tooltip set refreshes the widget
+            return
+        self._titled = (block.kind, block.language)
+        self.set_class(block.kind == "code", "code")
+        self.set_class(block.kind == "prose", "prose")
         # Text, not a str: a str title is read as markup, and the language comes from the model's output
         self.border_title = Text(block.language) if block.kind == "code" and block.language else None
         self.tooltip = "click to copy this code" if block.kind == "code" else None
+
+    @property
+    def code(self) -> str:
+        """A code block's code, without its fences ("" for prose)."""
+        if self.block.kind != "code":
+            return ""
+        return self._source[self.block.body_start:self.block.body_end].rstrip("\n")
 
     def _sync(self, first_changed: int) -> None:
         """Bring the mounted segments up to self._texts, updating only from first_changed on."""
