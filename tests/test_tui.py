@@ -140,7 +140,9 @@ async def test_escape_stops_the_reply_and_keeps_what_arrived(models):
     async with app.run_test(size=(80, 24)) as pilot:
         await loaded(pilot)
         app.prompt_input.load_text("Tell me everything")
-        await pilot.press("enter")
+        # Enter's action, not pilot.press("enter"): a press waits for the app to go idle, and on a busy
+        # machine the tiny models' whole reply (seconds long) could end before the press returned.
+        app.prompt_input.action_submit()
         await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
         stored = app.store.load_chat(app.chat.chat_id)  # saved before the reply: a kill now loses only the reply
         assert stored.extras["pending_prompt"] == "Tell me everything" and stored.session["messages"] == []
@@ -386,7 +388,9 @@ async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         app.prompt_input.load_text("Tell me everything")
-        await pilot.press("enter")
+        # Enter's action, not pilot.press("enter"): a press waits for the app to go idle, and on a busy
+        # machine the tiny models' whole reply (seconds long) could end before the press returned.
+        app.prompt_input.action_submit()
         await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
         stream = app.generation.stream
         await pilot.press("ctrl+q")

@@ -72,7 +72,7 @@ COMMAND_HELP = {
     "cycle_mode": "Switch drafting: draft model → n-gram → none",
     "toggle_marks": "Show or hide the tint on tokens the draft guessed",
     "history": "Reopen a saved chat",
-    "settings": "System prompt, temperature, top-p, top-k, max tokens, draft tokens",
+    "settings": "System prompt, sampling (temperature, top-p, top-k, min-p, seed, stop strings), draft tokens, bit-exact",
     "model_info": "The memory plan and the GGUF metadata of the loaded models",
     "help": "Show or hide the key bindings",
 }
