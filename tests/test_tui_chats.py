@@ -234,7 +234,7 @@ async def test_a_code_blocks_language_is_shown_as_text_not_markup():
 def scripted_reply(text: str, drafted: list):
     """An Engine.stream_tokens stand-in that streams `text` (a code block a tiny model would not write)
     in steps of a few tokens, marking the characters of `drafted` as accepted n-gram tokens."""
-    def stream_tokens(prompt_ids, params, cancel=None):
+    def stream_tokens(prompt_ids, params, cancel=None, shift_dropped_span=False):
         pieces, position, rng = [], 0, random.Random(5)
         while position < len(text):
             end = min(len(text), position + rng.randint(1, 4))
