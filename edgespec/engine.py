@@ -29,9 +29,13 @@ from .errors import ContextOverflowError, CorruptModelError, EdgespecError
 from .notices import print_notice
 from .sampling import SamplingParams, SparseProbs, to_probs
 from .phases import PhaseClock
+from .prefix_cache import PrefixStore, SnapshotKey
 from .stats import Stats
 from .text import TextAssembler
 from .verify import verify
+
+# Restoring a snapshot reads and checks its whole file; for a handful of tokens prefill is cheaper.
+MIN_RESTORE_GAIN = 32
 
 if TYPE_CHECKING:  # the engine only keeps the plan it was loaded with, for its reason and for display
     from .planner import Plan
@@ -176,6 +180,7 @@ class Engine:
         self._calibration: tuple[CalibrationCache, CalibrationKey] | None = None  # None: the curve was given
         self._stale_curve = False  # a stale cached curve is in use until recalibrate()
         self.phase_clock: PhaseClock | None = None  # set by `bench --overhead`
+        self.prefix_caches: list[PrefixStore] = []  # where KV snapshots of long prompts are kept and restored from
         self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft is not None:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
@@ -523,6 +528,7 @@ class Engine:
                 clock.lap("stats")
                 clock.steps += 1
             yield step
+        self._save_prefixes()
         yield generation.done()
 
     def begin(self, context: list[int], params: SamplingParams, lane: Lane, seq: int = 0) -> Generation:
@@ -623,12 +629,42 @@ class Engine:
     def _prefill(self, context: list[int]) -> int:
         """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);
         return how many the target had cached already."""
-        reused = min(common_prefix_length(self.target.cached, context), len(context) - 1)
+        reused = self._restore_prefix(self.target, context)
         self.target.rewind(reused)
         self.target.decode(context[reused:-1], n_logits=0)
         if self.mode in ("draft-model", "combined"):
+            self._restore_prefix(self.draft, context)
             self._drafters["draft-model"].prefill(context)
         return reused
+
+    def _restore_prefix(self, model: LlamaModel, context: list[int]) -> int:
+        """How many leading tokens of context[:-1] model's cache holds, after restoring a kept snapshot
+        when one shares clearly more of them than the cache does now."""
+        reused = min(common_prefix_length(model.cached, context), len(context) - 1)
+        key = SnapshotKey.for_model(model.path, model.kv_type, RUNTIME)
+        found = [(snapshot, store) for store in self.prefix_caches
+                 if (snapshot := store.longest_prefix(key, context[:-1], model.n_ctx)) is not None]
+        if not found:
+            return reused
+        snapshot, store = max(found, key=lambda pair: pair[0].n_common)
+        if snapshot.n_common < reused + MIN_RESTORE_GAIN:
+            return reused
+        data = store.read(key, snapshot)
+        if data is None:
+            return reused
+        if not model.load_state(data, snapshot.tokens):
+            store.discard(snapshot, "llama.cpp refused its state")
+            return 0  # the failed load emptied the cache
+        model.rewind(snapshot.n_common)
+        return snapshot.n_common
+
+    def _save_prefixes(self) -> None:
+        """Offer each model's KV cache, exactly the tokens in it, to the prefix stores (they keep what pays)."""
+        models = [self.target] + ([self.draft] if self.mode in ("draft-model", "combined") else [])
+        for model in models:
+            key = SnapshotKey.for_model(model.path, model.kv_type, RUNTIME)
+            for store in self.prefix_caches:
+                store.save(key, model.cached, model.state_bytes)
 
     def draft_choice(self, generation: Generation, room: int) -> DraftChoice:
         """Which of the lane's drafters proposes the generation's next step, what it hinted, and how many

@@ -19,6 +19,7 @@ from .fetch import resolve_draft, resolve_model
 from .catalog import load_catalog, local_path
 from .notices import print_notice
 from .planner import Plan, plan_models
+from .prefix_cache import DiskPrefixCache
 
 
 def plan_load(
@@ -60,6 +61,8 @@ def load_engine(
     cost_curve: Sequence[float] | CostModel | None = None,
     measure_stale_curve: bool = True,
     bit_exact: bool = False,
+    prompt_cache: bool = False,
+    prompt_cache_size: int | None = None,
 ) -> Engine:
     """Load a target and its drafter.
 
@@ -89,6 +92,8 @@ def load_engine(
         draft_model = _load_draft(target_model, draft_path, n_ctx, plan.draft_gpu_layers, n_threads)
     mode = "combined" if plan.mode == "draft-model" else plan.mode
     engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact)
+    if prompt_cache:
+        engine.prefix_caches.append(DiskPrefixCache(max_bytes=prompt_cache_size, notice=notice))
     engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
     if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
         notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {_why_narrower(engine)}")

@@ -132,7 +132,7 @@ class ChatApp(ChatActions, App):
             engine = load_engine(
                 model or default_pair()[0], draft, pull=False, n_ctx=self.config.n_ctx, n_gpu_layers=self.config.gpu_layers,
                 draft_gpu_layers=self.config.draft_gpu_layers, draft_tokens=self.chat.settings.draft_tokens,
-                bit_exact=self.config.bit_exact,
+                bit_exact=self.config.bit_exact, prompt_cache=self.config.prompt_cache,
                 n_threads=self.n_threads, memory_budget=self.config.memory_budget, notice=notice,
                 cost_curve=self.cost_curve, measure_stale_curve=False)
         except EdgespecError as error:

@@ -30,6 +30,7 @@ class ChatConfig:
     draft_gpu_layers: int | None = _setting(None, "range", flag=True)
     memory_budget: str | None = _setting(None, "string", flag=True)
     bit_exact: bool = _setting(False, "boolean", flag=True)  # --bit-exact: greedy output bit for bit plain decoding's
+    prompt_cache: bool = _setting(True, "boolean", flag=True)  # --no-prompt-cache: reopened chats prefill their history
     system_prompt: str = _setting("", "string")
     draft_tint: str = _setting("#24513a", "string")
     temperature: float = _setting(0.7, "number", section="sampling", flag=True, label="Temperature")

@@ -2,7 +2,7 @@
 
 runtime.py starts llama.cpp and reads its build; model.py is a loaded model
 (KV cache, forward passes, logits) over the low-level C API; tokenizer.py is
-text <-> token ids.
+text <-> token ids; state.py is a KV cache as bytes and back (the prompt cache's snapshots).
 """
 
 from .model import LlamaModel, common_prefix_length

@@ -26,6 +26,11 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                        help="verify only in passes llama.cpp computes bit-identically to one token at a time, so greedy "
                             "output is plain decoding's token for token (default: passes as wide as pay, exact in "
                             "distribution up to llama.cpp's rounding)")
+    group.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
+                       help="neither restore nor save KV snapshots of long prompts in the cache dir (default: both, so "
+                            "prompts sharing a long document or history prefill it once)")
+    group.add_argument("--prompt-cache-size", type=_size, default=None,
+                       help="disk space for prompt snapshots, e.g. 2GiB (default: EDGESPEC_PROMPT_CACHE_SIZE, else 2GiB)")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256, per_request: bool = True) -> None:
@@ -66,6 +71,15 @@ def _threads(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _size(text: str) -> int:
+    from ..units import InvalidSizeError, parse_size
+
+    try:
+        return parse_size(text)
+    except InvalidSizeError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def sampling_params(args: argparse.Namespace):
     from ..sampling import SamplingParams
 
@@ -85,5 +99,7 @@ def engine_from_args(args: argparse.Namespace, **overrides):
     return load_engine(
         args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
         draft_gpu_layers=args.draft_gpu_layers, draft_tokens=args.draft_tokens,
-        n_threads=args.threads, memory_budget=args.memory_budget, bit_exact=args.bit_exact, **overrides,
+        n_threads=args.threads, memory_budget=args.memory_budget, bit_exact=args.bit_exact,
+        prompt_cache=getattr(args, "prompt_cache", False), prompt_cache_size=getattr(args, "prompt_cache_size", None),
+        **overrides,
     )

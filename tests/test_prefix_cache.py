@@ -1,0 +1,223 @@
+"""The persistent prefix cache: KV snapshots restored bit for bit, across processes, and never trusted blindly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from edgespec import ChatSession, SamplingParams
+from edgespec.backend import RUNTIME, LlamaModel
+from edgespec.loading import load_engine
+from edgespec.prefix_cache import SUFFIX, DiskPrefixCache, MemoryPrefixCache, SnapshotKey
+
+FIXED_COST = (1.0, 1.3, 1.6, 1.9, 2.2)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+LONG_TEXT = "the cat sat on the mat and looked at the dog, who sat on the log by the door. " * 24
+
+
+def snapshot_key(path, runtime=RUNTIME) -> SnapshotKey:
+    return SnapshotKey.for_model(path, "f16", runtime)
+
+
+# -- llama.cpp's state, round trip -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_a_restored_state_gives_the_recomputed_logits_bit_for_bit(which, tiny_models, smollm2_path):
+    path = tiny_models["target"] if which == "tiny" else smollm2_path
+    model = LlamaModel(path, n_ctx=1024, n_threads=1)
+    ids = model.tokenize(LONG_TEXT, add_special=True)[:400]
+    model.decode(ids[:-1], n_logits=0)
+    state = model.state_bytes()
+    recomputed = model.decode(ids[-1:], 1)[0]
+    fresh = LlamaModel(path, n_ctx=1024, n_threads=1)
+    assert fresh.load_state(state, ids[:-1])
+    assert fresh.cached == ids[:-1]
+    assert np.array_equal(fresh.decode(ids[-1:], 1)[0], recomputed)
+    # a state that is not of the tokens it is said to hold, or cut short, is refused and leaves the cache empty
+    assert not fresh.load_state(state, ids[:-2]) and fresh.cached == []
+    assert not fresh.load_state(state[:-100], ids[:-1]) and fresh.cached == []
+    model.close()
+    fresh.close()
+
+
+# -- the stores' policy ------------------------------------------------------------------------
+
+
+def fake_state(n_bytes: int, fill: int = 7):
+    return lambda: bytes([fill]) * n_bytes
+
+
+def test_the_disk_cache_keeps_its_cap_by_evicting_the_least_recently_used(tmp_path, tiny_models):
+    key = snapshot_key(tiny_models["target"])
+    store = DiskPrefixCache(tmp_path, max_bytes=30_000, min_tokens=4)
+    prompts = [[n] * 1000 + list(range(10)) for n in (1, 2, 3)]  # 4 KB of tokens + 6 KB of state, about 10 KB each
+    assert store.save(key, prompts[0], fake_state(6000))
+    assert store.save(key, prompts[1], fake_state(6000))
+    first, second = (store.longest_prefix(key, p) for p in prompts[:2])
+    os.utime(first.handle, ns=(1, 1))  # the first is the older one ...
+    os.utime(second.handle, ns=(2, 2))
+    assert store.read(key, first) is not None  # ... until it is used again
+    assert store.save(key, prompts[2], fake_state(6000))  # three do not fit: one has to go
+    assert sum(p.stat().st_size for p in tmp_path.glob("*" + SUFFIX)) <= 30_000
+    assert store.longest_prefix(key, prompts[1]) is None  # the least recently used went
+    assert store.longest_prefix(key, prompts[0]).n_common == len(prompts[0])
+    assert store.longest_prefix(key, prompts[2]).n_common == len(prompts[2])
+    assert not store.save(key, [5] * 100, fake_state(40_000))  # larger than the cap: never written
+    assert sum(p.stat().st_size for p in tmp_path.glob("*" + SUFFIX)) <= 30_000
+
+
+def test_only_long_and_new_prefixes_are_kept_and_an_extension_replaces_its_prefix(tmp_path, tiny_models):
+    key = snapshot_key(tiny_models["target"])
+    store = DiskPrefixCache(tmp_path, max_bytes=1 << 20, min_tokens=100)
+    document = list(range(300))
+    assert not store.save(key, document[:99], fake_state(10))  # too short to be worth a file
+    assert store.save(key, document + [1] * 20, fake_state(10))
+    assert not store.save(key, document + [2] * 20, fake_state(10))  # 20 new tokens: prefill them instead
+    assert not store.save(key, document, fake_state(10))  # already held by the kept one
+    assert store.save(key, document + [1] * 30, fake_state(10))  # extends the kept one, and replaces it
+    assert len(list(tmp_path.glob("*" + SUFFIX))) == 1
+    found = store.longest_prefix(key, document + [1] * 25 + [9])
+    assert found.n_common == 325 and len(found.tokens) == 330
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda data: data[:-1], "truncated"),
+    (lambda data: data[:-5] + bytes(5), "checksum"),
+    (lambda data: b"GGSQ" + data[4:], "not an edgespec KV snapshot"),
+    (lambda data: data.replace(b'"n_tokens": 400', b'"n_tokens": 401'), "truncated"),
+])
+def test_a_corrupt_snapshot_is_discarded_with_a_notice(tmp_path, tiny_models, damage, why):
+    key = snapshot_key(tiny_models["target"])
+    notices = []
+    store = DiskPrefixCache(tmp_path, max_bytes=1 << 20, min_tokens=10, notice=notices.append)
+    tokens = list(range(400))
+    assert store.save(key, tokens, fake_state(5000))
+    path = next(tmp_path.glob("*" + SUFFIX))
+    path.write_bytes(damage(path.read_bytes()))
+    found = store.longest_prefix(key, tokens)
+    assert found is None or store.read(key, found) is None
+    assert len(notices) == 1 and why in notices[0] and "prefilled instead" in notices[0]
+    assert not path.exists()
+
+
+def test_a_snapshot_of_another_build_is_discarded_and_of_another_model_left_alone(tmp_path, tiny_models):
+    notices = []
+    store = DiskPrefixCache(tmp_path, max_bytes=1 << 20, min_tokens=10, notice=notices.append)
+    tokens = list(range(400))
+    assert store.save(snapshot_key(tiny_models["target"], runtime="llama-cpp-python 0.0.1"), tokens, fake_state(50))
+    assert store.save(snapshot_key(tiny_models["draft"]), tokens, fake_state(50))
+    assert store.longest_prefix(snapshot_key(tiny_models["target"]), tokens) is None
+    assert len(notices) == 1 and "another llama.cpp build (llama-cpp-python 0.0.1" in notices[0]
+    assert store.longest_prefix(snapshot_key(tiny_models["draft"]), tokens).n_common == 400
+
+
+def test_an_unwritable_cache_dir_costs_one_notice_and_no_error(tmp_path, tiny_models):
+    (tmp_path / "file").write_text("not a directory")
+    notices = []
+    store = DiskPrefixCache(tmp_path / "file" / "cache", min_tokens=10, notice=notices.append)
+    key = snapshot_key(tiny_models["target"])
+    assert not store.save(key, list(range(100)), fake_state(50))
+    assert not store.save(key, list(range(200)), fake_state(50))
+    assert len(notices) == 1 and "cannot save a prefix snapshot" in notices[0]
+
+
+def test_the_memory_cache_holds_its_cap(tiny_models):
+    key = snapshot_key(tiny_models["target"])
+    store = MemoryPrefixCache(max_bytes=10_000, min_tokens=10)
+    for n in range(5):
+        assert store.save(key, [n] * 500, fake_state(2000))  # 4 KB of tokens + 2 KB of state
+    assert store.longest_prefix(key, [4] * 500).n_common == 500
+    assert store.longest_prefix(key, [3] * 500).n_common == 500
+    assert store.longest_prefix(key, [2] * 500) is None  # evicted: two fit under the cap
+    assert sum(4 * len(tokens) + len(data) for _, tokens, data in store._kept.values()) <= 10_000
+
+
+# -- the engine, across processes and chats ----------------------------------------------------
+
+
+def cached_engine(tiny_models, draft="none", store=None):
+    engine = load_engine(tiny_models["target"], draft, n_ctx=1024, cost_curve=FIXED_COST, n_threads=1)
+    engine.prefix_caches.append(store or DiskPrefixCache(min_tokens=64))
+    return engine
+
+
+@pytest.mark.parametrize("draft", ["none", "draft"])
+def test_a_new_engine_restores_the_prompt_and_gives_the_same_output(tiny_models, draft):
+    draft = tiny_models["draft"] if draft == "draft" else "none"
+    first = cached_engine(tiny_models, draft)
+    prompt = first.prompt_tokens(LONG_TEXT, raw=True)[:600]
+    cold = [*first.stream_tokens(prompt, GREEDY)][-1].result
+    first.close()
+    second = cached_engine(tiny_models, draft)
+    warm = [*second.stream_tokens(prompt, GREEDY)][-1].result
+    assert cold.stats.prompt_tokens_reused == 0
+    assert warm.stats.prompt_tokens_reused == len(prompt) - 1 and warm.stats.prompt_tokens_evaluated == 1
+    assert warm.token_ids == cold.token_ids
+    if draft != "none":  # the draft model's cache came from its own snapshot
+        assert second.draft.cached[: len(prompt) - 1] == prompt[:-1]
+    second.close()
+
+
+def test_a_prompt_sharing_only_a_document_restores_the_document(tiny_models):
+    engine = cached_engine(tiny_models)
+    document = engine.prompt_tokens(LONG_TEXT, raw=True)[:500]
+    [*engine.stream_tokens(document + [5, 6, 7], GREEDY)]
+    engine.forget_cache()  # as in another process
+    result = [*engine.stream_tokens(document + [8, 9, 10], GREEDY)][-1].result
+    assert result.stats.prompt_tokens_reused == len(document)
+    engine.close()
+
+
+def test_a_reopened_chat_prefills_only_the_new_message(tiny_models):
+    engine = cached_engine(tiny_models)
+    session = ChatSession(engine, system_prompt=LONG_TEXT[:1500])
+    session.send("tell me about the cat", GREEDY)
+    session.send("and the dog?", GREEDY)
+    saved = json.loads(json.dumps(session.to_dict()))
+    engine.close()
+    reopened_engine = cached_engine(tiny_models)
+    reopened = ChatSession.from_dict(reopened_engine, saved)
+    history = len(reopened_engine.chat_tokens(reopened.visible_messages(), add_generation_prompt=False))
+    result = reopened.send("what next?", GREEDY)
+    new_message = result.stats.prompt_tokens - history
+    assert history > 300
+    assert result.stats.prompt_tokens_evaluated <= new_message + 8  # the last reply's end-of-turn tokens
+    reopened_engine.close()
+
+
+def test_the_server_memory_cache_keeps_two_alternating_conversations(tiny_models):
+    engine = cached_engine(tiny_models, store=MemoryPrefixCache(min_tokens=64))
+    text = engine.prompt_tokens(LONG_TEXT, raw=True)
+    first, second = text[:400], text[400:800]
+    for prompt in (first, second):
+        [*engine.stream_tokens(prompt, GREEDY)]
+    again = [*engine.stream_tokens(first + [3], GREEDY)][-1].result
+    assert again.stats.prompt_tokens_reused == len(first)
+    engine.close()
+
+
+EDGESPEC = [sys.executable, "-m", "edgespec"]
+
+
+def run_json(tiny_models, prompt, *flags):
+    done = subprocess.run([*EDGESPEC, "run", "-", "--raw", "--json", "--model", str(tiny_models["target"]),
+                           "--draft", "none", "--temperature", "0", "--max-tokens", "8", "--threads", "1",
+                           "--n-ctx", "1024", *flags], input=prompt, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_second_run_process_reuses_the_prompt_from_disk_unless_told_not_to(tiny_models):
+    prompt = LONG_TEXT[:800]
+    cold, warm = run_json(tiny_models, prompt), run_json(tiny_models, prompt)
+    assert cold["stats"]["prompt_tokens_reused"] == 0
+    assert warm["stats"]["prompt_tokens_reused"] == warm["stats"]["prompt_tokens"] - 1 > 256
+    assert warm["token_ids"] == cold["token_ids"]
+    off = run_json(tiny_models, prompt, "--no-prompt-cache")
+    assert off["stats"]["prompt_tokens_reused"] == 0 and off["token_ids"] == cold["token_ids"]
