@@ -283,18 +283,19 @@ class DiskPrefixCache(PrefixStore):
         return sizes
 
     def _stored_size(self, key, tokens, data) -> int:
-        return len(_encode_header(key, tokens, data)) + 4 * len(tokens) + len(data)
+        # a placeholder digest has the real one's length: the payload is hashed once, when written
+        return len(_encode_header(key, tokens, data, payload_sha256="0" * 64)) + 4 * len(tokens) + len(data)
 
     def _reject(self, path: Path, why: str) -> None:
         self._notice(f"discarded the prefix snapshot {Path(path).name}: {why}; its prompt is prefilled instead")
         self._delete(path)
 
 
-def _encode_header(key: SnapshotKey, tokens: tuple[int, ...], data) -> bytes:
+def _encode_header(key: SnapshotKey, tokens: tuple[int, ...], data, payload_sha256: str | None = None) -> bytes:
     header = json.dumps({
         "format": FORMAT_VERSION, "key": asdict(key), "n_tokens": len(tokens),
         "tokens_sha256": hashlib.sha256(token_bytes(tokens)).hexdigest(),
-        "payload_bytes": len(data), "payload_sha256": hashlib.sha256(data).hexdigest(),
+        "payload_bytes": len(data), "payload_sha256": payload_sha256 or hashlib.sha256(data).hexdigest(),
     }, sort_keys=True).encode()
     return MAGIC + _LENGTH.pack(len(header)) + header
 
