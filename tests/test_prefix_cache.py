@@ -221,3 +221,18 @@ def test_a_second_run_process_reuses_the_prompt_from_disk_unless_told_not_to(tin
     assert warm["token_ids"] == cold["token_ids"]
     off = run_json(tiny_models, prompt, "--no-prompt-cache")
     assert off["stats"]["prompt_tokens_reused"] == 0 and off["token_ids"] == cold["token_ids"]
+
+
+def test_batch_runs_requests_sharing_a_long_prefix_together_and_keeps_the_rest_in_order():
+    from edgespec.commands.batch.requests import CHAT_URL, BatchRequest
+    from edgespec.commands.batch.runner import _grouped_by_shared_prefix
+
+    def chat(custom_id, *messages):
+        return BatchRequest(custom_id, 1, CHAT_URL, messages=tuple({"role": r, "content": c} for r, c in messages))
+
+    document_a, document_b = "a" * 1200, "b" * 1200
+    entries = [chat("short-1", ("user", "hi")), chat("a-1", ("system", document_a), ("user", "one")),
+               chat("b-1", ("user", document_b + "?")), chat("short-2", ("user", "hi")),
+               chat("a-2", ("system", document_a), ("user", "two")), chat("b-2", ("user", document_b + "!"))]
+    order = [entry.custom_id for entry in _grouped_by_shared_prefix(entries)]
+    assert order == ["short-1", "a-1", "a-2", "b-1", "b-2", "short-2"]
