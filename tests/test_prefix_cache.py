@@ -164,6 +164,27 @@ def test_a_new_engine_restores_the_prompt_and_gives_the_same_output(tiny_models,
     second.close()
 
 
+def test_a_state_llama_cpp_refuses_is_discarded_and_the_prompt_prefilled(tiny_models):
+    notices = []
+    engine = cached_engine(tiny_models, store=DiskPrefixCache(min_tokens=64, notice=notices.append))
+    prompt = engine.prompt_tokens(LONG_TEXT, raw=True)[:400]
+    cold = [*engine.stream_tokens(prompt, GREEDY)][-1].result
+    engine.forget_cache()
+    store = engine.prefix_caches[0]
+    snapshot = store.longest_prefix(snapshot_key(tiny_models["target"]), prompt)
+    state = store.read(snapshot_key(tiny_models["target"]), snapshot)
+    snapshot.handle.unlink()
+    # well-formed and checksummed, but not a state of these tokens: only llama.cpp can tell
+    assert store.save(snapshot_key(tiny_models["target"]), snapshot.tokens, lambda: state[:-64])
+    again = [*engine.stream_tokens(prompt, GREEDY)][-1].result
+    assert again.stats.prompt_tokens_reused == 0 and again.token_ids == cold.token_ids
+    assert len(notices) == 1 and "llama.cpp refused its state" in notices[0]
+    engine.forget_cache()
+    third = [*engine.stream_tokens(prompt, GREEDY)][-1].result
+    assert third.stats.prompt_tokens_reused == len(prompt) - 1  # the second run saved a good one in its place
+    engine.close()
+
+
 def test_a_prompt_sharing_only_a_document_restores_the_document(tiny_models):
     engine = cached_engine(tiny_models)
     document = engine.prompt_tokens(LONG_TEXT, raw=True)[:500]
@@ -236,3 +257,10 @@ def test_batch_runs_requests_sharing_a_long_prefix_together_and_keeps_the_rest_i
                chat("a-2", ("system", document_a), ("user", "two")), chat("b-2", ("user", document_b + "!"))]
     order = [entry.custom_id for entry in _grouped_by_shared_prefix(entries)]
     assert order == ["short-1", "a-1", "a-2", "b-1", "b-2", "short-2"]
+
+
+def test_a_bad_prompt_cache_size_is_refused_in_one_line(tiny_models):
+    done = subprocess.run([*EDGESPEC, "run", "hi", "--model", str(tiny_models["target"]), "--prompt-cache-size", "lots"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--prompt-cache-size" in done.stderr and "not understood" in done.stderr
