@@ -20,6 +20,7 @@ from .catalog import load_catalog, local_path
 from .notices import print_notice
 from .planner import Plan, plan_models
 from .prefix_cache import DiskPrefixCache
+from .units import parse_size
 
 
 def plan_load(
@@ -62,7 +63,7 @@ def load_engine(
     measure_stale_curve: bool = True,
     bit_exact: bool = False,
     prompt_cache: bool = False,
-    prompt_cache_size: int | None = None,
+    prompt_cache_size: str | int | None = None,
 ) -> Engine:
     """Load a target and its drafter.
 
@@ -93,7 +94,8 @@ def load_engine(
     mode = "combined" if plan.mode == "draft-model" else plan.mode
     engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact)
     if prompt_cache:
-        engine.prefix_caches.append(DiskPrefixCache(max_bytes=prompt_cache_size, notice=notice))
+        size = parse_size(prompt_cache_size) if isinstance(prompt_cache_size, str) else prompt_cache_size
+        engine.prefix_caches.append(DiskPrefixCache(max_bytes=size, notice=notice))
     engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
     if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
         notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {_why_narrower(engine)}")

@@ -133,6 +133,7 @@ class ChatApp(ChatActions, App):
                 model or default_pair()[0], draft, pull=False, n_ctx=self.config.n_ctx, n_gpu_layers=self.config.gpu_layers,
                 draft_gpu_layers=self.config.draft_gpu_layers, draft_tokens=self.chat.settings.draft_tokens,
                 bit_exact=self.config.bit_exact, prompt_cache=self.config.prompt_cache,
+                prompt_cache_size=self.config.prompt_cache_size,
                 n_threads=self.n_threads, memory_budget=self.config.memory_budget, notice=notice,
                 cost_curve=self.cost_curve, measure_stale_curve=False)
         except EdgespecError as error:

@@ -31,6 +31,7 @@ class ChatConfig:
     memory_budget: str | None = _setting(None, "string", flag=True)
     bit_exact: bool = _setting(False, "boolean", flag=True)  # --bit-exact: greedy output bit for bit plain decoding's
     prompt_cache: bool = _setting(True, "boolean", flag=True)  # --no-prompt-cache: reopened chats prefill their history
+    prompt_cache_size: str | None = _setting(None, "string", flag=True)  # None: EDGESPEC_PROMPT_CACHE_SIZE, else 2GiB
     system_prompt: str = _setting("", "string")
     draft_tint: str = _setting("#24513a", "string")
     temperature: float = _setting(0.7, "number", section="sampling", flag=True, label="Temperature")

@@ -29,7 +29,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
                        help="neither restore nor save KV snapshots of long prompts in the cache dir (default: both, so "
                             "prompts sharing a long document or history prefill it once)")
-    group.add_argument("--prompt-cache-size", type=_size, default=None,
+    group.add_argument("--prompt-cache-size", type=_size_text, default=None,
                        help="disk space for prompt snapshots, e.g. 2GiB (default: EDGESPEC_PROMPT_CACHE_SIZE, else 2GiB)")
 
 
@@ -71,13 +71,15 @@ def _threads(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _size(text: str) -> int:
+def _size_text(text: str) -> str:
+    """A byte size as the user wrote it (the chat keeps it so in its config), once it is known to parse."""
     from ..units import InvalidSizeError, parse_size
 
     try:
-        return parse_size(text)
+        parse_size(text)
     except InvalidSizeError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def sampling_params(args: argparse.Namespace):
