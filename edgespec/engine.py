@@ -637,11 +637,11 @@ class Engine:
             self._drafters["draft-model"].prefill(context)
         return reused
 
-    def _restore_prefix(self, model: LlamaModel, context: list[int]) -> int:
-        """How many leading tokens of context[:-1] model's cache holds, after restoring a kept snapshot
-        when one shares clearly more of them than the cache does now."""
-        reused = min(common_prefix_length(model.cached, context), len(context) - 1)
-        key = SnapshotKey.for_model(model.path, model.kv_type, RUNTIME)
+    def _restore_prefix(self, model: LlamaModel, context: list[int], seq: int = 0) -> int:
+        """How many leading tokens of context[:-1] sequence seq's cache holds, after restoring a kept
+        snapshot when one shares clearly more of them than the cache does now."""
+        reused = min(common_prefix_length(model.cached_of(seq), context), len(context) - 1)
+        key = SnapshotKey.for_model(model.path, model.kv_type, model.n_seq, RUNTIME)
         found = [(snapshot, store) for store in self.prefix_caches
                  if (snapshot := store.longest_prefix(key, context[:-1], model.n_ctx)) is not None]
         if not found:
@@ -652,19 +652,20 @@ class Engine:
         data = store.read(key, snapshot)
         if data is None:
             return reused
-        if not model.load_state(data, snapshot.tokens):
+        if not model.load_state(data, snapshot.tokens, seq):
             store.discard(snapshot, "llama.cpp refused its state")
             return 0  # the failed load emptied the cache
-        model.rewind(snapshot.n_common)
+        model.rewind(snapshot.n_common, seq)
         return snapshot.n_common
 
-    def _save_prefixes(self) -> None:
-        """Offer each model's KV cache, exactly the tokens in it, to the prefix stores (they keep what pays)."""
-        models = [self.target] + ([self.draft] if self.mode in ("draft-model", "combined") else [])
+    def _save_prefixes(self, seq: int = 0) -> None:
+        """Offer sequence seq's KV cache (and the draft model's, when it drafts), exactly the tokens in it,
+        to the prefix stores; they keep what pays."""
+        models = [self.target] + ([self.draft] if seq == 0 and self.mode in ("draft-model", "combined") else [])
         for model in models:
-            key = SnapshotKey.for_model(model.path, model.kv_type, RUNTIME)
+            key = SnapshotKey.for_model(model.path, model.kv_type, model.n_seq, RUNTIME)
             for store in self.prefix_caches:
-                store.save(key, model.cached, model.state_bytes)
+                store.save(key, model.cached_of(seq), lambda: model.state_bytes(seq))
 
     def draft_choice(self, generation: Generation, room: int) -> DraftChoice:
         """Which of the lane's drafters proposes the generation's next step, what it hinted, and how many

@@ -48,24 +48,27 @@ _LENGTH = struct.Struct("<I")
 
 @dataclass(frozen=True)
 class SnapshotKey:
-    """What a KV snapshot is valid for: one model file, one KV element type, one llama.cpp build."""
+    """What a KV snapshot is valid for: one model file, one KV element type, one llama.cpp build, and
+    contexts of one number of sequences (llama.cpp refuses a state from a context with another
+    number of KV streams: `batch --parallel` reserves several)."""
 
     model_path: str
     model_size: int
     model_mtime_ns: int
     kv_type: str
+    n_seq: int
     runtime: str
 
     @classmethod
-    def for_model(cls, model_path: str | os.PathLike, kv_type: str, runtime: str) -> SnapshotKey:
+    def for_model(cls, model_path: str | os.PathLike, kv_type: str, n_seq: int, runtime: str) -> SnapshotKey:
         path = Path(model_path).resolve()
         stat = path.stat()
-        return cls(str(path), stat.st_size, stat.st_mtime_ns, kv_type, runtime)
+        return cls(str(path), stat.st_size, stat.st_mtime_ns, kv_type, n_seq, runtime)
 
     def same_model(self, other: SnapshotKey) -> bool:
-        """Same model file and KV type, whatever the build."""
-        return (self.model_path, self.model_size, self.model_mtime_ns, self.kv_type) == (
-            other.model_path, other.model_size, other.model_mtime_ns, other.kv_type)
+        """Same model file, KV type and sequence count, whatever the build."""
+        return (self.model_path, self.model_size, self.model_mtime_ns, self.kv_type, self.n_seq) == (
+            other.model_path, other.model_size, other.model_mtime_ns, other.kv_type, other.n_seq)
 
 
 @dataclass(frozen=True)

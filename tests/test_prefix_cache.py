@@ -20,8 +20,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 LONG_TEXT = "the cat sat on the mat and looked at the dog, who sat on the log by the door. " * 24
 
 
-def snapshot_key(path, runtime=RUNTIME) -> SnapshotKey:
-    return SnapshotKey.for_model(path, "f16", runtime)
+def snapshot_key(path, runtime=RUNTIME, n_seq=1) -> SnapshotKey:
+    return SnapshotKey.for_model(path, "f16", n_seq, runtime)
 
 
 # -- llama.cpp's state, round trip -------------------------------------------------------------
@@ -44,6 +44,24 @@ def test_a_restored_state_gives_the_recomputed_logits_bit_for_bit(which, tiny_mo
     assert not fresh.load_state(state[:-100], ids[:-1]) and fresh.cached == []
     model.close()
     fresh.close()
+
+
+def test_a_state_is_tied_to_its_contexts_number_of_sequences(tiny_models):
+    model = LlamaModel(tiny_models["target"], n_ctx=1024, n_threads=1)
+    ids = model.tokenize(LONG_TEXT, add_special=True)[:300]
+    model.decode(ids[:-1], n_logits=0)
+    single = model.state_bytes()
+    model.reserve_sequences(2)  # a new context with two KV streams, as batch --parallel makes
+    assert not model.load_state(single, ids[:-1], seq=1)  # llama.cpp: "n_stream mismatch"; hence SnapshotKey.n_seq
+    model.decode(ids[:-1], n_logits=0, seq=1)
+    state = model.state_bytes(1)
+    recomputed = model.decode(ids[-1:], 1, seq=1)[0]
+    other = LlamaModel(tiny_models["target"], n_ctx=1024, n_threads=1)
+    other.reserve_sequences(2)
+    assert other.load_state(state, ids[:-1], seq=0) and other.cached == ids[:-1] and other.cached_of(1) == []
+    assert np.array_equal(other.decode(ids[-1:], 1)[0], recomputed)
+    model.close()
+    other.close()
 
 
 # -- the stores' policy ------------------------------------------------------------------------
