@@ -319,7 +319,9 @@ def _read_header(f, file_size: int) -> tuple[SnapshotKey, tuple[int, ...], dict]
         n_tokens, n_payload = int(header["n_tokens"]), int(header["payload_bytes"])
     except (ValueError, TypeError, KeyError, AttributeError):
         raise CorruptSnapshot("its header is damaged") from None
-    if file_size != len(start) + length + 4 * n_tokens + n_payload or n_tokens <= 0:
+    if n_tokens <= 0 or n_payload < 0:
+        raise CorruptSnapshot("its header gives a negative or zero size")
+    if file_size != len(start) + length + 4 * n_tokens + n_payload:
         raise CorruptSnapshot("it is truncated or has bytes past its end")
     raw = f.read(4 * n_tokens)
     if hashlib.sha256(raw).hexdigest() != header.get("tokens_sha256"):

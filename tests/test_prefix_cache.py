@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import pytest
 from edgespec import ChatSession, SamplingParams
 from edgespec.backend import RUNTIME, LlamaModel
 from edgespec.loading import load_engine
-from edgespec.prefix_cache import SUFFIX, DiskPrefixCache, MemoryPrefixCache, SnapshotKey
+from edgespec.prefix_cache import MAGIC, SUFFIX, DiskPrefixCache, MemoryPrefixCache, SnapshotKey
 
 FIXED_COST = (1.0, 1.3, 1.6, 1.9, 2.2)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -104,11 +105,24 @@ def test_only_long_and_new_prefixes_are_kept_and_an_extension_replaces_its_prefi
     assert found.n_common == 325 and len(found.tokens) == 330
 
 
+def rewrite_header(data: bytes, **changes) -> bytes:
+    """A snapshot file's bytes with fields of its header changed, its length field kept right."""
+    start = len(MAGIC) + 4
+    (length,) = struct.unpack("<I", data[len(MAGIC):start])
+    header = {**json.loads(data[start:start + length]), **changes}
+    text = json.dumps(header).encode()
+    return MAGIC + struct.pack("<I", len(text)) + text + data[start + length:]
+
+
 @pytest.mark.parametrize("damage, why", [
     (lambda data: data[:-1], "truncated"),
     (lambda data: data[:-5] + bytes(5), "checksum"),
     (lambda data: b"GGSQ" + data[4:], "not an edgespec KV snapshot"),
     (lambda data: data.replace(b'"n_tokens": 400', b'"n_tokens": 401'), "truncated"),
+    # sizes that add up to the file's (the header grew a byte), with a negative payload: refused as such
+    (lambda data: rewrite_header(data, n_tokens=1750, payload_bytes=-400), "negative"),
+    (lambda data: rewrite_header(data, format=0), "snapshot format 0"),
+    (lambda data: rewrite_header(data, key={"model_path": "x"}), "header is damaged"),
 ])
 def test_a_corrupt_snapshot_is_discarded_with_a_notice(tmp_path, tiny_models, damage, why):
     key = snapshot_key(tiny_models["target"])
