@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import RUNTIME, LlamaModel, common_prefix_length
+from .backend import RUNTIME, LlamaModel, common_prefix_length, load_state, state_bytes
 from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
 from .controller import HINDSIGHT_DECAY, NGRAM_PRIOR_BY_BUCKET, DraftLengthController
 from .costs import CostModel, best_speedup
@@ -652,7 +652,7 @@ class Engine:
         data = store.read(key, snapshot)
         if data is None:
             return reused
-        if not model.load_state(data, snapshot.tokens, seq):
+        if not load_state(model, data, snapshot.tokens, seq):
             store.discard(snapshot, "llama.cpp refused its state")
             return 0  # the failed load emptied the cache
         model.rewind(snapshot.n_common, seq)
@@ -665,7 +665,7 @@ class Engine:
         for model in models:
             key = SnapshotKey.for_model(model.path, model.kv_type, model.n_seq, RUNTIME)
             for store in self.prefix_caches:
-                store.save(key, model.cached_of(seq), lambda: model.state_bytes(seq))
+                store.save(key, model.cached_of(seq), lambda: state_bytes(model, seq))
 
     def draft_choice(self, generation: Generation, room: int) -> DraftChoice:
         """Which of the lane's drafters proposes the generation's next step, what it hinted, and how many

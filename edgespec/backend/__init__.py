@@ -6,9 +6,10 @@ text <-> token ids; state.py is a KV cache as bytes and back (the prompt cache's
 """
 
 from .model import LlamaModel, common_prefix_length
+from .state import load_state, state_bytes
 from .runtime import RUNTIME, default_threads, supports_gpu_offload, width_independent_kernels
 
 __all__ = [
-    "LlamaModel", "RUNTIME", "common_prefix_length",
+    "LlamaModel", "RUNTIME", "common_prefix_length", "load_state", "state_bytes",
     "default_threads", "supports_gpu_offload", "width_independent_kernels",
 ]

@@ -21,7 +21,6 @@ import llama_cpp
 
 from ..errors import ContextOverflowError, DecodeError, ModelFileError, ModelLoadError
 from ..limits import MAX_OUTPUT_ROWS, N_UBATCH, checked_threads
-import edgespec.backend.state as state  # the module itself, as for the tokenizer below
 import edgespec.backend.tokenizer as tokenizer  # the module itself: `from . import` would name the package
 from .batch import TokenBatch
 from .runtime import EXTRA_BUFFER_TYPES_SAFE, default_threads, forget_log, last_error
@@ -253,15 +252,7 @@ class LlamaModel:
             llama_cpp.llama_memory_seq_rm(self._memory, seq, n_keep, -1)
             del cached[n_keep:]
 
-    kv_type = "f16"  # the KV cache's element type, part of every snapshot's key (backend/state.py)
-
-    def state_bytes(self, seq: int = 0) -> bytearray:
-        """Sequence seq's KV cache (the tokens of cached_of(seq)) as llama.cpp serialises it."""
-        return state.state_bytes(self, seq)
-
-    def load_state(self, data: bytes | bytearray, tokens: Sequence[int], seq: int = 0) -> bool:
-        """Replace sequence seq's KV cache with a state_bytes() snapshot of tokens; False (left empty) if refused."""
-        return state.load_state(self, data, tokens, seq)
+    kv_type = "f16"  # the KV cache's element type, part of a KV snapshot's key (backend/state.py makes them)
 
     def decode(self, tokens: Sequence[int], n_logits: int = 1, *, copy: bool = True, seq: int = 0) -> np.ndarray | None:
         """Append tokens to sequence seq's cache; return the logits of the last n_logits of them.

@@ -10,10 +10,10 @@ import llama_cpp
 from ..errors import DecodeError
 from .runtime import forget_log, last_error
 
-# `model` below is a LlamaModel; it imports this module, so this one names it only here.
+# `model` below is a LlamaModel (not imported: the backend's package exports both).
 
 
-def state_bytes(model, seq: int) -> bytearray:
+def state_bytes(model, seq: int = 0) -> bytearray:
     """Sequence seq's KV cache as llama_state_seq_get_data writes it."""
     size = llama_cpp.llama_state_seq_get_size(model._ctx, seq)
     data = bytearray(size)
@@ -24,7 +24,7 @@ def state_bytes(model, seq: int) -> bytearray:
     return data
 
 
-def load_state(model, data: bytes | bytearray, tokens: Sequence[int], seq: int) -> bool:
+def load_state(model, data: bytes | bytearray, tokens: Sequence[int], seq: int = 0) -> bool:
     """Replace sequence seq's KV cache with data, a state of exactly tokens; False, that cache left empty, if refused.
 
     The caller vouches that data is a snapshot of tokens from this model and build (the prompt
