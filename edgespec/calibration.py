@@ -115,9 +115,13 @@ class CalibrationKey:
     cpu_model: str
     cpu_count: int
     runtime: str = ""  # e.g. the llama.cpp build: new kernels change the curve
+    # the KV cache types and flash attention, which change both the exact width and the speed;
+    # "" is f16 keys and values without flash attention
+    kv_cache: str = ""
 
     @classmethod
-    def for_model(cls, model_path: str | os.PathLike, n_gpu_layers: int, n_threads: int, runtime: str = ""):
+    def for_model(cls, model_path: str | os.PathLike, n_gpu_layers: int, n_threads: int, runtime: str = "",
+                  kv_cache: str = ""):
         path = Path(model_path).resolve()
         stat = path.stat()
         return cls(
@@ -130,10 +134,14 @@ class CalibrationKey:
             cpu_model=cpu_model(),
             cpu_count=os.cpu_count() or 0,
             runtime=runtime,
+            kv_cache=kv_cache,
         )
 
     def digest(self) -> str:
-        text = json.dumps(asdict(self), sort_keys=True)
+        fields = asdict(self)
+        if not fields["kv_cache"]:
+            del fields["kv_cache"]  # so the curves measured before there were KV cache types still count
+        text = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import RUNTIME, LlamaModel, common_prefix_length, load_state, state_bytes
+from .backend import RUNTIME, LlamaModel, common_prefix_length, dropped_span, load_state, state_bytes
 from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
 from .controller import HINDSIGHT_DECAY, NGRAM_PRIOR_BY_BUCKET, DraftLengthController
 from .costs import CostModel, best_speedup
@@ -151,11 +151,9 @@ class DraftChoice:
 
 @dataclass(frozen=True)
 class Draft:
-    """A step's draft, made before its verification pass: who proposed what, and how it was chosen."""
+    """A step's draft, made before its verification pass: what was proposed, and by whose choice."""
 
-    drafter: Drafter
-    hint: Hint
-    controller: DraftLengthController | None
+    choice: DraftChoice
     tokens: list[int]
     probs: object = None  # the draft model's distributions, for rejection sampling; None for n-grams
 
@@ -181,12 +179,14 @@ class Engine:
         self._stale_curve = False  # a stale cached curve is in use until recalibrate()
         self.phase_clock: PhaseClock | None = None  # set by `bench --overhead`
         self.prefix_caches: list[PrefixStore] = []  # where KV snapshots of long prompts are kept and restored from
+        self._shift_allowed = False  # this generation's caller accepts a shifted cache (stream_tokens)
+        self._shifted_at: dict[LlamaModel, int] = {}  # where a model's cache holds shifted keys and values
         self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft is not None:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
             self._drafters["combined"] = self._drafters["draft-model"]  # picks per step between it and n-grams
         self._lane = Lane(self._drafters)
-        self.configure(mode=mode)
+        self.configure(mode=mode, bit_exact=bit_exact)  # refuses bit_exact over flash attention
         self.chat_template = ChatTemplate(
             target.metadata("tokenizer.chat_template"),
             bos_token=target.token_bytes(target.bos_id).decode("utf-8", "replace") if target.bos_id >= 0 else "",
@@ -240,7 +240,8 @@ class Engine:
             self._use_cost(probe.exact_width, probe.drift, cost, plain_step_seconds=None, widest=widest)
             return
         cache = cache or CalibrationCache()
-        key = CalibrationKey.for_model(self.target.path, self.target.n_gpu_layers, self.target.n_threads, RUNTIME)
+        key = CalibrationKey.for_model(self.target.path, self.target.n_gpu_layers, self.target.n_threads, RUNTIME,
+                                       kv_cache=self.target.kv_cache_label)
         cached = cache.read(key)
         self._calibration = cache, key
         self._stale_curve = False
@@ -416,6 +417,8 @@ class Engine:
         if mode is not None and mode not in self._drafters:
             have = ", ".join(self._drafters)
             raise EdgespecError(f"drafting mode {mode!r} is not available (available: {have}; draft-model needs --draft FILE)")
+        if bit_exact and self.target.flash_attn:
+            raise EdgespecError("bit-exact verification needs flash attention off; load the model without --flash-attn")
         if draft_tokens is not None and draft_tokens != "auto" and not (
                 isinstance(draft_tokens, int) and 0 <= draft_tokens <= MAX_DRAFT_TOKENS):
             raise EdgespecError(f"draft tokens must be 'auto' or a whole number from 0 to {MAX_DRAFT_TOKENS}, not {draft_tokens!r}")
@@ -469,9 +472,16 @@ class Engine:
         return self.stream_tokens(self.prompt_tokens(prompt, raw), params, cancel=cancel)
 
     def stream_tokens(
-        self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None
+        self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None,
+        shift_dropped_span: bool = False,
     ) -> Iterator[Step | Done]:
-        """Generate after prompt_ids; yields one Step per verification and a final Done."""
+        """Generate after prompt_ids; yields one Step per verification and a final Done.
+
+        shift_dropped_span: the caller (a chat that dropped its oldest turn)
+        accepts a cache with that turn shifted out for one recomputed, see
+        _shift_out_dropped_span.  Other callers get a cache as a fresh prefill
+        would make it, so a prompt's output never depends on the one before.
+        """
         if not prompt_ids:
             raise EdgespecError("the prompt is empty (give some text to continue)")
         if len(prompt_ids) >= self.n_ctx:
@@ -479,6 +489,7 @@ class Engine:
                 f"the prompt has {len(prompt_ids)} tokens but the context holds {self.n_ctx} (raise --n-ctx or shorten the prompt)"
             )
         with self._lock:
+            self._shift_allowed = shift_dropped_span
             try:
                 yield from self._generate(list(prompt_ids), params, cancel)
             except NonFiniteLogits:
@@ -562,8 +573,7 @@ class Engine:
                     if k > 0 else None)
         if self.phase_clock:
             self.phase_clock.lap("propose")
-        return Draft(choice.drafter, choice.hint, choice.controller, proposal.tokens if proposal else [],
-                     proposal.probs if proposal else None)
+        return Draft(choice, proposal.tokens if proposal else [], proposal.probs if proposal else None)
 
     def conclude_step(self, generation: Generation, draft: Draft, logits: np.ndarray) -> Step:
         """Verify the draft against the target's logits rows for [last token, *draft], keep the accepted part
@@ -577,8 +587,9 @@ class Engine:
         self.target.rewind(len(context) + len(accepted), generation.seq)
         if clock:
             clock.lap("rewind")
-        if draft.controller is not None and not draft.controller.hindsight:
-            draft.controller.update(len(draft.tokens), len(accepted), draft.hint.signal)
+        controller = draft.choice.controller
+        if controller is not None and not controller.hindsight:
+            controller.update(len(draft.tokens), len(accepted), draft.choice.hint.signal)
         if clock:
             clock.lap("controller")
         self._count_step(generation.counters, draft, len(accepted))
@@ -595,7 +606,7 @@ class Engine:
         counters.widest_pass = max(counters.widest_pass, width)
         counters.pass_widths[width] = counters.pass_widths.get(width, 0) + 1
         if n_accepted:
-            name = draft.drafter.name
+            name = draft.choice.drafter.name
             counters.accepted_by_drafter[name] = counters.accepted_by_drafter.get(name, 0) + n_accepted
 
     def _emit(self, generation: Generation, new_tokens: list[int], n_drafted: int, draft: Draft) -> Step:
@@ -608,7 +619,7 @@ class Engine:
                 break
             generated.append(token)
             piece = text.feed(self.target.token_bytes(token))
-            tokens.append(Token(token, piece, draft.drafter.name if i < n_drafted else None))
+            tokens.append(Token(token, piece, draft.choice.drafter.name if i < n_drafted else None))
             if text.stopped:
                 counters.finish_reason = "stop"
                 break
@@ -629,10 +640,12 @@ class Engine:
     def _prefill(self, context: list[int]) -> int:
         """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);
         return how many the target had cached already."""
+        self._shift_out_dropped_span(self.target, context)
         reused = self._restore_prefix(self.target, context)
         self.target.rewind(reused)
         self.target.decode(context[reused:-1], n_logits=0)
         if self.mode in ("draft-model", "combined"):
+            self._shift_out_dropped_span(self.draft, context)
             self._restore_prefix(self.draft, context)
             self._drafters["draft-model"].prefill(context)
         return reused
@@ -641,7 +654,9 @@ class Engine:
         """How many leading tokens of context[:-1] sequence seq's cache holds, after restoring a kept
         snapshot when one shares clearly more of them than the cache does now."""
         reused = min(common_prefix_length(model.cached_of(seq), context), len(context) - 1)
-        key = SnapshotKey.for_model(model.path, model.kv_type, model.n_seq, RUNTIME)
+        if seq == 0 and self._shifted_at.get(model, reused) >= reused:
+            self._shifted_at.pop(model, None)  # the shifted part is rewound: what follows is computed afresh
+        key = _snapshot_key(model)
         found = [(snapshot, store) for store in self.prefix_caches
                  if (snapshot := store.longest_prefix(key, context[:-1], model.n_ctx)) is not None]
         if not found:
@@ -652,9 +667,11 @@ class Engine:
         data = store.read(key, snapshot)
         if data is None:
             return reused
+        if seq == 0:
+            self._shifted_at.pop(model, None)  # the cache is replaced, or emptied if refused
         if not load_state(model, data, snapshot.tokens, seq):
             store.discard(snapshot, "llama.cpp refused its state")
-            return 0  # the failed load emptied the cache
+            return 0
         model.rewind(snapshot.n_common, seq)
         return snapshot.n_common
 
@@ -663,9 +680,31 @@ class Engine:
         to the prefix stores; they keep what pays."""
         models = [self.target] + ([self.draft] if seq == 0 and self.mode in ("draft-model", "combined") else [])
         for model in models:
-            key = SnapshotKey.for_model(model.path, model.kv_type, model.n_seq, RUNTIME)
+            if seq == 0 and model in self._shifted_at:
+                continue  # shifted keys and values are not what a prefill computes: a restore must give its logits
+            key = _snapshot_key(model)
             for store in self.prefix_caches:
                 store.save(key, model.cached_of(seq), lambda: state_bytes(model, seq))
+
+    @property
+    def shifts_context(self) -> bool:
+        """Whether a dropped turn is shifted out of the caches, when the caller allows it, rather than the rest recomputed."""
+        return not self.bit_exact and self.target.can_shift
+
+    def _shift_out_dropped_span(self, model: LlamaModel, context: list[int]) -> None:
+        """When context is model's cache with one span left out (a chat dropped its oldest turn), drop
+        that span from the cache and move what follows back, as llama.cpp's context shift does, so the
+        prefill computes only what is new.
+
+        The moved keys and values still carry what they attended to in the
+        dropped span, so this is not the cache a fresh prefill would compute,
+        nor bit-identical to it: under bit_exact the rest is computed again.
+        """
+        if self._shift_allowed and self.shifts_context and model.can_shift:
+            span = dropped_span(model.cached, context[:-1])
+            if span is not None:
+                model.drop_span(*span)
+                self._shifted_at[model] = min(span[0], self._shifted_at.get(model, span[0]))
 
     def draft_choice(self, generation: Generation, room: int) -> DraftChoice:
         """Which of the lane's drafters proposes the generation's next step, what it hinted, and how many
@@ -703,6 +742,11 @@ class Engine:
             if paying:
                 options = [max(paying, key=lambda pair: pair[0])[1]]
         return DraftChoice(*options[0])
+
+
+def _snapshot_key(model: LlamaModel) -> SnapshotKey:
+    """What a snapshot of model's KV cache is valid for; its KV setup (K and V types, flash attention) by label."""
+    return SnapshotKey.for_model(model.path, model.kv_cache_label or "f16", model.n_seq, RUNTIME)
 
 
 class _LazyRows:

@@ -53,8 +53,30 @@ RANGES: dict[str, tuple[int, int, str]] = {
 }
 
 
+# The KV cache types --kv-type and --draft-kv-type take, as llama.cpp (and gguf) name them.
+KV_TYPES = ("f16", "q8_0", "q4_0")
+
+
 class SettingError(EdgespecError):
     """An engine setting outside the range it can take."""
+
+
+def checked_kv_type(value) -> str:
+    """value if it names a KV cache type; else SettingError listing the choices."""
+    if value not in KV_TYPES:
+        raise SettingError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {value!r}")
+    return value
+
+
+def kv_cache_types(kv_type: str, flash_attn: bool) -> tuple[str, str]:
+    """The (K, V) cache types a --kv-type gives.
+
+    llama.cpp quantises the V cache only with flash attention, which the
+    backend keeps off unless asked (it makes a row's logits depend on the
+    width of its pass); without it only the keys are quantised.
+    """
+    kv_type = checked_kv_type(kv_type)
+    return kv_type, (kv_type if flash_attn else "f16")
 
 
 def checked_setting(name: str, value) -> int | str:

@@ -15,6 +15,7 @@ from .costs import CostModel
 from .drafters import check_vocab_compatible
 from .engine import Engine
 from .errors import EdgespecError
+from .limits import KV_TYPES, SettingError, checked_kv_type
 from .fetch import resolve_draft, resolve_model
 from .catalog import load_catalog, local_path
 from .notices import print_notice
@@ -26,10 +27,13 @@ from .units import parse_size
 def plan_load(
     target, draft="auto", *, n_ctx: int, n_gpu_layers=None, draft_gpu_layers=None,
     memory_budget=None, pull: bool = True, notice: Callable[[str], None] = print_notice,
+    kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False, parallel: int = 1,
 ) -> tuple[Path, Path | None, Plan]:
     """Resolve the model names to files and plan their memory: what load_engine will do.
 
     pull=False never downloads: a missing target is an error, a missing draft means n-grams.
+    kv_type, draft_kv_type and flash_attn are load_engine's; parallel counts a target KV cache
+    per sequence decoded together (batch --parallel).
     """
     target_path = resolve_model(target, pull=pull, notice=notice)
     draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, pull, notice)
@@ -39,6 +43,7 @@ def plan_load(
         target_path, draft_path, n_ctx=n_ctx, gpu_offload=supports_gpu_offload(),
         memory_budget=memory_budget, force_mode=forced_mode,
         force_gpu_layers=n_gpu_layers, force_draft_gpu_layers=draft_gpu_layers,
+        kv_type=kv_type, draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel,
     )
     for warning in plan.warnings:
         notice(warning)
@@ -62,8 +67,10 @@ def load_engine(
     cost_curve: Sequence[float] | CostModel | None = None,
     measure_stale_curve: bool = True,
     bit_exact: bool = False,
-    prompt_cache: bool = False,
-    prompt_cache_size: str | int | None = None,
+    kv_type: str = "f16",
+    draft_kv_type: str | None = None,
+    flash_attn: bool = False,
+    parallel: int = 1,
 ) -> Engine:
     """Load a target and its drafter.
 
@@ -79,29 +86,38 @@ def load_engine(
     token; by default passes are as wide as pays, exact in distribution.
     With a draft model loaded, each step picks n-grams, the draft model or no
     draft by expected speed (mode "combined").
+    kv_type and draft_kv_type (default: kv_type) are the KV cache types of the
+    target and the draft (f16, q8_0, q4_0); without flash_attn only the keys
+    take them (see kv_cache_notice).  flash_attn cannot go with bit_exact.
+    parallel only plans the memory of that many target KV caches: a Scheduler makes room for them.
     """
+    kv_notice = kv_cache_notice(kv_type, kv_type if draft_kv_type is None else draft_kv_type, flash_attn, bit_exact)
     target_path, draft_path, plan = plan_load(
         target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
         memory_budget=memory_budget, pull=pull, notice=notice,
+        kv_type=kv_type, draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel,
     )
+    if kv_notice:
+        notice(kv_notice)
     if not width_independent_kernels():
         notice("this llama.cpp build has llamafile kernels, so greedy output may differ from plain decoding "
                "where two tokens nearly tie; rebuild llama-cpp-python with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF (make does)")
-    target_model = LlamaModel(target_path, n_ctx=n_ctx, n_gpu_layers=plan.target_gpu_layers, n_threads=n_threads)
-    draft_model = None
-    if plan.mode == "draft-model":
-        draft_model = _load_draft(target_model, draft_path, n_ctx, plan.draft_gpu_layers, n_threads)
+    target_model, draft_model = _load_models(target_path, draft_path, plan, n_ctx, n_threads)
     mode = "combined" if plan.mode == "draft-model" else plan.mode
     engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact)
-    if prompt_cache:
-        size = parse_size(prompt_cache_size) if isinstance(prompt_cache_size, str) else prompt_cache_size
-        engine.prefix_caches.append(DiskPrefixCache(max_bytes=size, notice=notice))
     engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
     if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
         notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {_why_narrower(engine)}")
     if draft_model is not None:
         notice(_settle_draft_model(engine, keep=draft != "auto"))
     return engine
+
+
+def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Callable[[str], None] | None = None) -> None:
+    """Keep KV snapshots of the engine's long prompts in the cache dir (at most size bytes, e.g. "2GiB";
+    default: EDGESPEC_PROMPT_CACHE_SIZE, else 2 GiB), and restore the longest one a prompt starts with."""
+    max_bytes = parse_size(size) if isinstance(size, str) else size
+    engine.prefix_caches.append(DiskPrefixCache(max_bytes=max_bytes, notice=notice or print_notice))
 
 
 # A draft model of the target's family is typically accepted this often (the Qwen2.5-Coder
@@ -126,6 +142,26 @@ def _settle_draft_model(engine: Engine, keep: bool) -> str:
     path = engine.draft.path
     engine.drop_draft(f"n-grams only: {why}")
     return f"drafting with n-grams only: {why}; --draft {path} uses it anyway"
+
+
+def kv_cache_notice(kv_type: str, draft_kv_type: str, flash_attn: bool, bit_exact: bool) -> str | None:
+    """What the KV cache choice trades away, in one line (None for the default f16 cache);
+    EdgespecError for a choice that cannot be kept."""
+    for name, value in (("--kv-type", kv_type), ("--draft-kv-type", draft_kv_type)):
+        try:
+            checked_kv_type(value)
+        except SettingError:
+            raise EdgespecError(f"{name} must be one of {', '.join(KV_TYPES)}, not {value!r}") from None
+    if flash_attn and bit_exact:
+        raise EdgespecError("--flash-attn and --bit-exact cannot go together: with flash attention a token's logits "
+                            "depend on how many tokens share its pass (drop one of the two)")
+    if flash_attn:
+        return ("flash attention on: the KV cache types apply to keys and values, and verification is exact in "
+                "distribution but no longer bit for bit plain decoding's (--bit-exact needs it off)")
+    if {kv_type, draft_kv_type} != {"f16"}:
+        return ("the KV cache types apply to the keys only: llama.cpp quantises values only with flash attention, "
+                "which stays off so verification can be bit-exact; --flash-attn quantises both, without --bit-exact")
+    return None
 
 
 def _why_narrower(engine: Engine) -> str:
@@ -162,11 +198,22 @@ def _catalog_drafts_for(target) -> tuple[str, ...]:
     return next((pair.drafts for pair in catalog.pairs if pair.target in names), ())
 
 
-def _load_draft(target: LlamaModel, path: Path, n_ctx: int, gpu_layers: int, n_threads) -> LlamaModel:
-    """Load the draft and check it against the target; on failure free both."""
+def _load_models(target_path: Path, draft_path: Path | None, plan: Plan, n_ctx: int,
+                 n_threads) -> tuple[LlamaModel, LlamaModel | None]:
+    """The target and, when the plan loads one, the draft model, each with the plan's layers and KV cache."""
+    target = LlamaModel(target_path, n_ctx=n_ctx, n_gpu_layers=plan.target_gpu_layers, n_threads=n_threads,
+                        kv_type=plan.kv_type, flash_attn=plan.flash_attn)
+    if plan.mode != "draft-model":
+        return target, None
+    return target, _load_draft(target, draft_path, n_ctx, plan.draft_gpu_layers, n_threads,
+                               kv_type=plan.draft_kv_type, flash_attn=plan.flash_attn)
+
+
+def _load_draft(target: LlamaModel, path: Path, n_ctx: int, gpu_layers: int, n_threads, **cache) -> LlamaModel:
+    """Load the draft and check it against the target; on failure free both.  cache: kv_type and flash_attn."""
     draft = None
     try:
-        draft = LlamaModel(path, n_ctx=n_ctx, n_gpu_layers=gpu_layers, n_threads=n_threads)
+        draft = LlamaModel(path, n_ctx=n_ctx, n_gpu_layers=gpu_layers, n_threads=n_threads, **cache)
         check_vocab_compatible(target, draft)
     except EdgespecError:
         if draft is not None:

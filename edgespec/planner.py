@@ -18,7 +18,6 @@ forces is kept, with a warning when it exceeds the budget.
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from rich.table import Table
 
 from edgespec.gguf_info import GGUFInfo, read_gguf_info
-from edgespec.limits import MAX_OUTPUT_ROWS, MODES, N_UBATCH
+from edgespec.limits import KV_TYPES, MAX_OUTPUT_ROWS, MODES, N_UBATCH, kv_cache_types
 from edgespec.memory import MemoryBudget, budget_override, detect_memory
 from edgespec.units import format_size, parse_size
 
@@ -83,7 +82,10 @@ class Plan:
     reason: str  # one line: why this mode and these layer counts
     warnings: tuple[str, ...]
     n_ctx: int
-    kv_type: str
+    kv_type: str  # the target's --kv-type
+    draft_kv_type: str = "f16"
+    flash_attn: bool = False  # without it only the keys take the KV type (edgespec.limits.kv_cache_types)
+    parallel: int = 1  # target sequences decoded together, each with a KV cache of n_ctx tokens
 
     def to_dict(self) -> dict:
         return {
@@ -93,13 +95,27 @@ class Plan:
             "total_bytes": self.total_bytes, "budget_bytes": self.budget_bytes,
             "budget_source": self.budget_source, "fits": self.fits, "reason": self.reason,
             "warnings": list(self.warnings), "n_ctx": self.n_ctx, "kv_type": self.kv_type,
+            "draft_kv_type": self.draft_kv_type, "flash_attn": self.flash_attn, "parallel": self.parallel,
+            "kv_cache_types": {part.role: self.cache_types(part.role) for part in self.parts},
         }
 
+    def cache_types(self, role: str) -> str:
+        """The K and V cache types of the target or the draft, e.g. "K q8_0, V f16"."""
+        k, v = kv_cache_types(self.kv_type if role == "target" else self.draft_kv_type, self.flash_attn)
+        return f"K {k}, V {v}"
 
-def kv_bytes_per_layer(info: GGUFInfo, n_ctx: int, kv_type: str = "f16") -> int:
-    """Keys and values of one layer: n_ctx x n_head_kv x head_dim, twice, at the KV type's size."""
-    block_size, type_size = GGML_QUANT_SIZES[_kv_quant_type(kv_type)]
-    return n_ctx * info.n_head_kv * info.head_dim * 2 * type_size // block_size
+
+def kv_bytes_per_layer(info: GGUFInfo, n_ctx: int, kv_type: str = "f16", flash_attn: bool = False) -> int:
+    """Keys and values of one layer: n_ctx x n_head_kv x head_dim each, at the sizes of their types.
+
+    Without flash attention llama.cpp keeps the values in f16 whatever kv_type says.
+    """
+    elements = n_ctx * info.n_head_kv * info.head_dim
+    total = 0
+    for cache_type in (_kv_quant_type(kv_type), _kv_quant_type(kv_cache_types(kv_type, flash_attn)[1])):
+        block_size, type_size = GGML_QUANT_SIZES[cache_type]
+        total += elements * type_size // block_size
+    return total
 
 
 def compute_bytes(info: GGUFInfo, n_ctx: int, n_batch: int = DEFAULT_N_BATCH,
@@ -136,10 +152,15 @@ def runtime_bytes(info: GGUFInfo) -> int:
 
 
 def model_memory(info: GGUFInfo, role: str, *, gpu_layers: int, on_gpu: bool, n_ctx: int,
-                 kv_type: str = "f16", n_batch: int = DEFAULT_N_BATCH,
-                 n_outputs: int = DEFAULT_N_OUTPUTS) -> ModelMemory:
-    """What one model needs, counted against a GPU budget (on_gpu) or against RAM."""
-    kv_layer = kv_bytes_per_layer(info, n_ctx, kv_type)
+                 kv_type: str = "f16", flash_attn: bool = False, n_batch: int = DEFAULT_N_BATCH,
+                 n_outputs: int = DEFAULT_N_OUTPUTS, n_seq: int = 1) -> ModelMemory:
+    """What one model needs, counted against a GPU budget (on_gpu) or against RAM; n_seq sequences
+    decoded together (batch --parallel) each have a KV cache of n_ctx tokens.
+
+    The compute buffer is counted as without flash attention, which holds the
+    attention scores: with it the buffer is smaller, so this overcounts.
+    """
+    kv_layer = kv_bytes_per_layer(info, n_ctx, kv_type, flash_attn) * n_seq
     compute = compute_bytes(info, n_ctx, n_batch, n_outputs)
     runtime = runtime_bytes(info)
     name = os.path.basename(str(info.path))
@@ -160,20 +181,23 @@ def model_memory(info: GGUFInfo, role: str, *, gpu_layers: int, on_gpu: bool, n_
 
 
 def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: MemoryBudget, gpu_offload: bool,
-         kv_type: str = "f16", force_gpu_layers: int | None = None, force_draft_gpu_layers: int | None = None,
-         force_mode: str | None = None, n_batch: int = DEFAULT_N_BATCH, n_outputs: int = DEFAULT_N_OUTPUTS) -> Plan:
+         kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False,
+         force_gpu_layers: int | None = None, force_draft_gpu_layers: int | None = None,
+         force_mode: str | None = None, n_batch: int = DEFAULT_N_BATCH, n_outputs: int = DEFAULT_N_OUTPUTS,
+         parallel: int = 1) -> Plan:
     """Pick GPU layers and the drafting mode for target (+ draft) within budget.
 
-    force_* are the user's choices (--gpu-layers, --draft-gpu-layers, --draft
-    ngram|none, or "draft-model" for an explicit draft file); -1 means all layers.
+    force_* are the user's choices (--gpu-layers, --draft-gpu-layers, --draft ngram|none, or "draft-model"
+    for an explicit draft file); -1 means all layers.  kv_type, draft_kv_type (default: kv_type) and
+    flash_attn are the KV caches' flags; the target has `parallel` KV caches (batch --parallel).
     """
-    _check_choices(force_mode, draft, kv_type)
+    draft_kv_type = kv_type if draft_kv_type is None else draft_kv_type
+    _check_choices(force_mode, draft, kv_type, draft_kv_type)
     n_ctx = n_ctx if n_ctx > 0 else target.context_length
     on_gpu = gpu_offload and budget.kind != "cpu"
     available = budget.available_bytes
-    size = functools.partial(model_memory, on_gpu=on_gpu, n_ctx=n_ctx, kv_type=kv_type,
-                             n_batch=n_batch, n_outputs=n_outputs)
-
+    size = _sizer(kv_type, draft_kv_type, parallel, on_gpu=on_gpu, n_ctx=n_ctx, flash_attn=flash_attn,
+                  n_batch=n_batch, n_outputs=n_outputs)
     warnings = []
     if not on_gpu and (force_gpu_layers or force_draft_gpu_layers):
         warnings.append("no GPU offload here, so --gpu-layers and --draft-gpu-layers are ignored")
@@ -194,8 +218,7 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: Memory
     total = sum(part.budget_bytes for part in parts)
     fits = total <= available
     if not fits:
-        # The automatic choices never add a draft that does not fit, so an
-        # unforced plan can only miss the budget through the target alone.
+        # Automatic choices never add a draft that does not fit: an unforced plan misses through the target alone.
         forced = force_mode == "draft-model" or (
             on_gpu and (force_gpu_layers is not None or force_draft_gpu_layers is not None))
         warnings.append(_over_budget(forced, total, available, "GPU memory" if on_gpu else "RAM"))
@@ -213,6 +236,9 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: Memory
         warnings=tuple(warnings),
         n_ctx=n_ctx,
         kv_type=kv_type,
+        draft_kv_type=draft_kv_type,
+        flash_attn=flash_attn,
+        parallel=parallel,
     )
 
 
@@ -220,7 +246,7 @@ def plan_models(target_path, draft_path=None, *, n_ctx: int, gpu_offload: bool,
                 memory_budget: str | int | None = None, **choices) -> Plan:
     """Read the GGUF headers, find the budget (--memory-budget or detected) and plan.
 
-    choices are plan()'s keyword arguments (kv_type, force_*, n_batch, n_outputs).
+    choices are plan()'s keyword arguments (kv_type, draft_kv_type, flash_attn, force_*, n_batch, n_outputs).
     """
     target = read_gguf_info(target_path)
     draft = read_gguf_info(draft_path) if draft_path is not None else None
@@ -249,7 +275,9 @@ def format_plan_table(plan: Plan) -> Table:
         table.add_column(f"{part.role}\n{part.model}", justify="right")
     table.add_row("GPU layers", *(_layers_text(part, plan.device) for part in plan.parts))
     table.add_row("weights", *(format_size(part.weights_bytes) for part in plan.parts))
-    table.add_row(f"KV cache ({plan.kv_type}, {plan.n_ctx} tokens)", *(format_size(p.kv_bytes) for p in plan.parts))
+    sequences = f" x {plan.parallel}" if plan.parallel > 1 else ""
+    table.add_row(f"KV cache ({plan.n_ctx} tokens{sequences})", *(format_size(p.kv_bytes) for p in plan.parts))
+    table.add_row("KV cache types", *(plan.cache_types(part.role) for part in plan.parts))
     table.add_row("compute buffers", *(format_size(part.compute_bytes) for part in plan.parts))
     if plan.device == "cpu":
         table.add_row("tokenizer and header", *(format_size(part.runtime_bytes) for part in plan.parts))
@@ -269,6 +297,15 @@ def _layers_text(part: ModelMemory, device: str) -> str:
     return f"{part.gpu_layers} of {part.n_layer}"
 
 
+def _sizer(kv_type: str, draft_kv_type: str, parallel: int, **common):
+    """model_memory for either role, with that role's KV cache type and count and the plan's other settings."""
+    def size(info: GGUFInfo, role: str, *, gpu_layers: int) -> ModelMemory:
+        target = role == "target"
+        return model_memory(info, role, gpu_layers=gpu_layers, kv_type=kv_type if target else draft_kv_type,
+                            n_seq=parallel if target else 1, **common)
+    return size
+
+
 def _largest_fit(size, info: GGUFInfo, role: str, room: int) -> ModelMemory:
     """The model with as many GPU layers as fit in room (none, if not even one does)."""
     for layers in range(info.n_layer + 1, 0, -1):
@@ -278,13 +315,14 @@ def _largest_fit(size, info: GGUFInfo, role: str, room: int) -> ModelMemory:
     return size(info, role, gpu_layers=0)
 
 
-def _check_choices(force_mode: str | None, draft: GGUFInfo | None, kv_type: str) -> None:
+def _check_choices(force_mode: str | None, draft: GGUFInfo | None, *kv_types: str) -> None:
     """ValueError for choices plan() cannot take: an unknown mode or KV type, a draft mode without a draft."""
     if force_mode is not None and force_mode not in MODES:
         raise ValueError(f"force_mode must be one of {MODES}, not {force_mode!r}")
     if force_mode == "draft-model" and draft is None:
         raise ValueError("force_mode='draft-model' needs a draft model")
-    _kv_quant_type(kv_type)
+    for kv_type in kv_types:
+        _kv_quant_type(kv_type)
 
 
 def _gpu_target(size, target: GGUFInfo, force_gpu_layers: int | None, available: int) -> ModelMemory:
@@ -350,7 +388,6 @@ def _requested_layers(requested: int, info: GGUFInfo) -> int:
 
 
 def _kv_quant_type(kv_type: str) -> GGMLQuantizationType:
-    try:
-        return GGMLQuantizationType[kv_type.upper()]
-    except KeyError:
-        raise ValueError(f"unknown KV cache type {kv_type!r}; use f16, q8_0 or q4_0") from None
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"unknown KV cache type {kv_type!r}; use {', '.join(KV_TYPES)}")
+    return GGMLQuantizationType[kv_type.upper()]

@@ -48,7 +48,8 @@ _LENGTH = struct.Struct("<I")
 
 @dataclass(frozen=True)
 class SnapshotKey:
-    """What a KV snapshot is valid for: one model file, one KV element type, one llama.cpp build, and
+    """What a KV snapshot is valid for: one model file, one KV setup (its K and V types and flash attention,
+    which lays the values out otherwise), one llama.cpp build, and
     contexts of one number of sequences (llama.cpp refuses a state from a context with another
     number of KV streams: `batch --parallel` reserves several)."""
 

@@ -52,6 +52,9 @@ class ChatSession:
         self.turn_stats: list[dict] = []
         self.params: SamplingParams | None = None
         self.first_visible = 0  # messages before this index were dropped from the model's view
+        # shift the dropped turns out of the engine's caches rather than compute the kept ones again
+        # (the engine does not under bit_exact); False is the recomputing a benchmark compares with
+        self.shift_dropped_turns = True
         self._cancel = threading.Event()
 
     # -- turns ---------------------------------------------------------------
@@ -137,8 +140,16 @@ class ChatSession:
             self.first_visible = next_turn
         notice = None
         if dropped:
-            notice = Notice(f"left the oldest {dropped} message(s) out of the model's view to fit the {self.engine.n_ctx}-token context")
+            notice = Notice(f"left the oldest {dropped} message(s) out of the model's view to fit the "
+                            f"{self.engine.n_ctx}-token context{self._shift_note()}")
         return prompt_ids, notice
+
+    def _shift_note(self) -> str:
+        """How the engine makes room: by shifting the kept turns in its cache, or by computing them again."""
+        if self.shift_dropped_turns and self.engine.shifts_context:
+            return ("; the kept turns are shifted in the cache, not recomputed, so they still carry traces of "
+                    "the dropped ones (--bit-exact recomputes)")
+        return ""
 
     def _next_turn_start(self) -> int | None:
         """Index of the second visible user message: dropping up to it drops one whole turn."""
@@ -150,7 +161,8 @@ class ChatSession:
         self._cancel.clear()
         if notice is not None:
             yield notice
-        for event in self.engine.stream_tokens(prompt_ids, params, cancel=self._cancel):
+        shift = notice is not None and self.shift_dropped_turns
+        for event in self.engine.stream_tokens(prompt_ids, params, cancel=self._cancel, shift_dropped_span=shift):
             if isinstance(event, Done):
                 self._record(event.result)
             yield event

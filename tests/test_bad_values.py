@@ -90,6 +90,17 @@ def test_contexts_and_layer_counts_llama_cpp_would_change_are_refused(tiny_model
     assert flag in line and valid in line and value in line
 
 
+@pytest.mark.parametrize("flag", ["--kv-type", "--draft-kv-type"])
+def test_an_unknown_kv_cache_type_is_one_line_listing_the_choices(tiny_models, flag):
+    line = one_error_line(run_cli(*tiny_run(tiny_models), flag, "q5"))
+    assert flag in line and "'q5'" in line and "f16, q8_0, q4_0" in line
+
+
+def test_flash_attention_with_bit_exact_is_one_line_naming_both(tiny_models):
+    line = one_error_line(run_cli(*tiny_run(tiny_models), "--flash-attn", "--bit-exact"))
+    assert "--flash-attn" in line and "--bit-exact" in line
+
+
 def test_argparse_errors_are_one_line_too():
     line = one_error_line(run_cli("run"))
     assert line.startswith("edgespec run:") and "prompt" in line and "--help" in line
@@ -177,6 +188,9 @@ def test_a_malformed_models_json_is_one_line(tmp_path, monkeypatch, content):
     ("n_ctx = 100", "n_ctx"),
     ("gpu_layers = -7", "gpu_layers"),
     ('memory_budget = "lots"', "memory_budget"),
+    ('kv_type = "q5"', "kv_type"),
+    ('draft_kv_type = "f32"', "draft_kv_type"),
+    ('flash_attn = "yes"', "flash_attn"),
     ('[keymap]\nregenerate = "notakey"', "'notakey'"),
     ('[keymap]\nhistory = "ctrl+o,,f5"', "history"),
     ('[keymap]\nsettings = "hyperctrl+s"', "'hyperctrl+s'"),

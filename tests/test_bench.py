@@ -80,6 +80,12 @@ def test_quick_bench_reports_every_field_and_passes_the_exactness_check(models):
     json.dumps(results)  # everything is JSON-ready
 
 
+def test_a_quantised_kv_cache_bench_runs_every_mode_on_it_and_says_so(models):
+    results = quick_bench(models, suites=["chat"], configs=["baseline", "ngram-k4"], max_tokens=12, kv_type="q8_0")
+    assert results["meta"]["kv_type"] == "q8_0"
+    assert all(run["matches_baseline"] for run in results["runs"])  # exact against plain decoding on that cache
+
+
 def install_faulty_verifier(monkeypatch) -> list[int]:
     """Verification that picks the wrong token after every step that had drafts; plain decoding stays right."""
     real_verify = edgespec.engine.verify

@@ -76,3 +76,25 @@ def test_a_killed_writer_loses_only_the_unfinished_save(tmp_path):
     reopened = ChatStore(path)
     assert reopened.load_chat(chat).title == "kept"
     assert reopened.load_chat(chat).session["messages"][0]["content"] == "one"
+
+
+def test_a_schema_1_history_is_migrated_and_a_renamed_chat_keeps_its_name(tmp_path):
+    from tui.history import _SCHEMA
+
+    path = tmp_path / "h.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(f"{_SCHEMA} PRAGMA user_version = 1;")  # as edgespec wrote it before chats could be renamed
+    db.execute("INSERT INTO chats (title, created_at, updated_at, target, n_messages, settings, session, extras)"
+               " VALUES ('old chat', 1, 1, '/m/a.gguf', 0, '{}', '{\"messages\": []}', '{}')")
+    db.commit()
+    db.close()
+    store = ChatStore(path)
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    [old] = store.list_chats()
+    assert old.title == "old chat"
+    store.rename_chat(old.id, "named by me")
+    store.save_chat(old.id, "first message", "/m/a.gguf", {}, {"messages": []}, {})
+    assert store.list_chats()[0].title == "named by me", "a save keeps the user's name"
+    other = store.save_chat(None, "from the first message", "/m/a.gguf", {}, {"messages": []}, {})
+    store.save_chat(other, "a new first message", "/m/a.gguf", {}, {"messages": []}, {})
+    assert {c.title for c in store.list_chats()} == {"named by me", "a new first message"}

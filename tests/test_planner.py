@@ -224,10 +224,67 @@ def test_bad_choices_are_refused(tiny):
 
 def test_kv_cache_size_follows_the_formula_and_type():
     # n_layer x n_ctx x n_head_kv x head_dim x 2 (K and V) x bytes per element
-    assert kv_bytes_per_layer(QWEN, 4096) * QWEN.n_layer == 28 * 4096 * 2 * 128 * 2 * 2 == 112 * MiB
-    assert kv_bytes_per_layer(QWEN, 4096, "q8_0") * 64 == kv_bytes_per_layer(QWEN, 4096) * 34
+    f16 = kv_bytes_per_layer(QWEN, 4096)
+    assert f16 * QWEN.n_layer == 28 * 4096 * 2 * 128 * 2 * 2 == 112 * MiB
+    # q8_0 is 34 bytes and q4_0 18 bytes per 32 elements, f16 64; without flash attention V stays f16
+    assert kv_bytes_per_layer(QWEN, 4096, "q8_0") * 128 == f16 * (34 + 64)
+    assert kv_bytes_per_layer(QWEN, 4096, "q4_0") * 128 == f16 * (18 + 64)
+    assert kv_bytes_per_layer(QWEN, 4096, "q8_0", flash_attn=True) * 64 == f16 * 34
+    assert kv_bytes_per_layer(QWEN, 4096, "q4_0", flash_attn=True) * 64 == f16 * 18
     smaller = plan(QWEN, None, n_ctx=4096, budget=_gpu("6GiB"), gpu_offload=True, kv_type="q8_0")
     assert smaller.parts[0].kv_bytes < 112 * MiB and smaller.kv_type == "q8_0"
+
+
+def test_the_draft_gets_its_own_kv_type_and_the_table_shows_both(tiny):
+    chosen = plan(tiny["target"], tiny["draft"], n_ctx=512, budget=_gpu("8MiB"), gpu_offload=True,
+                  kv_type="q8_0", draft_kv_type="q4_0", flash_attn=True)
+    target, draft = chosen.parts
+    assert target.kv_bytes == kv_bytes_per_layer(tiny["target"], 512, "q8_0", True) * target.n_layer
+    assert draft.kv_bytes == kv_bytes_per_layer(tiny["draft"], 512, "q4_0", True) * draft.n_layer
+    assert chosen.to_dict()["kv_cache_types"] == {"target": "K q8_0, V q8_0", "draft": "K q4_0, V q4_0"}
+    console = Console(width=140, record=True)
+    console.print(format_plan_table(chosen))
+    text = console.export_text()
+    assert "K q8_0, V q8_0" in text and "K q4_0, V q4_0" in text
+    same = plan(tiny["target"], tiny["draft"], n_ctx=512, budget=_gpu("8MiB"), gpu_offload=True, kv_type="q8_0")
+    assert same.draft_kv_type == "q8_0" and same.cache_types("draft") == "K q8_0, V f16"
+
+
+@pytest.mark.parametrize("kv_type, flash_attn", [("f16", False), ("q8_0", False), ("q4_0", False),
+                                                 ("q8_0", True), ("q4_0", True)])
+def test_the_kv_cache_estimate_is_what_llama_cpp_allocates(smol_path, smol, kv_type, flash_attn):
+    from edgespec.backend import LlamaModel
+
+    model = LlamaModel(smol_path, n_ctx=1024, n_threads=1, kv_type=kv_type, flash_attn=flash_attn)
+    try:
+        reported = model.kv_buffer_bytes  # from llama.cpp's log line "CPU KV buffer size = X MiB"
+    finally:
+        model.close()
+    estimate = plan(smol, None, n_ctx=1024, budget=_ram("4GiB"), gpu_offload=False, kv_type=kv_type,
+                    flash_attn=flash_attn).parts[0].kv_bytes
+    assert reported is not None and abs(estimate - reported) <= 0.005 * MiB  # llama.cpp logs 2 decimals of MiB
+
+
+def test_sequences_decoded_together_each_get_a_target_kv_cache_as_llama_cpp_allocates(smol_path, smol, tiny):
+    from edgespec.backend import LlamaModel
+
+    model = LlamaModel(smol_path, n_ctx=1024, n_threads=1, kv_type="q8_0")
+    try:
+        model.reserve_sequences(4)
+        reported = model.kv_buffer_bytes
+    finally:
+        model.close()
+    estimate = plan(smol, None, n_ctx=1024, budget=_ram("4GiB"), gpu_offload=False, kv_type="q8_0", parallel=4)
+    assert reported is not None and abs(estimate.parts[0].kv_bytes - reported) <= 0.005 * MiB
+    one = plan(smol, None, n_ctx=1024, budget=_ram("4GiB"), gpu_offload=False, kv_type="q8_0")
+    assert estimate.parts[0].kv_bytes == 4 * one.parts[0].kv_bytes
+    both = plan(tiny["target"], tiny["draft"], n_ctx=512, budget=_ram("4GiB"), gpu_offload=False, parallel=3)
+    alone = plan(tiny["target"], tiny["draft"], n_ctx=512, budget=_ram("4GiB"), gpu_offload=False)
+    assert both.parts[0].kv_bytes == 3 * alone.parts[0].kv_bytes
+    assert both.parts[1].kv_bytes == alone.parts[1].kv_bytes  # the draft model drafts one sequence at a time
+    console = Console(width=140, record=True)
+    console.print(format_plan_table(both))
+    assert "512 tokens x 3" in console.export_text()
 
 
 def test_zero_context_means_the_trained_context(tiny):

@@ -15,8 +15,10 @@ from tinygguf import write_model_family
 from tui.app import ChatApp
 from tui.config import KEY_ACTIONS, ChatConfig, config_path
 from tui.history import ChatStore
-from tui.screens import HistoryScreen, ModelInfoScreen, SettingsScreen
-from tui.widgets import AssistantMessage, BlockView, Note, PromptInput, UserMessage
+from tui.history_screens import HistoryScreen
+from tui.screens import ModelInfoScreen, SettingsScreen
+from tui.reply import BlockView
+from tui.widgets import AssistantMessage, Note, PromptInput, UserMessage
 
 SIZE = (120, 40)
 
@@ -118,9 +120,14 @@ async def test_prompt_streams_a_reply_with_draft_marks_stats_and_footer(models):
         assert app.clipboard == reply.reply.text
 
         await pilot.press("f1")
-        assert app.screen.query("HelpPanel")
+        [panel] = app.screen.query("KeysPanel")
+        table = panel.keys_table
+        descriptions = [str(cell) for cell in table.columns[1]._cells]
+        groups = [str(cell) for cell in table.columns[0]._cells if str(cell) in ("edgespec", "prompt", "editing")]
+        assert groups == ["edgespec", "prompt", "editing"], "edgespec's own keys first, the editor's last"
+        assert descriptions.index("History") < descriptions.index("Send") < descriptions.index("Cursor down")
         await pilot.press("f1")
-        assert not app.screen.query("HelpPanel")
+        assert not app.screen.query("KeysPanel")
 
         titles = {command.title for command in app.get_system_commands(app.screen)}
         assert {description for _, description in KEY_ACTIONS.values()} <= titles
@@ -133,7 +140,9 @@ async def test_escape_stops_the_reply_and_keeps_what_arrived(models):
     async with app.run_test(size=(80, 24)) as pilot:
         await loaded(pilot)
         app.prompt_input.load_text("Tell me everything")
-        await pilot.press("enter")
+        # Enter's action, not pilot.press("enter"): a press waits for the app to go idle, and on a busy
+        # machine the tiny models' whole reply (seconds long) could end before the press returned.
+        app.prompt_input.action_submit()
         await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
         stored = app.store.load_chat(app.chat.chat_id)  # saved before the reply: a kill now loses only the reply
         assert stored.extras["pending_prompt"] == "Tell me everything" and stored.session["messages"] == []
@@ -273,6 +282,39 @@ async def test_settings_apply_to_the_chat_and_save_as_defaults(models):
 
 
 @pilot_test
+async def test_settings_edit_min_p_seed_stop_strings_and_bit_exact_and_refuse_bad_values_in_place(models):
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        assert not app.chat.engine.bit_exact
+        for field, value, problem in (("#min-p", "nan", "min_p"), ("#min-p", "1.5", "min_p"),
+                                      ("#seed", "-3", "seed"), ("#seed", "two", "seed must be a whole number")):
+            await pilot.press("ctrl+s")
+            app.screen.query_one(field).value = value
+            app.screen.query_one("#apply").press()
+            await pilot.pause()
+            assert isinstance(app.screen, SettingsScreen), f"{field} = {value} keeps the dialog open"
+            assert problem in str(app.screen.query_one("#settings-error").render())
+            await pilot.press("escape")
+        await pilot.press("ctrl+s")
+        app.screen.query_one("#min-p").value = "0.1"
+        app.screen.query_one("#seed").value = "1234"
+        app.screen.query_one("#stop").load_text("cat\\nsat\nEND")
+        app.screen.query_one("#bit-exact").value = True
+        app.screen.query_one("#apply").press()
+        await pilot.pause()
+        sampling = app.chat.settings.sampling
+        assert (sampling.min_p, sampling.seed, sampling.stop) == (0.1, 1234, ("cat\nsat", "END"))
+        assert app.chat.engine.bit_exact and app.chat.settings.bit_exact
+        await send(pilot, "Hello world")
+        assert app.chat.shown_stats.bit_exact
+        assert app.store.load_chat(app.chat.chat_id).settings["bit_exact"] is True
+        await pilot.press("ctrl+s")  # shown as set, the newline written back as \n
+        assert app.screen.query_one("#stop").text == "cat\\nsat\nEND" and app.screen.query_one("#seed").value == "1234"
+        await pilot.press("escape")
+
+
+@pilot_test
 async def test_model_info_shows_both_models(models):
     app = make_app(models)
     async with app.run_test(size=SIZE) as pilot:
@@ -341,12 +383,27 @@ async def test_a_full_context_drops_the_oldest_turns_with_a_note(models):
 
 
 @pilot_test
+async def test_the_kv_cache_settings_load_the_models_with_them_and_say_what_they_trade(models):
+    app = make_app(models, kv_type="q8_0", draft_kv_type="f16")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        engine = app.chat.engine
+        assert (engine.target.type_k, engine.target.type_v, engine.draft.type_k) == ("q8_0", "f16", "f16")
+        notes = [str(note.render()) for note in app.query(Note)]
+        assert any("keys only" in note for note in notes), notes
+        await send(pilot, "Hello world")
+        assert replies(app)
+
+
+@pilot_test
 async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
     app = make_app(models, max_tokens=3000)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         app.prompt_input.load_text("Tell me everything")
-        await pilot.press("enter")
+        # Enter's action, not pilot.press("enter"): a press waits for the app to go idle, and on a busy
+        # machine the tiny models' whole reply (seconds long) could end before the press returned.
+        app.prompt_input.action_submit()
         await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
         stream = app.generation.stream
         await pilot.press("ctrl+q")

@@ -140,6 +140,20 @@ def test_config_file_overrides_defaults_and_flags_override_the_file(tmp_path):
     assert load_config(tmp_path / "missing.toml") == ChatConfig()
 
 
+def test_the_kv_cache_settings_come_from_the_file_and_the_chat_flags(tmp_path):
+    from edgespec.commands import build_parser
+    from tui.settings import FLAG_SETTINGS
+
+    path = tmp_path / "config.toml"
+    path.write_text('kv_type = "q8_0"\nflash_attn = true\n')
+    config = load_config(path)
+    assert (config.kv_type, config.draft_kv_type, config.flash_attn) == ("q8_0", None, True)
+    args = build_parser().parse_args(["chat", "--kv-type", "q4_0", "--draft-kv-type", "f16"])
+    flagged = config.with_overrides(**{name: getattr(args, name) for name in FLAG_SETTINGS})
+    assert (flagged.kv_type, flagged.draft_kv_type, flagged.flash_attn) == ("q4_0", "f16", True)
+    assert load_config(save_defaults(flagged, tmp_path / "saved.toml")) == flagged
+
+
 @pytest.mark.parametrize("text, problem", [
     ("colour = 1\n", "unknown setting colour"),
     ("[keymap]\nfly = \"x\"\n", "unknown setting \\[keymap\\] fly"),
@@ -157,3 +171,22 @@ def test_saved_defaults_read_back(tmp_path):
     config = ChatConfig(model="x", system_prompt='say "hi"\nthen stop', temperature=0.2,
                         keymap={"regenerate": "f5"})
     assert load_config(save_defaults(config, tmp_path / "config.toml")) == config
+
+
+def test_reply_footer_names_the_drafters_whose_tokens_were_kept_and_the_tokens_per_drafting_step():
+    combined = replace(STATS, mode="combined", steps=40, k0_steps=10, accepted_by_drafter={"ngram": 30, "draft-model": 45})
+    footer = reply_footer(combined, (16.0, "measured"))
+    assert "from n-gram 30, draft model 45" in footer and "2.5 accepted/step" in footer  # 75 over 30 drafting steps
+    one_drafter = reply_footer(replace(combined, mode="ngram", accepted_by_drafter={"ngram": 75}), None)
+    assert "from" not in one_drafter and "2.5 accepted/step" in one_drafter
+
+
+def test_the_stats_line_drops_its_least_important_figures_to_fit_a_width():
+    kwargs = dict(mode="draft-model", target="qwen", draft="qwen-small", stats=STATS, draft_tokens=4,
+                  context_used=150, n_ctx=4096)
+    full = stats_line(**kwargs).plain.splitlines()
+    assert all(len(line) > 40 for line in full)
+    narrow = stats_line(**kwargs, width=40).plain.splitlines()
+    assert all(len(line) <= 40 for line in narrow)
+    assert "draft model  qwen" in narrow[0] and "ctx 150/4,096" in narrow[0] and "qwen-small" not in narrow[0]
+    assert "40.0 tok/s" in narrow[1] and "accept 75%" in narrow[1] and "target passes" not in narrow[1]

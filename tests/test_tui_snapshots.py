@@ -85,3 +85,16 @@ def test_model_info_screen(app, snap_compare):
         await pilot.press("f2")
 
     assert snap_compare(app, terminal_size=SIZE, run_before=open_info)
+
+
+def test_main_screen_at_80x24_keeps_both_bars_on_their_lines(app, snap_compare):
+    """No sparkline and fewer figures in the stats bar, the most important keys in the footer."""
+    async def chat(pilot):
+        await _ready(pilot)
+        await pilot.press(*"Hello world", "enter")
+        await _until(pilot, lambda: app.generation is None and app.query(AssistantMessage))
+        await pilot.pause(0.4)
+        bar = app.query_one("#stats-line").render()
+        assert all(len(line) <= 78 for line in str(bar).splitlines()) and not app.query_one("#acceptance").display
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=chat)

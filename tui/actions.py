@@ -16,22 +16,69 @@ from edgespec import EdgespecError
 from edgespec.drafters import MODES
 from tui import stats as stats_text
 from tui.config import COMMAND_HELP, KEY_ACTIONS, save_defaults
-from tui.screens import HistoryScreen, LoadModelScreen, ModelInfoScreen, SettingsScreen, model_info
+from tui.history_screens import HistoryScreen
+from tui.screens import LoadModelScreen, ModelInfoScreen, SettingsScreen, model_info
 from tui.settings import ChatSettings
-from tui.widgets import AssistantMessage
+from tui.reply import BlockView
+from tui.widgets import AssistantMessage, KeysPanel, UserMessage
 
 
 class ChatActions:
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action == "cancel":
-            return True if self.generation is not None else None
-        if action in ("regenerate", "new_chat", "cycle_mode", "history", "copy_reply"):
+            return True if self.generation is not None or self.editing is not None else None
+        if action in ("regenerate", "new_chat", "cycle_mode", "history", "copy_reply", "continue_last", "edit_prompt"):
             return True if self.chat.session is not None else None
         return True
 
     def action_cancel(self) -> None:
         if self.generation is not None:
             self.chat.session.cancel()
+        elif self.editing is not None:
+            self._end_editing()
+            self.prompt_input.load_text("")
+
+    # -- editing an earlier message --------------------------------------------------
+
+    def action_edit_prompt(self) -> None:
+        users = [i for i, m in enumerate(self.chat.session.messages) if m["role"] == "user"]
+        if not users:
+            self.notify("No message to edit yet.")
+            return
+        self._begin_editing(users[-1])
+
+    def on_user_message_edit_requested(self, event: UserMessage.EditRequested) -> None:
+        if self.chat.session is not None:
+            self._begin_editing(event.index)
+
+    def _begin_editing(self, index: int) -> None:
+        if self._busy():
+            return
+        messages = self.chat.session.messages
+        if not (0 <= index < len(messages) and messages[index]["role"] == "user"):
+            return  # a message the chat no longer has (e.g. a view left from before a rebuild)
+        self.editing = index
+        self.prompt_input.load_text(messages[index]["content"])
+        self.prompt_input.move_cursor(self.prompt_input.document.end)
+        later = len(messages) - index - 1
+        self.prompt_input.border_title = (f"editing message {index + 1}: Enter answers it again"
+                                          f"{f' and drops the {later} after it' if later else ''}; Esc cancels")
+        self.prompt_input.focus()
+        self.refresh_bindings()
+
+    def _end_editing(self) -> None:
+        self.editing = None
+        self.prompt_input.border_title = None
+        self.refresh_bindings()
+
+    def _answer_edited(self, text: str) -> None:
+        """Replace the message being edited, forget what followed it, and answer it again."""
+        index, session, sampling = self.editing, self.chat.session, self.chat.settings.sampling
+        self._end_editing()
+        session.edit_user_message(index, text)
+        self._rebuild_conversation()
+        self.chat.save()
+        self._start(lambda: session.stream_reply(sampling))
 
     def action_regenerate(self) -> None:
         if self._busy():
@@ -51,9 +98,28 @@ class ChatActions:
         if self._busy():
             return
         self.chat.new_chat()
+        if self.editing is not None:
+            self._end_editing()
+            self.prompt_input.load_text("")
         self.conversation.remove_children()
         self._stats_dirty = True
         self.prompt_input.focus()
+
+    def on_block_view_copy_requested(self, event: BlockView.CopyRequested) -> None:
+        self.copy_to_clipboard(event.code)
+        lines = event.code.count("\n") + 1 if event.code else 0
+        self.notify(f"Copied the code block ({lines} line{'s' if lines != 1 else ''}).")
+
+    def action_continue_last(self) -> None:
+        if self._busy():
+            return
+        last = self.store.list_chats(limit=1)
+        if not last:
+            self.notify("No saved chats yet.")
+        elif last[0].id == self.chat.chat_id:
+            self.notify("This is the chat saved last.")
+        else:
+            self._reopen(last[0].id)
 
     def action_copy_reply(self) -> None:
         text = self.chat.last_reply_text()
@@ -93,12 +159,15 @@ class ChatActions:
 
         def reopen(chat_id: int | None) -> None:
             if chat_id is not None:
-                try:
-                    self.open_chat(chat_id)
-                except EdgespecError as error:  # e.g. the stored chat is damaged
-                    self.notify(str(error), severity="error")
+                self._reopen(chat_id)
 
-        self.push_screen(HistoryScreen(self.store.list_chats(), self.chat.delete), reopen)
+        self.push_screen(HistoryScreen(self.store.list_chats(), self.chat), reopen)
+
+    def _reopen(self, chat_id: int) -> None:
+        try:
+            self.open_chat(chat_id)
+        except EdgespecError as error:  # e.g. the stored chat is damaged
+            self.notify(str(error), severity="error", markup=False)
 
     def action_settings(self) -> None:
         def apply(answer: tuple[ChatSettings, bool] | None) -> None:
@@ -108,7 +177,7 @@ class ChatActions:
             self._apply_settings(settings)
             if save:
                 self.config = replace(self.config, **settings.config_values())
-                self.notify(f"Saved as defaults in {save_defaults(self.config)}.")
+                self.notify(f"Saved as defaults in {save_defaults(self.config)}.", markup=False)
             self.chat.save()
 
         self.push_screen(SettingsScreen(self.chat.settings), apply)
@@ -125,10 +194,11 @@ class ChatActions:
         self.push_screen(LoadModelScreen(*self.model_spec), load)
 
     def action_help(self) -> None:
-        if self.screen.query("HelpPanel"):
-            self.action_hide_help_panel()
+        panels = self.screen.query(KeysPanel)
+        if panels:
+            panels.remove()
         else:
-            self.action_show_help_panel()
+            self.screen.mount(KeysPanel())
 
     def _busy(self) -> bool:
         if self.chat.session is None:

@@ -12,20 +12,19 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
-from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
-from textual.widgets import Footer, Header
+from textual.widgets import Header
 
 from edgespec import EdgespecError, Engine
 from edgespec.catalog import default_pair
-from edgespec.loading import load_engine
+from edgespec.loading import load_engine, use_prompt_cache
 from tui import stats as stats_text
 from tui.actions import ChatActions
 from tui.chat import ChatController, ReplyStream
@@ -33,11 +32,13 @@ from tui.config import KEY_ACTIONS, ChatConfig, load_config
 from tui.history import ChatStore
 from tui.render import BlockRenderer
 from tui.settings import FLAG_SETTINGS, ChatSettings
-from tui.widgets import AssistantMessage, LoadingPanel, Note, PromptInput, StatsBar, UserMessage
+from tui.widgets import AssistantMessage, ChatFooter, LoadingPanel, Note, PromptInput, StatsBar, UserMessage
 
 DRAIN_INTERVAL_S = 1 / 12
 STATS_INTERVAL_S = 0.25
-FOOTER_ACTIONS = ("cancel", "regenerate", "new_chat", "cycle_mode", "toggle_marks", "settings", "help")
+# Most important first: a narrow footer keeps the first ones (ChatFooter)
+FOOTER_ACTIONS = ("cancel", "help", "new_chat", "history", "copy_reply", "model_info", "regenerate", "cycle_mode",
+                  "settings", "toggle_marks")
 
 
 @dataclass
@@ -73,6 +74,7 @@ class ChatApp(ChatActions, App):
         self.model_spec = (config.model or "", config.draft)
         self._loading: tuple[LoadingPanel, float] | None = None
         self._stats_dirty = True
+        self.editing: int | None = None  # the index of the user message the prompt input edits
         self._recalibration_idle = threading.Event()  # cleared while the engine re-measures its speed
         self._recalibration_idle.set()
 
@@ -87,7 +89,7 @@ class ChatApp(ChatActions, App):
         yield self.conversation
         yield self.stats_bar
         yield self.prompt_input
-        yield Footer()
+        yield ChatFooter(("submit", *FOOTER_ACTIONS))  # Enter sends: the prompt's key, first
 
     def on_mount(self) -> None:
         keymap = {f"edgespec.{action}": keys for action, keys in self.config.keymap.items()}
@@ -132,10 +134,12 @@ class ChatApp(ChatActions, App):
             engine = load_engine(
                 model or default_pair()[0], draft, pull=False, n_ctx=self.config.n_ctx, n_gpu_layers=self.config.gpu_layers,
                 draft_gpu_layers=self.config.draft_gpu_layers, draft_tokens=self.chat.settings.draft_tokens,
-                bit_exact=self.config.bit_exact, prompt_cache=self.config.prompt_cache,
-                prompt_cache_size=self.config.prompt_cache_size,
+                bit_exact=self.chat.settings.bit_exact, kv_type=self.config.kv_type,
+                draft_kv_type=self.config.draft_kv_type, flash_attn=self.config.flash_attn,
                 n_threads=self.n_threads, memory_budget=self.config.memory_budget, notice=notice,
                 cost_curve=self.cost_curve, measure_stale_curve=False)
+            if self.config.prompt_cache:  # a reopened chat restores its history instead of prefilling it
+                use_prompt_cache(engine, self.config.prompt_cache_size, notice)
         except EdgespecError as error:
             self.call_from_thread(self._load_failed, str(error), notices)
         except Exception as error:  # a bug must not end the app with a traceback
@@ -168,7 +172,23 @@ class ChatApp(ChatActions, App):
         self.sub_title = stats_text.model_name(engine.target_path)
         self._stats_dirty = True
         self.refresh_bindings()
+        self._offer_last_chat()
         self._recalibrate_if_due()
+
+    def _offer_last_chat(self) -> None:
+        """On an empty chat, say which chat was saved last and the key that continues it."""
+        if self.chat.session.messages or self.query(UserMessage):
+            return
+        last = self.store.list_chats(limit=1)
+        if last and last[0].id != self.chat.chat_id:
+            self.conversation.mount(Note(
+                f"Your last chat, “{last[0].title}” ({last[0].n_messages} messages), is saved: "
+                f"{self._key_label('continue_last')} continues it, {self._key_label('history')} lists them all, "
+                "or type to start a new one.", "note last-chat"))
+
+    def _key_label(self, action: str) -> str:
+        keys = self.config.keymap.get(action) or KEY_ACTIONS[action][0]
+        return self.get_key_display(Binding(keys.split(",")[0], action))
 
     # -- re-measuring the engine's speed between replies ------------------------------------
 
@@ -210,8 +230,11 @@ class ChatApp(ChatActions, App):
         self.prompt_input.remember(event.text)
         self.prompt_input.load_text("")
         self.store.add_prompt(event.text)
+        if self.editing is not None:
+            self._answer_edited(event.text)
+            return
         self.chat.save(pending_prompt=event.text)
-        self.conversation.mount(UserMessage(event.text))
+        self.conversation.mount(UserMessage(event.text, len(self.chat.session.messages)))
         self._start(lambda: self.chat.session.stream(event.text, self.chat.settings.sampling))
 
     def _start(self, events: Callable[[], Iterator]) -> None:
@@ -274,6 +297,8 @@ class ChatApp(ChatActions, App):
         reply = generation.view.reply
         if reply.text != result.text:  # e.g. a stop string cut text that was already shown
             reply.set_text(result.text, reply.drafted_ranges())
+        else:
+            reply.finish()
         generation.view.footer.update(self.chat.reply_finished(result, reply.drafted_ranges()))
         self.chat.save()
         self._recalibrate_if_due()
@@ -289,10 +314,10 @@ class ChatApp(ChatActions, App):
         self._stats_dirty = False
         engine = self.chat.engine
         if engine is None:
-            self.stats_bar.show(Text("loading models…" if self._loading else "no model loaded"), [])
+            self.stats_bar.show("loading models…" if self._loading else "no model loaded", [])
             return
         measuring = not self._recalibration_idle.is_set()
-        line = stats_text.stats_line(
+        figures = dict(
             mode=engine.mode,
             target=stats_text.model_name(engine.target_path),
             draft=stats_text.model_name(engine.draft_path) if engine.draft_path else None,
@@ -302,20 +327,22 @@ class ChatApp(ChatActions, App):
             n_ctx=engine.n_ctx,
             status="measuring speed…" if measuring else None,
         )
-        self.stats_bar.show(line, list(self.chat.acceptance))
+        self.stats_bar.show(figures, list(self.chat.acceptance))
 
     # -- saving and reopening chats -------------------------------------------------------
 
     def _rebuild_conversation(self) -> None:
         """Show the session's messages as they are now (after reopening, or after an error)."""
         session = self.chat.session
+        if self.editing is not None:
+            self._end_editing()
         self.conversation.remove_children()
         if session.system_prompt:
             self.conversation.mount(Note(f"system prompt: {session.system_prompt}", "note"))
         footers = self.chat.turn_footers()
         for index, message in enumerate(session.messages):
             if message["role"] == "user":
-                self.conversation.mount(UserMessage(message["content"]))
+                self.conversation.mount(UserMessage(message["content"], index))
                 continue
             view = AssistantMessage(self.renderer, self.mark_drafts, "reply")
             self.conversation.mount(view)
@@ -339,7 +366,11 @@ class ChatApp(ChatActions, App):
         self._stats_dirty = True
 
     def _apply_settings(self, settings: ChatSettings) -> None:
-        self.chat.apply_settings(settings)
+        try:
+            self.chat.apply_settings(settings)
+        except EdgespecError as error:  # bit-exact over a flash-attention cache: the rest still applies
+            self.notify(str(error), severity="error", markup=False)
+            self.chat.apply_settings(replace(settings, bit_exact=False))
         self._stats_dirty = True
 
 
@@ -348,7 +379,8 @@ def run_chat(args=None, **overrides) -> int:
 
     `args` is an argparse namespace (or None), `overrides` keyword arguments;
     both may give model, draft, draft_tokens, n_ctx, gpu_layers,
-    draft_gpu_layers, memory_budget, temperature, top_p, top_k, min_p,
+    draft_gpu_layers, memory_budget, bit_exact, kv_type, draft_kv_type,
+    flash_attn, temperature, top_p, top_k, min_p,
     max_tokens, system and threads.  A value of None leaves the setting to
     config.toml (threads: to llama.cpp's default).  Raises EdgespecError for a bad config file or history
     database.

@@ -9,9 +9,9 @@ for the UI.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import deque
+from pathlib import Path
 from typing import Callable, Iterator
 
 from edgespec import ChatSession, Done, Engine, Notice, Step
@@ -19,7 +19,8 @@ from edgespec.drafters import MODES
 from edgespec.stats import Stats
 from tui import stats as stats_text
 from tui.config import ChatConfig, chat_sampling
-from tui.history import ChatStore, StoredChat
+from tui.export import chat_markdown, write_new_file
+from tui.history import ChatStore, StoredChat, content_key
 from tui.settings import ChatSettings
 
 SPARKLINE_STEPS = 80
@@ -56,10 +57,6 @@ class ReplyStream:
         return taken
 
 
-def content_key(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
-
-
 class ChatController:
     """One chat with the loaded engine: what the app shows and saves, kept apart from how it shows it."""
 
@@ -67,7 +64,7 @@ class ChatController:
         self.store = store
         self.engine: Engine | None = None
         self.session: ChatSession | None = None
-        self.settings = ChatSettings(config.system_prompt, chat_sampling(config), config.draft_tokens)
+        self.settings = ChatSettings(config.system_prompt, chat_sampling(config), config.draft_tokens, config.bit_exact)
         self.chat_id: int | None = None
         self.drafted_marks: dict[str, list] = {}  # reply content key -> drafted character ranges
         self.shown_stats: Stats | None = None  # live stats of the running reply, or the last reply's
@@ -171,7 +168,7 @@ class ChatController:
             self.session.set_system_prompt(settings.system_prompt or None)
         self.settings = settings
         if self.engine is not None:
-            self.engine.configure(draft_tokens=settings.draft_tokens)
+            self.engine.configure(draft_tokens=settings.draft_tokens, bit_exact=settings.bit_exact)
 
     def save(self, pending_prompt: str | None = None) -> None:
         """Write the chat in one transaction: after each reply, and with the prompt before it."""
@@ -202,6 +199,13 @@ class ChatController:
         visible = self.session.visible_messages()
         self.context_used = len(self.engine.chat_tokens(visible)) if visible else 0
         return stored
+
+    def rename(self, chat_id: int, title: str) -> None:
+        self.store.rename_chat(chat_id, title)
+
+    def export(self, chat_id: int, path: Path, mark_drafts: bool) -> Path:
+        """Write a saved chat as a new Markdown file; ExportError (an EdgespecError) if it cannot."""
+        return write_new_file(path, chat_markdown(self.store.load_chat(chat_id), mark_drafts))
 
     def delete(self, chat_id: int) -> None:
         self.store.delete_chat(chat_id)

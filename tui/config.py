@@ -10,6 +10,9 @@ $EDGESPEC_CONFIG_DIR).  Every key is optional:
     gpu_layers = -1                   # these three default to the memory plan
     draft_gpu_layers = -1
     memory_budget = "6GiB"
+    kv_type = "f16"                   # KV cache: f16, q8_0 or q4_0 (keys only without flash_attn)
+    draft_kv_type = "f16"             # the draft's; default: kv_type
+    flash_attn = false                # true quantises values too; not with bit_exact
     system_prompt = "You are a concise assistant."
     draft_tint = "#24513a"            # background of characters the draft guessed
 
@@ -36,7 +39,7 @@ from textual.keys import REPLACED_KEYS, Keys, key_to_character
 
 from edgespec.errors import EdgespecError
 from edgespec.files import atomic_write
-from edgespec.limits import RANGES, SettingError, checked_setting
+from edgespec.limits import RANGES, SettingError, checked_kv_type, checked_setting
 from edgespec.units import InvalidSizeError, parse_size
 from edgespec.sampling import SamplingParams
 from tui.settings import KINDS, SAMPLING_SETTINGS, TOP_LEVEL_SETTINGS, ChatConfig
@@ -49,6 +52,8 @@ KEY_ACTIONS: dict[str, tuple[str, str]] = {
     "cancel": ("escape", "Stop"),
     "regenerate": ("ctrl+r", "Regenerate"),
     "new_chat": ("ctrl+n", "New chat"),
+    "continue_last": ("f4", "Last chat"),  # not ctrl+b: tmux takes that
+    "edit_prompt": ("f3", "Edit prompt"),
     "copy_reply": ("ctrl+l", "Copy reply"),
     "cycle_mode": ("ctrl+g", "Drafting mode"),
     "toggle_marks": ("ctrl+t", "Draft marks"),
@@ -64,11 +69,13 @@ COMMAND_HELP = {
     "cancel": "Stop the reply being generated (keeps what has arrived)",
     "regenerate": "Sample the last reply again",
     "new_chat": "Start an empty chat",
-    "copy_reply": "Copy the last reply to the clipboard",
+    "continue_last": "Reopen the chat saved last",
+    "edit_prompt": "Edit your last message and answer it again (click a message to edit an earlier one)",
+    "copy_reply": "Copy the last reply to the clipboard (click a code block to copy just that)",
     "cycle_mode": "Switch drafting: draft model → n-gram → none",
     "toggle_marks": "Show or hide the tint on tokens the draft guessed",
     "history": "Reopen a saved chat",
-    "settings": "System prompt, temperature, top-p, top-k, max tokens, draft tokens",
+    "settings": "System prompt, sampling (temperature, top-p, top-k, min-p, seed, stop strings), draft tokens, bit-exact",
     "model_info": "The memory plan and the GGUF metadata of the loaded models",
     "help": "Show or hide the key bindings",
 }
@@ -168,6 +175,11 @@ def _check_string(name: str, value: str, path: Path) -> None:
         except ColorParseError:
             raise ConfigError(f'{path}: draft_tint must be a colour like "#24513a" or "dark_green", '
                               f"not {value!r}") from None
+    elif name in ("kv_type", "draft_kv_type"):
+        try:
+            checked_kv_type(value)
+        except SettingError as error:
+            raise ConfigError(f"{path}: {name}: {error}") from None
     elif name == "memory_budget":
         try:
             parse_size(value)

@@ -14,6 +14,7 @@ what happened, once.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import sqlite3
@@ -26,7 +27,7 @@ import platformdirs
 
 from edgespec.errors import EdgespecError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 HISTORY_FILE = "history.sqlite3"
 _SIDECARS = ("-wal", "-shm")  # SQLite's names for a WAL database's other files
 
@@ -55,6 +56,11 @@ CREATE TABLE plain_speed (
 );
 """
 
+# What brings a history of schema n (created by _SCHEMA as 1) up to n + 1.
+_MIGRATIONS = {
+    1: "ALTER TABLE chats ADD COLUMN renamed INTEGER NOT NULL DEFAULT 0;  -- 1: the user named it; saves keep the title",
+}
+
 
 class HistoryError(EdgespecError):
     """The history database cannot be opened or was written by a newer edgespec."""
@@ -77,6 +83,11 @@ class StoredChat:
     settings: dict
     session: dict
     extras: dict
+
+
+def content_key(text: str) -> str:
+    """The key of a reply's draft marks in a chat's extras["drafted"]."""
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
 
 
 def data_dir() -> Path:
@@ -185,9 +196,11 @@ class ChatStore:
                 f"chat history {self.path} has schema {version}, newer than this edgespec "
                 f"understands ({SCHEMA_VERSION}); upgrade edgespec or set EDGESPEC_DATA_DIR"
             )
-        if version == 0:
+        steps = ([_SCHEMA] if version == 0 else []) + [_MIGRATIONS[n] for n in range(max(version, 1), SCHEMA_VERSION)]
+        if steps:
             # executescript commits first, so the transaction is spelled out in the script.
-            self._db.executescript(f"BEGIN; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+            script = "\n".join(steps)
+            self._db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;")
 
     def _transaction(self):
         return _Transaction(self._db)
@@ -200,6 +213,8 @@ class ChatStore:
                   settings: dict, session: dict, extras: dict) -> int:
         """Overwrite chat chat_id, or insert the chat when it is new or gone; return its id.
 
+        A chat the user renamed keeps its name: `title` is only the one to show otherwise.
+
         A chat can be gone when the history was damaged and started afresh,
         or deleted from another window; the app then goes on with the new id.
         """
@@ -208,7 +223,8 @@ class ChatStore:
                json.dumps(settings), json.dumps(session), json.dumps(extras))
         with self._transaction():
             if chat_id is not None and self._db.execute(
-                    "UPDATE chats SET title = ?, updated_at = ?, target = ?, n_messages = ?,"
+                    "UPDATE chats SET title = CASE WHEN renamed THEN title ELSE ? END, updated_at = ?, target = ?,"
+                    " n_messages = ?,"
                     " settings = ?, session = ?, extras = ? WHERE id = ?", (*row, chat_id)).rowcount:
                 return chat_id
             cursor = self._db.execute(
@@ -236,6 +252,12 @@ class ChatStore:
         except (TypeError, ValueError) as error:
             raise HistoryError(f"chat {chat_id} in {self.path} is damaged ({error}); delete it from the history "
                                "list") from None
+
+    @_recovering
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        """Name a chat; later saves keep the name."""
+        with self._transaction():
+            self._db.execute("UPDATE chats SET title = ?, renamed = 1 WHERE id = ?", (title, chat_id))
 
     @_recovering
     def delete_chat(self, chat_id: int) -> None:

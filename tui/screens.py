@@ -1,9 +1,9 @@
-"""Modal screens: settings, chat history, model info, and loading another model."""
+"""Modal screens: settings, model info, and loading another model (the history's: tui/history_screens.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
+import re
 
 from rich.table import Table
 from rich.text import Text
@@ -11,14 +11,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
-from textual.widgets.option_list import Option
+from textual.widgets import Button, Checkbox, Input, Label, Static, TextArea
 
 from edgespec.gguf_info import read_gguf_info
 from edgespec.limits import SettingError, checked_setting
 from edgespec.planner import format_plan_table
 from tui import stats as stats_text
-from tui.history import ChatSummary
 from tui.settings import KINDS, LABELS, SCREEN_SETTINGS, ChatSettings
 
 
@@ -32,13 +30,21 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
         self.settings = settings
 
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog", id="settings") as dialog:
+        with VerticalScroll(classes="dialog", id="settings") as dialog:  # scrolls in a short terminal
             dialog.border_title = "Chat settings (Esc cancels)"
             yield Label("System prompt")
             yield TextArea(self.settings.system_prompt, id="system-prompt", soft_wrap=True)
             with Horizontal(classes="fields"):
                 for name in SCREEN_SETTINGS:
                     yield from _field(LABELS[name], _field_id(name), self.settings.value(name))
+            sampling = self.settings.sampling
+            with Horizontal(classes="fields"):
+                yield from _field("Seed (empty: random)", "seed", "" if sampling.seed is None else sampling.seed)
+                with Vertical(classes="field wide"):
+                    yield Label("Stop strings (one per line; \\n is a newline)")
+                    yield TextArea("\n".join(_escaped(stop) for stop in sampling.stop), id="stop", soft_wrap=False)
+            yield Checkbox("Bit-exact: greedy output is plain decoding's, token for token",
+                           self.settings.bit_exact, id="bit-exact")
             yield Static("", id="settings-error")
             with Horizontal(classes="buttons"):
                 yield Button("Apply", id="apply", variant="primary")
@@ -59,10 +65,13 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
     def _read(self) -> ChatSettings:
         values = {name: self._value(name) for name in SCREEN_SETTINGS}
         draft_tokens = values.pop("draft_tokens")
+        seed = self.query_one("#seed", Input).value.strip()
+        values["seed"] = self._number("seed", seed, int) if seed else None
+        values["stop"] = tuple(_unescaped(line) for line in self.query_one("#stop", TextArea).text.splitlines() if line)
         # SamplingParams refuses what it cannot sample with (NaN, inf, out of range), naming the field.
         sampling = dataclasses.replace(self.settings.sampling, **values)
         system_prompt = self.query_one("#system-prompt", TextArea).text.strip()
-        return ChatSettings(system_prompt, sampling, draft_tokens)
+        return ChatSettings(system_prompt, sampling, draft_tokens, self.query_one("#bit-exact", Checkbox).value)
 
     def _value(self, name: str):
         """The value typed for setting `name`; ValueError naming it if it is not one."""
@@ -81,7 +90,21 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
         try:
             return kind(text)
         except ValueError:
-            raise ValueError(f"{field_id.replace('-', ' ')} must be a {kind.__name__}, not {text!r}") from None
+            wanted = "a whole number" if kind is int else "a number"
+            raise ValueError(f"{field_id.replace('-', ' ')} must be {wanted}, not {text!r}") from None
+
+
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\\": "\\\\"}
+
+
+def _escaped(stop: str) -> str:
+    """A stop string as one line of the stop-strings field."""
+    return "".join(_ESCAPES.get(char, char) for char in stop)
+
+
+def _unescaped(line: str) -> str:
+    """A line of the stop-strings field as the stop string it stands for: \\n, \\t and \\\\ decoded."""
+    return re.sub(r"\\([nt\\])", lambda match: {"n": "\n", "t": "\t", "\\": "\\"}[match.group(1)], line)
 
 
 def _field_id(name: str) -> str:
@@ -92,46 +115,6 @@ def _field(label: str, field_id: str, value) -> ComposeResult:
     with Vertical(classes="field"):
         yield Label(label)
         yield Input(str(value), id=field_id)
-
-
-class HistoryScreen(ModalScreen[int | None]):
-    """Past chats, newest first; Enter reopens one, Delete removes it."""
-
-    BINDINGS = [
-        Binding("escape", "dismiss(None)", "Close"),
-        Binding("delete", "delete_chat", "Delete chat"),
-    ]
-
-    def __init__(self, chats: list[ChatSummary], delete):
-        super().__init__()
-        self.chats = chats
-        self._delete = delete
-
-    def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog", id="history") as dialog:
-            dialog.border_title = "Past chats (Enter opens, Delete removes, Esc closes)"
-            if self.chats:
-                yield OptionList(*(self._option(chat) for chat in self.chats), id="chats")
-            else:
-                yield Static("No saved chats yet.")
-
-    @staticmethod
-    def _option(chat: ChatSummary) -> Option:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated_at))
-        label = Text.assemble((when, "dim"), "  ", chat.title, (f"  ({chat.n_messages} messages)", "dim"))
-        return Option(label, id=str(chat.id))
-
-    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(int(event.option.id))
-
-    def action_delete_chat(self) -> None:
-        chats = self.query(OptionList)
-        if not chats or chats.first().highlighted is None:
-            return
-        option_list = chats.first()
-        option = option_list.get_option_at_index(option_list.highlighted)
-        self._delete(int(option.id))
-        option_list.remove_option(option.id)
 
 
 class ModelInfoScreen(ModalScreen[None]):

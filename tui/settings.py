@@ -32,12 +32,17 @@ class ChatConfig:
     bit_exact: bool = _setting(False, "boolean", flag=True)  # --bit-exact: greedy output bit for bit plain decoding's
     prompt_cache: bool = _setting(True, "boolean", flag=True)  # --no-prompt-cache: reopened chats prefill their history
     prompt_cache_size: str | None = _setting(None, "string", flag=True)  # None: EDGESPEC_PROMPT_CACHE_SIZE, else 2GiB
+    # the KV caches (--kv-type, --draft-kv-type, --flash-attn): they size the contexts, so like n_ctx
+    # they take effect when models are loaded, not from the settings screen
+    kv_type: str = _setting("f16", "string", flag=True)
+    draft_kv_type: str | None = _setting(None, "string", flag=True)  # None: the kv_type
+    flash_attn: bool = _setting(False, "boolean", flag=True)
     system_prompt: str = _setting("", "string")
     draft_tint: str = _setting("#24513a", "string")
     temperature: float = _setting(0.7, "number", section="sampling", flag=True, label="Temperature")
     top_p: float = _setting(0.95, "number", section="sampling", flag=True, label="Top-p")
     top_k: int = _setting(40, "integer", section="sampling", flag=True, label="Top-k")
-    min_p: float = _setting(0.05, "number", section="sampling", flag=True)
+    min_p: float = _setting(0.05, "number", section="sampling", flag=True, label="Min-p")
     max_tokens: int = _setting(1024, "integer", section="sampling", flag=True, label="Max tokens")
     keymap: dict[str, str] = field(default_factory=dict, metadata={"section": "keymap"})
 
@@ -70,13 +75,14 @@ class ChatSettings:
     """What the settings screen edits; kept per chat in the history."""
 
     system_prompt: str
-    sampling: SamplingParams
+    sampling: SamplingParams  # with the chat's seed and stop strings
     draft_tokens: int | str  # or "auto"
+    bit_exact: bool = False  # Engine.configure(bit_exact=...)
 
     def as_dict(self) -> dict:
         sampling = dataclasses.asdict(self.sampling)
         sampling["stop"] = list(sampling["stop"])
-        return {"sampling": sampling, "draft_tokens": self.draft_tokens}
+        return {"sampling": sampling, "draft_tokens": self.draft_tokens, "bit_exact": self.bit_exact}
 
     @classmethod
     def from_dict(cls, data: dict, system_prompt: str, fallback: ChatSettings) -> ChatSettings:
@@ -93,12 +99,14 @@ class ChatSettings:
             draft_tokens = checked_setting("draft_tokens", data.get("draft_tokens", fallback.draft_tokens))
         except SettingError:
             draft_tokens = fallback.draft_tokens
-        return cls(system_prompt, params, draft_tokens)
+        bit_exact = data.get("bit_exact", fallback.bit_exact)
+        return cls(system_prompt, params, draft_tokens, bit_exact if isinstance(bit_exact, bool) else fallback.bit_exact)
 
     def value(self, name: str):
         """The value of the ChatConfig setting `name` that these settings hold."""
         return self.draft_tokens if name == "draft_tokens" else getattr(self.sampling, name)
 
     def config_values(self) -> dict:
-        """These settings as ChatConfig fields, to save them as the defaults."""
-        return {"system_prompt": self.system_prompt, **{name: self.value(name) for name in SCREEN_SETTINGS}}
+        """These settings as ChatConfig fields, to save them as the defaults (seed and stop strings stay per chat)."""
+        return {"system_prompt": self.system_prompt, "bit_exact": self.bit_exact,
+                **{name: self.value(name) for name in SCREEN_SETTINGS}}

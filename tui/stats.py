@@ -38,26 +38,41 @@ def step_acceptance(drafted: int, accepted: int) -> float | None:
 
 
 def stats_line(*, mode: str, target: str, draft: str | None, stats: Stats | None,
-               draft_tokens: int, context_used: int, n_ctx: int, status: str | None = None) -> Text:
+               draft_tokens: int, context_used: int, n_ctx: int, status: str | None = None,
+               width: int | None = None) -> Text:
     """The stats bar: mode, models and context (and status, e.g. a re-measurement in progress)
-    on one line, the current reply's numbers on the next."""
-    line = Text()
-    line.append(MODE_LABELS.get(mode, mode), "bold")
-    line.append(f"  {target}")
+    on one line, the current reply's numbers on the next.  Given a width, each line drops its
+    least important parts until it fits, so the bar never wraps."""
+    first = [(0, Text(MODE_LABELS.get(mode, mode), "bold")), (0, Text(f"  {target}"))]
     if mode in ("combined", "draft-model") and draft:
-        line.append(f" ← {draft}", "dim")
-    line.append(f"  │  ctx {context_used:,}/{n_ctx:,}")
+        first.append((3, Text(f" ← {draft}", "dim")))
+    first.append((2, Text(f"  │  ctx {context_used:,}/{n_ctx:,}")))
     if status:
-        line.append(f"  │  {status}", "italic")
-    line.append("\n")
+        first.append((1, Text(f"  │  {status}", "italic")))
     if stats and stats.tokens_generated:
-        fields = [f"{stats.decode_tokens_per_second:.1f} tok/s",
-                  f"accept {stats.acceptance_rate:.0%}" if stats.draft_tokens_proposed else "accept –",
-                  f"{stats.target_passes_per_token:.2f} target passes/tok",
-                  f"draft {draft_tokens} (avg {stats.mean_draft_tokens:.1f}/step)"]
+        fields = [(0, f"{stats.decode_tokens_per_second:.1f} tok/s"),
+                  (1, f"accept {stats.acceptance_rate:.0%}" if stats.draft_tokens_proposed else "accept –"),
+                  (3, f"{stats.target_passes_per_token:.2f} target passes/tok"),
+                  (2, f"draft {draft_tokens} (avg {stats.mean_draft_tokens:.1f}/step)")]
     else:
-        fields = ["– tok/s", "accept –", "– target passes/tok", f"draft {draft_tokens}"]
-    line.append("  │  ".join(fields))
+        fields = [(0, "– tok/s"), (1, "accept –"), (3, "– target passes/tok"), (2, f"draft {draft_tokens}")]
+    second = [(priority, Text(("  │  " if index else "") + field)) for index, (priority, field) in enumerate(fields)]
+    return Text("\n").join([_fitted(first, width), _fitted(second, width)])
+
+
+def _fitted(parts: list[tuple[int, Text]], width: int | None) -> Text:
+    """The parts in order, without the least important (highest number) ones that do not fit."""
+    while width is not None and len(parts) > 1 and sum(part.cell_len for _, part in parts) > width:
+        least = max(priority for priority, _ in parts)
+        if least == 0:
+            break
+        drop = max(index for index, (priority, _) in enumerate(parts) if priority == least)
+        parts = parts[:drop] + parts[drop + 1:]
+    line = Text()
+    for _, part in parts:
+        line.append_text(part)
+    if width is not None:
+        line.truncate(width, overflow="ellipsis")
     return line
 
 
@@ -113,6 +128,19 @@ def _plausible_speedup(stats: Stats, plain_speed: float) -> float | None:
     return ratio if ratio <= SPEEDUP_SLACK / passes_per_token else None
 
 
+def _accepted_detail(stats: Stats) -> list[str]:
+    """Who proposed the accepted tokens (when both drafters could), and how many a drafting step kept."""
+    parts = []
+    by_drafter = {name: count for name, count in stats.accepted_by_drafter.items() if count}
+    if stats.mode == "combined":
+        names = ("ngram", "draft-model")
+        parts.append("from " + ", ".join(f"{MODE_LABELS[name]} {by_drafter.get(name, 0)}" for name in names))
+    drafting_steps = stats.steps - stats.k0_steps
+    if drafting_steps > 0:
+        parts.append(f"{stats.draft_tokens_accepted / drafting_steps:.1f} accepted/step")
+    return parts
+
+
 def reply_footer(stats: Stats, plain: tuple[float, str] | None) -> str:
     """One line under a finished reply: tokens, speed, acceptance and speedup over plain decoding.
 
@@ -133,6 +161,7 @@ def reply_footer(stats: Stats, plain: tuple[float, str] | None) -> str:
             f"{MODE_LABELS.get(mode, mode)} accepted {stats.acceptance_rate:.0%} "
             f"({stats.draft_tokens_accepted}/{stats.draft_tokens_proposed})"
         )
+        parts.extend(_accepted_detail(stats))
     if mode == "none":
         parts.append("plain decoding (the speedup baseline)")
     elif not plain:

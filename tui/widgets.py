@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from rich.table import Table
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import LoadingIndicator, Sparkline, Static, TextArea
+from textual.widget import Widget
+from textual.widgets import Footer, LoadingIndicator, Sparkline, Static, TextArea
 
-from tui.render import Block, BlockRenderer, split_blocks
+from tui import stats as stats_text
+from tui.render import BlockRenderer
+from tui.reply import ReplyView
 
 
 class PromptInput(TextArea):
@@ -85,90 +89,22 @@ class PromptInput(TextArea):
         self.move_cursor(self.document.end)
 
 
-class BlockView(Static):
-    """One Markdown block of a reply."""
-
-    def __init__(self, block: Block):
-        super().__init__(classes=block.kind)
-        self.block = block
-        self.rendered = Text()
-
-    def show(self, block: Block, text: Text) -> None:
-        if block.kind != self.block.kind:
-            self.set_class(block.kind == "code", "code")
-            self.set_class(block.kind == "prose", "prose")
-        self.block = block
-        self.rendered = text
-        self.border_title = (block.language or None) if block.kind == "code" else None
-        self.update(text)
-
-
-class ReplyView(Vertical):
-    """A streamed reply: blocks before the last are final, so only the last is re-rendered."""
-
-    def __init__(self, renderer: BlockRenderer, mark_drafts: bool):
-        super().__init__(classes="reply")
-        self.text = ""
-        self.drafted = bytearray()  # 1 per character that came from an accepted draft token
-        self._renderer = renderer
-        self._mark = mark_drafts
-        self._final_blocks = 0  # leading BlockViews that no new text can change
-        self._open_from = 0  # where the first block that can still change starts
-
-    def append(self, pieces: list[tuple[str, bool]]) -> None:
-        for piece, drafted in pieces:
-            self.text += piece
-            self.drafted.extend((1 if drafted else 0,) * len(piece))
-        self._render_tail()
-
-    def set_text(self, text: str, drafted_ranges: list[list[int]]) -> None:
-        self.text = text
-        self.drafted = bytearray(len(text))
-        for start, end in drafted_ranges:
-            end = min(end, len(text))
-            self.drafted[start:end] = b"\x01" * max(0, end - start)
-        self._render_tail()
-
-    def drafted_ranges(self) -> list[list[int]]:
-        ranges, position = [], self.drafted.find(1)
-        while position != -1:
-            end = self.drafted.find(0, position)
-            end = len(self.drafted) if end == -1 else end
-            ranges.append([position, end])
-            position = self.drafted.find(1, end)
-        return ranges
-
-    def set_marking(self, mark: bool) -> None:
-        self._mark = mark
-        for view in self.query_children(BlockView):
-            view.show(view.block, self._renderer.render(view.block, self.text, bytes(self.drafted), mark))
-
-    def on_mount(self) -> None:
-        self._render_tail()
-
-    def _render_tail(self) -> None:
-        if not self.is_attached:  # on_mount renders what arrived before
-            return
-        blocks = split_blocks(self.text, self._open_from)
-        views = list(self.query_children(BlockView))
-        mask = bytes(self.drafted)
-        for number, block in enumerate(blocks, start=self._final_blocks):
-            rendered = self._renderer.render(block, self.text, mask, self._mark)
-            if number < len(views):
-                views[number].show(block, rendered)
-            else:
-                view = BlockView(block)
-                self.mount(view)
-                view.show(block, rendered)
-        if len(blocks) > 1:
-            self._final_blocks += len(blocks) - 1
-            self._open_from = blocks[-1].start
-
-
 class UserMessage(Static):
-    def __init__(self, text: str):
+    """A message the user sent; clicking it edits it (and answers it again)."""
+
+    class EditRequested(Message):
+        def __init__(self, index: int):
+            super().__init__()
+            self.index = index
+
+    def __init__(self, text: str, index: int):
         super().__init__(Text(text), classes="user")
+        self.index = index  # in the session's messages
         self.border_title = "you"
+        self.tooltip = "click to edit this message and answer it again"
+
+    def on_click(self) -> None:
+        self.post_message(self.EditRequested(self.index))
 
 
 class AssistantMessage(Vertical):
@@ -214,19 +150,108 @@ class LoadingPanel(Vertical):
         self.status.update(Text(text))
 
 
+class ChatFooter(Footer):
+    """The footer keeps the keys that fit its width, the most important (first in `priority`) first."""
+
+    def __init__(self, priority: tuple[str, ...]):
+        super().__init__()
+        self.priority = priority
+
+    def compose(self):
+        keys = list(super().compose())
+        palette = [key for key in keys if key.has_class("-command-palette")]
+        room = (self.size.width or 10**6) - sum(_key_width(key) + 1 for key in palette)
+        kept = set()
+        for key in sorted((key for key in keys if key not in palette), key=self._rank):
+            if _key_width(key) > room:
+                break
+            kept.add(key)
+            room -= _key_width(key)
+        yield from (key for key in keys if key in kept or key in palette)
+
+    def _rank(self, key: Widget) -> int:
+        return self.priority.index(key.action) if key.action in self.priority else len(self.priority)
+
+    def on_resize(self) -> None:
+        self.refresh(recompose=True)
+
+
+def _key_width(key: Widget) -> int:
+    """Cells a FooterKey takes in a footer that is not compact: " key description "."""
+    return len(key.key_display) + len(key.description) + 3
+
+
+class KeysPanel(VerticalScroll):
+    """F1: the keys, edgespec's own first, then the prompt's, then the editor's."""
+
+    def __init__(self):
+        super().__init__(id="keys-panel")
+        self.table = Static()
+
+    def compose(self):
+        yield self.table
+
+    def on_mount(self) -> None:
+        groups: dict[str, dict[str, list]] = {"edgespec": {}, "prompt": {}, "editing": {}}
+        for namespace, binding, _, _ in self.screen.active_bindings.values():
+            if not binding.description:
+                continue
+            if namespace is self.app or namespace is self.screen:
+                group = "edgespec"
+            else:
+                group = "prompt" if binding.action in _PROMPT_ACTIONS else "editing"
+            groups[group].setdefault(binding.description, []).append(self.app.get_key_display(binding))
+        table = Table.grid(padding=(0, 1))
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column()
+        for title, keys in groups.items():
+            if keys:
+                table.add_row(Text(title, style="underline"), "")
+                for description, displays in keys.items():
+                    table.add_row(Text(" ".join(dict.fromkeys(displays))), Text(description))
+        self.keys_table = table  # what it shows, for the tests to read
+        self.table.update(table)
+
+
+_PROMPT_ACTIONS = {binding.action for binding in PromptInput.BINDINGS}
+
+
 class StatsBar(Horizontal):
-    """Mode, models and live numbers, with a sparkline of acceptance per draft/verify step."""
+    """Mode, models and live numbers, with a sparkline of acceptance per draft/verify step.
+
+    Narrower than SPARKLINE_MIN_WIDTH it drops the sparkline, and then each line its less
+    important figures (tui.stats.stats_line), so that it never wraps.
+    """
 
     def __init__(self):
         super().__init__(id="stats")
         self.line = Static("", id="stats-line")
         self.sparkline = Sparkline([], id="acceptance", summary_function=lambda values: sum(values) / len(values))
         self.sparkline.tooltip = "acceptance per draft/verify step"
+        self._figures: dict | str = ""  # stats_line's arguments, or a message instead of them
 
     def compose(self):
         yield self.line
         yield self.sparkline
 
-    def show(self, line: Text, acceptance: list[float]) -> None:
-        self.line.update(line)
+    def show(self, figures: dict | str, acceptance: list[float]) -> None:
+        """figures: stats_line's keyword arguments, or a message to show instead."""
+        self._figures = figures
         self.sparkline.data = acceptance
+        self._fit()
+
+    def on_resize(self) -> None:
+        self._fit()
+
+    def _fit(self) -> None:
+        width = self.content_size.width
+        self.sparkline.display = width >= SPARKLINE_MIN_WIDTH
+        if isinstance(self._figures, str):
+            self.line.update(Text(self._figures))
+            return
+        room = width - (SPARKLINE_WIDTH if self.sparkline.display else 0) if width else None
+        self.line.update(stats_text.stats_line(**self._figures, width=room))
+
+
+SPARKLINE_WIDTH = 31  # its width and margin in app.tcss
+SPARKLINE_MIN_WIDTH = 110

@@ -20,25 +20,14 @@ import numpy as np
 import llama_cpp
 
 from ..errors import ContextOverflowError, DecodeError, ModelFileError, ModelLoadError
-from ..limits import MAX_OUTPUT_ROWS, N_UBATCH, checked_threads
+from ..limits import MAX_OUTPUT_ROWS, N_UBATCH, checked_threads, kv_cache_types
 import edgespec.backend.tokenizer as tokenizer  # the module itself: `from . import` would name the package
 from .batch import TokenBatch
-from .runtime import EXTRA_BUFFER_TYPES_SAFE, default_threads, forget_log, last_error
+from .kvcache import ShiftableCache
+from .runtime import EXTRA_BUFFER_TYPES_SAFE, default_threads, forget_log, last_error, logged_kv_buffer_bytes
 
+_GGML_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix, by bisection over C-speed slice compares."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 @dataclass(frozen=True)
@@ -49,13 +38,17 @@ class PassProbe:
     drift: dict[int, float]  # per checked width: the largest |logit difference| from one-token passes
 
 
-class LlamaModel:
+class LlamaModel(ShiftableCache):
     """A loaded GGUF model with one context and its KV cache.
 
     The context holds one sequence, or several after reserve_sequences().
     ``cached`` always lists the tokens whose keys and values sit in the KV
     cache of sequence 0, at positions 0..len(cached)-1; cached_of(seq) does
     so for any sequence.
+
+    kv_type is the cache's type (f16, q8_0, q4_0).  Flash attention stays off
+    unless flash_attn, and without it llama.cpp keeps the values in f16, so
+    only the keys take kv_type (edgespec.limits.kv_cache_types).
     """
 
     def __init__(
@@ -66,7 +59,11 @@ class LlamaModel:
         n_gpu_layers: int = 0,
         n_threads: int | None = None,
         n_batch: int = 512,
+        kv_type: str = "f16",
+        flash_attn: bool = False,
     ):
+        self.type_k, self.type_v = kv_cache_types(kv_type, flash_attn)
+        self.flash_attn = flash_attn
         self.n_threads = default_threads() if n_threads is None else checked_threads(n_threads)
         self.path = Path(path)
         self._check_file()
@@ -109,6 +106,7 @@ class LlamaModel:
 
     def _open_context(self, n_ctx: int, n_batch: int, n_seq: int) -> None:
         self._ctx = self._create_context(n_ctx, n_batch, self.n_threads, n_seq)
+        self.kv_buffer_bytes = logged_kv_buffer_bytes()  # llama.cpp's own count; None if it did not log one
         self.n_ctx = llama_cpp.llama_n_ctx_seq(self._ctx)  # per sequence
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)  # llama.cpp caps it at n_ctx
         self.n_seq = n_seq
@@ -128,6 +126,7 @@ class LlamaModel:
             return
         n_ctx, n_batch = self.n_ctx, self.n_batch
         self._free_context()
+        forget_log()  # so kv_buffer_bytes is the new context's
         self._open_context(n_ctx * n_seq, n_batch, n_seq)
 
     def _create_context(self, n_ctx: int, n_batch: int, n_threads: int, n_seq: int = 1):
@@ -141,14 +140,19 @@ class LlamaModel:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         # Flash attention tiles its reductions by the number of tokens in the
-        # pass, so a verified row would differ from the same row decoded alone.
-        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        # pass, so a verified row would differ from the same row decoded alone:
+        # it is on only when asked for (which the engine refuses under --bit-exact).
+        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
+                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.type_k, params.type_v = _GGML_TYPES[self.type_k], _GGML_TYPES[self.type_v]
+        forget_log()
         ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not ctx:
             llama_cpp.llama_model_free(self._model)
             self._model = None
             raise ModelLoadError(
-                f"llama.cpp could not create a {n_ctx}-token context for {self.path}: {last_error()} (try a smaller --n-ctx)"
+                f"llama.cpp could not create a {n_ctx}-token context for {self.path}: {last_error()} "
+                f"(try a smaller --n-ctx{'' if self.type_k == 'f16' else ', or --kv-type f16'})"
             )
         return ctx
 
@@ -252,7 +256,6 @@ class LlamaModel:
             llama_cpp.llama_memory_seq_rm(self._memory, seq, n_keep, -1)
             del cached[n_keep:]
 
-    kv_type = "f16"  # the KV cache's element type, part of a KV snapshot's key (backend/state.py makes them)
 
     def decode(self, tokens: Sequence[int], n_logits: int = 1, *, copy: bool = True, seq: int = 0) -> np.ndarray | None:
         """Append tokens to sequence seq's cache; return the logits of the last n_logits of them.

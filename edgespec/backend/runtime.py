@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 from collections import deque
 
 import llama_cpp
@@ -10,6 +11,9 @@ import llama_cpp
 from ..limits import usable_cores
 
 _recent_log_lines: deque[str] = deque(maxlen=20)
+# llama.cpp's own count of the KV cache it allocated, one line per buffer (CPU, each GPU), since forget_log()
+_kv_buffer_lines: list[str] = []
+_KV_BUFFER_SIZE = re.compile(r"KV buffer size\s*=\s*([0-9.]+) MiB")
 
 
 @llama_cpp.llama_log_callback
@@ -18,6 +22,8 @@ def _capture_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", errors="replace").strip()
     if line:
         _recent_log_lines.append(line)
+        if _KV_BUFFER_SIZE.search(line):
+            _kv_buffer_lines.append(line)
 
 
 llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))
@@ -52,6 +58,14 @@ def default_threads() -> int:
 def forget_log() -> None:
     """Start a fresh log, so last_error() explains the next failure and not an older one."""
     _recent_log_lines.clear()
+    _kv_buffer_lines.clear()
+
+
+def logged_kv_buffer_bytes() -> int | None:
+    """The KV cache llama.cpp reported allocating since forget_log(), summed over its buffers
+    (to 0.01 MiB, as it logs them); None when it reported none."""
+    sizes = [float(_KV_BUFFER_SIZE.search(line).group(1)) for line in _kv_buffer_lines]
+    return round(sum(sizes) * 1024 * 1024) if sizes else None
 
 
 def last_error() -> str:

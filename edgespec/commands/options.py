@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import EdgespecError
-from ..limits import MAX_DRAFT_TOKENS, MIN_N_CTX, SettingError, checked_setting, checked_threads
+from ..limits import KV_TYPES, MAX_DRAFT_TOKENS, MIN_N_CTX, SettingError, checked_kv_type, checked_setting, checked_threads
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 
@@ -31,6 +31,20 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                             "prompts sharing a long document or history prefill it once)")
     group.add_argument("--prompt-cache-size", type=_size_text, default=None,
                        help="disk space for prompt snapshots, e.g. 2GiB (default: EDGESPEC_PROMPT_CACHE_SIZE, else 2GiB)")
+    add_kv_cache_options(group)
+
+
+def add_kv_cache_options(group) -> None:
+    """--kv-type, --draft-kv-type and --flash-attn: what the KV caches hold, and what that trades away."""
+    choices = "|".join(KV_TYPES)
+    group.add_argument("--kv-type", type=parse_kv_type, default="f16",
+                       help=f"the target's KV cache type, {choices} (default: f16); quantised, it takes less "
+                            "memory, but only the keys are quantised unless --flash-attn")
+    group.add_argument("--draft-kv-type", type=parse_kv_type, default=None,
+                       help=f"the draft model's KV cache type, {choices} (default: the --kv-type)")
+    group.add_argument("--flash-attn", action="store_true",
+                       help="use flash attention, which lets the values be quantised too; a token's logits then "
+                            "depend on its pass's width, so it cannot go with --bit-exact")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256, per_request: bool = True) -> None:
@@ -60,6 +74,14 @@ def setting(name: str):
             raise argparse.ArgumentTypeError(str(error)) from None
 
     return parse
+
+
+def parse_kv_type(text: str) -> str:
+    """An argparse type for --kv-type and its kin: one of edgespec.limits.KV_TYPES."""
+    try:
+        return checked_kv_type(text)
+    except SettingError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _threads(text: str) -> int:
@@ -96,12 +118,14 @@ def sampling_params(args: argparse.Namespace):
 
 def engine_from_args(args: argparse.Namespace, **overrides):
     """The Engine the flags of add_engine_options describe (overrides: e.g. notice=...)."""
-    from ..loading import load_engine
+    from ..loading import load_engine, use_prompt_cache
 
-    return load_engine(
+    engine = load_engine(
         args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
         draft_gpu_layers=args.draft_gpu_layers, draft_tokens=args.draft_tokens,
         n_threads=args.threads, memory_budget=args.memory_budget, bit_exact=args.bit_exact,
-        prompt_cache=getattr(args, "prompt_cache", False), prompt_cache_size=getattr(args, "prompt_cache_size", None),
-        **overrides,
+        kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn, **overrides,
     )
+    if getattr(args, "prompt_cache", False):  # commands without the flag keep no snapshots
+        use_prompt_cache(engine, args.prompt_cache_size, overrides.get("notice"))
+    return engine

@@ -13,6 +13,9 @@ def add_plan_parser(subparsers) -> None:
     parser = subparsers.add_parser("plan", help="show how the models would be placed in memory, and which drafting mode")
     add_engine_options(parser)
     parser.add_argument("--ctx", dest="n_ctx", type=setting("n_ctx"), help="alias of --n-ctx")
+    parser.add_argument("--parallel", type=setting("parallel"), default=1, metavar="N",
+                        help="count a target KV cache for each of N sequences decoded together, as "
+                             "`edgespec batch --parallel N` has (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=plan)
 
@@ -23,7 +26,9 @@ def plan(args: argparse.Namespace) -> int:
     from ..planner import format_plan_table
 
     _, _, memory_plan = plan_load(args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
-                                  draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget)
+                                  draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget,
+                                  kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn,
+                                  parallel=args.parallel)
     if args.json:
         print(json.dumps(memory_plan.to_dict(), indent=2))
     else:

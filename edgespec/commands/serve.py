@@ -57,7 +57,7 @@ def serve(args: argparse.Namespace) -> int:
     config = ServerConfig(_model_name(args.model), defaults, args.api_key, args.queue_size,
                           args.request_timeout, args.max_body_bytes, args.parallel)
     with _listen(args.host, args.port) as sock:
-        engine = engine_from_args(args)
+        engine = engine_from_args(args, parallel=args.parallel)
         if args.prompt_cache:
             # one KV cache serves every client: a few recent conversations' states in RAM keep two clients
             # taking turns from re-prefilling each other's history (the disk store is the fallback)

@@ -194,7 +194,7 @@ def _requests(count: int) -> str:
 
 def _run_with_engine(args, entries, writer, finished, resumed) -> RunTally:
     params = sampling_params(args)
-    engine = engine_from_args(args)
+    engine = engine_from_args(args, parallel=args.parallel or 1)
     interrupt = Interrupt()
     try:
         parallel = parallel_for(engine, args.parallel, len(entries) - resumed)
@@ -233,8 +233,9 @@ def _sequences_that_fit(engine) -> int:
     plan = engine.plan
     if plan is None or not plan.parts or plan.parts[0].kv_bytes <= 0:
         return MAX_PARALLEL
+    per_sequence = plan.parts[0].kv_bytes // plan.parallel
     room = plan.budget_bytes - plan.total_bytes
-    return max(1, min(MAX_PARALLEL, 1 + room // plan.parts[0].kv_bytes))
+    return max(1, min(MAX_PARALLEL, plan.parallel + room // per_sequence))
 
 
 def _run_on_endpoint(args, entries, writer, finished, resumed) -> RunTally:

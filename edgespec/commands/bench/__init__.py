@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from ...errors import EdgespecError
-from ..options import DEFAULT_MODEL
+from ..options import DEFAULT_MODEL, parse_kv_type
 from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES
 from .exactness import ExactnessError
 from .microbench import COST_CURVE_MAX_TOKENS, DEFAULT_N_CTX, SAMPLING_VOCAB, run_cost_curve, run_sampling_microbench
@@ -69,6 +69,8 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument("--max-tokens", type=int, default=None, help="override every prompt's max_tokens")
     parser.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context length (default: {DEFAULT_N_CTX})")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for every configuration (default: as the engine)")
+    parser.add_argument("--kv-type", type=parse_kv_type, default="f16",
+                        help="the KV cache type of the target and the draft, f16|q8_0|q4_0, keys only (default: f16); llama.cpp's peers keep f16")
     parser.add_argument("--workloads", type=Path, default=WORKLOADS_DIR, help="folder of <suite>.jsonl files")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write every run and the summary as JSON")
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG", help="plot speedups (or the cost curve); needs edgespec[bench]")
@@ -119,6 +121,7 @@ def _bench_command(args) -> int:
             on_run=lambda run, done, total: print(_progress_line(run, done, total), file=sys.stderr, flush=True),
             overhead=args.overhead,
             llama_cpp_bin=args.llama_cpp_bin,
+            kv_type=args.kv_type,
         )
         print_tables(results)
         if args.overhead:

@@ -1,0 +1,77 @@
+"""KV cache types through loading and the engine: what they cost, what they trade away, and what they refuse."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgespec.errors import EdgespecError
+from edgespec.loading import load_engine
+from edgespec.sampling import SamplingParams
+
+
+def load(path, **choices):
+    notices = []
+    engine = load_engine(path, "none", n_ctx=512, cost_curve=[1.0, 1.2], notice=notices.append, **choices)
+    return engine, notices
+
+
+def test_a_quantised_kv_type_without_flash_attention_quantises_the_keys_only_and_says_so(smollm2_path):
+    engine, notices = load(smollm2_path, kv_type="q8_0")
+    try:
+        assert (engine.target.type_k, engine.target.type_v, engine.target.flash_attn) == ("q8_0", "f16", False)
+        assert any("keys only" in notice and "--flash-attn" in notice for notice in notices), notices
+        assert engine.plan.kv_type == "q8_0"
+        assert engine.generate("Say hello.", SamplingParams(temperature=0.0, max_tokens=8)).token_ids
+    finally:
+        engine.close()
+
+
+def test_flash_attention_quantises_the_values_too_and_lifts_the_bit_exact_guarantee(smollm2_path):
+    engine, notices = load(smollm2_path, kv_type="q4_0", flash_attn=True)
+    try:
+        assert (engine.target.type_k, engine.target.type_v) == ("q4_0", "q4_0")
+        assert any("no longer bit for bit" in notice for notice in notices), notices
+        with pytest.raises(EdgespecError, match="flash attention off"):
+            engine.configure(bit_exact=True)
+        assert not engine.bit_exact
+    finally:
+        engine.close()
+    with pytest.raises(EdgespecError, match="--flash-attn and --bit-exact"):
+        load(smollm2_path, flash_attn=True, bit_exact=True)
+
+
+class RecordingCache:
+    """A calibration cache that holds a curve for every key and remembers the keys asked for."""
+
+    def __init__(self):
+        self.keys = []
+
+    def read(self, key):
+        from edgespec.calibration import CachedCalibration
+
+        self.keys.append(key)
+        return CachedCalibration(max_width=2, forward_seconds=(1.0, 1.2), stale=False)
+
+
+def test_each_kv_cache_setup_is_calibrated_on_its_own(smollm2_path):
+    cache = RecordingCache()
+    for choices in ({}, {"kv_type": "q8_0"}, {"kv_type": "q8_0", "flash_attn": True}):
+        engine, _ = load(smollm2_path, **choices)
+        engine.calibrate(cache)
+        engine.close()
+    labels = [key.kv_cache for key in cache.keys]
+    assert labels == ["", "K q8_0, V f16, flash attention off", "K q8_0, V q8_0, flash attention on"]
+    assert len({key.digest() for key in cache.keys}) == 3
+
+
+def test_the_default_cache_keeps_the_calibration_key_it_had_before_kv_types(smollm2_path):
+    # curves measured before --kv-type existed were stored under the digest of the other fields alone
+    import dataclasses
+    import hashlib
+    import json
+
+    from edgespec.calibration import CalibrationKey
+
+    key = CalibrationKey.for_model(smollm2_path, 0, 1, "llama-cpp-python 0.3.36")
+    fields = {name: value for name, value in dataclasses.asdict(key).items() if name != "kv_cache"}
+    assert key.digest() == hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]

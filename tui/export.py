@@ -1,0 +1,101 @@
+"""A saved chat as a Markdown file, with the text the draft guessed optionally marked.
+
+Marks are <mark>…</mark> around drafted runs of prose.  Code (fenced blocks
+and `inline spans`) is left exactly as the model wrote it, so that it can be
+copied from the file: a mark inside it would be read as code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from edgespec.errors import EdgespecError
+from tui.history import StoredChat, content_key
+from tui.render import split_blocks
+
+_INLINE_CODE = re.compile(r"(`+)[^`\n]+?\1")
+
+
+class ExportError(EdgespecError):
+    """The chat cannot be written where asked."""
+
+
+def chat_markdown(chat: StoredChat, mark_drafts: bool) -> str:
+    """The chat as Markdown: its title, system prompt and messages, replies marked if asked."""
+    drafted = chat.extras.get("drafted", {}) if mark_drafts else {}
+    lines = [f"# {chat.title}", ""]
+    if mark_drafts:
+        lines += ["Text that a drafter proposed and the model accepted is <mark>marked</mark> "
+                  "(outside code, which is left as written).", ""]
+    if chat.session.get("system_prompt"):
+        lines += ["**System prompt:** " + chat.session["system_prompt"], ""]
+    for message in chat.session.get("messages", []):
+        content = message["content"]
+        if message["role"] == "user":
+            lines += ["## You", "", content, ""]
+            continue
+        ranges = drafted.get(content_key(content), [])
+        lines += ["## Assistant", "", _marked(content, ranges) if ranges else content, ""]
+    return "\n".join(lines)
+
+
+def _marked(text: str, ranges: list) -> str:
+    """text with <mark> around the drafted runs that lie in prose outside inline code."""
+    markable = bytearray(len(text))
+    for block in split_blocks(text):
+        if block.kind == "prose":
+            markable[block.start:block.end] = b"\x01" * (block.end - block.start)
+    for span in _INLINE_CODE.finditer(text):
+        markable[span.start():span.end()] = bytes(span.end() - span.start())
+    drafted = bytearray(len(text))
+    for start, end in ranges:
+        start, end = max(0, start), min(end, len(text))
+        drafted[start:end] = b"\x01" * max(0, end - start)
+    out, inside = [], False
+    for index, char in enumerate(text):
+        wanted = bool(drafted[index] and markable[index]) and char != "\n"
+        if wanted != inside:
+            out.append("<mark>" if wanted else "</mark>")
+            inside = wanted
+        out.append(char)
+    if inside:
+        out.append("</mark>")
+    return "".join(out)
+
+
+def write_new_file(path: Path, text: str) -> Path:
+    """Write text to path, which must not exist yet, in one step: never over a file already there."""
+    path = path.expanduser()
+    if path.exists():
+        raise ExportError(f"{path} already exists; choose another name (nothing is overwritten)")
+    if not path.parent.is_dir():
+        raise ExportError(f"{path.parent} is not a folder; choose a path in an existing folder")
+    try:
+        descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    except OSError as error:
+        raise ExportError(f"cannot write in {path.parent}: {error.strerror or error}") from None
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temp, 0o666 & ~umask)  # mkstemp makes it private; an export need not be
+        os.link(temp, path)  # unlike a rename, fails if path appeared meanwhile
+    except FileExistsError:
+        raise ExportError(f"{path} already exists; choose another name (nothing is overwritten)") from None
+    except OSError as error:
+        raise ExportError(f"cannot write {path}: {error.strerror or error}") from None
+    finally:
+        Path(temp).unlink(missing_ok=True)
+    return path
+
+
+def default_export_name(title: str) -> str:
+    """A file name from a chat's title: letters, digits and dashes."""
+    slug = re.sub(r"[^\w]+", "-", title.lower(), flags=re.ASCII).strip("-")[:40]
+    return f"{slug or 'chat'}.md"
