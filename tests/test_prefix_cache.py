@@ -296,3 +296,19 @@ def test_a_bad_prompt_cache_size_is_refused_in_one_line(tiny_models):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--prompt-cache-size" in done.stderr and "not understood" in done.stderr
+
+
+def test_a_cache_with_a_shifted_turn_is_never_saved_as_a_snapshot(tiny_models):
+    # shifted keys and values are close to a prefill's, not equal: a restore must give a prefill's logits
+    engine = cached_engine(tiny_models)
+    system, dropped, kept = list(range(100, 120)), list(range(120, 200)), list(range(200, 300))  # ids the tiny vocabulary has
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    [*engine.stream_tokens(system + dropped + kept, params)]
+    shifted = [*engine.stream_tokens(system + kept + [7], params, shift_dropped_span=True)][-1].result
+    assert shifted.stats.prompt_tokens_reused == len(system + kept)  # the shift happened
+    store = engine.prefix_caches[0]
+    key = snapshot_key(tiny_models["target"])
+    assert store.longest_prefix(key, system + kept).n_common == len(system)  # only the fresh one is kept
+    [*engine.stream_tokens(system + [9] * 80, params)]  # rewound below the shifted part: fresh again
+    assert store.longest_prefix(key, system + [9] * 80).n_common == len(system) + 80
+    engine.close()
