@@ -539,7 +539,7 @@ class Engine:
                 clock.lap("stats")
                 clock.steps += 1
             yield step
-        self._save_prefixes()
+        self.save_prefixes()
         yield generation.done()
 
     def begin(self, context: list[int], params: SamplingParams, lane: Lane, seq: int = 0) -> Generation:
@@ -641,16 +641,16 @@ class Engine:
         """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);
         return how many the target had cached already."""
         self._shift_out_dropped_span(self.target, context)
-        reused = self._restore_prefix(self.target, context)
+        reused = self.restore_prefix(self.target, context)
         self.target.rewind(reused)
         self.target.decode(context[reused:-1], n_logits=0)
         if self.mode in ("draft-model", "combined"):
             self._shift_out_dropped_span(self.draft, context)
-            self._restore_prefix(self.draft, context)
+            self.restore_prefix(self.draft, context)
             self._drafters["draft-model"].prefill(context)
         return reused
 
-    def _restore_prefix(self, model: LlamaModel, context: list[int], seq: int = 0) -> int:
+    def restore_prefix(self, model: LlamaModel, context: list[int], seq: int = 0) -> int:
         """How many leading tokens of context[:-1] sequence seq's cache holds, after restoring a kept
         snapshot when one shares clearly more of them than the cache does now."""
         reused = min(common_prefix_length(model.cached_of(seq), context), len(context) - 1)
@@ -675,7 +675,7 @@ class Engine:
         model.rewind(snapshot.n_common, seq)
         return snapshot.n_common
 
-    def _save_prefixes(self, seq: int = 0) -> None:
+    def save_prefixes(self, seq: int = 0) -> None:
         """Offer sequence seq's KV cache (and the draft model's, when it drafts), exactly the tokens in it,
         to the prefix stores; they keep what pays."""
         models = [self.target] + ([self.draft] if seq == 0 and self.mode in ("draft-model", "combined") else [])

@@ -312,3 +312,25 @@ def test_a_cache_with_a_shifted_turn_is_never_saved_as_a_snapshot(tiny_models):
     [*engine.stream_tokens(system + [9] * 80, params)]  # rewound below the shifted part: fresh again
     assert store.longest_prefix(key, system + [9] * 80).n_common == len(system) + 80
     engine.close()
+
+
+def test_parallel_decoding_saves_and_restores_snapshots_of_its_sequences(tiny_models):
+    from edgespec.scheduler import Job, Scheduler
+
+    document = list(range(100, 300))  # ids the tiny vocabulary has
+    prompts = [document + [n, n + 1] for n in (5, 7, 9)]
+
+    def run(engine):
+        jobs = iter(Job(i, prompt, GREEDY) for i, prompt in enumerate(prompts))
+        return {key: event.result for key, event in Scheduler(engine, 2).run(lambda wait: next(jobs, None))
+                if hasattr(event, "result")}
+
+    first = cached_engine(tiny_models)
+    cold = run(first)
+    first.close()
+    warm_engine = cached_engine(tiny_models)  # another process, with the same --parallel
+    warm = run(warm_engine)
+    warm_engine.close()
+    assert cold[0].stats.prompt_tokens_reused == 0
+    assert all(warm[i].stats.prompt_tokens_reused >= len(document) for i in range(3))
+    assert [warm[i].token_ids for i in range(3)] == [cold[i].token_ids for i in range(3)]
