@@ -3,8 +3,8 @@
 chat:  a chat of --chat-tokens tokens gets a reply (which saves its snapshot), then is reopened in a
        fresh engine and sent a new message: time to first token without the prompt cache and with it.
 batch: --requests prompts sharing a --doc-tokens document, as that many `edgespec run` processes and
-       as one `edgespec batch --parallel 1`, with --no-prompt-cache and with the cache (the batch twice:
-       a cold cache, then a warm one, as a second batch over the same document would find it).
+       as one `edgespec batch`, with --no-prompt-cache and with the cache (the batch twice: a cold
+       cache, then a warm one, as a second batch over the same document would find it).
 
 Everything runs in a private EDGESPEC_CACHE_DIR (the speed calibration is done once, up front).
 Run:  .venv/bin/python benchmarks/prefix_cache.py [--model M] [--draft D] [--json FILE]
@@ -108,7 +108,8 @@ def batch_benchmark(args, cache: Path) -> dict:
                         ("batch_with_warm_cache", [])):
         out = cache / f"{name}.jsonl"
         started = time.perf_counter()
-        _edgespec(["batch", str(batch_in), "-o", str(out), *flags, "--parallel", str(args.batch_parallel), *extra])
+        parallel = ["--parallel", str(args.batch_parallel)] if args.batch_parallel else []
+        _edgespec(["batch", str(batch_in), "-o", str(out), *flags, *parallel, *extra])
         rows[name] = {"wall_seconds": time.perf_counter() - started}
     return rows
 
@@ -128,9 +129,8 @@ def main() -> None:
     parser.add_argument("--doc-tokens", type=int, default=1500)
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--batch-parallel", type=int, default=1,
-                        help="batch --parallel N (default 1: the sequential runner, which restores snapshots; "
-                             "the parallel scheduler prefills every sequence in full for now)")
+    parser.add_argument("--batch-parallel", type=int, default=None,
+                        help="batch --parallel N (default: the batch's own choice from the cost curve)")
     parser.add_argument("--only", choices=("chat", "batch"))
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
