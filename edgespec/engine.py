@@ -656,6 +656,8 @@ class Engine:
         reused = min(common_prefix_length(model.cached_of(seq), context), len(context) - 1)
         if seq == 0 and self._shifted_at.get(model, reused) >= reused:
             self._shifted_at.pop(model, None)  # the shifted part is rewound: what follows is computed afresh
+        if not self.prefix_caches:
+            return reused
         key = _snapshot_key(model)
         found = [(snapshot, store) for store in self.prefix_caches
                  if (snapshot := store.longest_prefix(key, context[:-1], model.n_ctx)) is not None]
@@ -679,7 +681,7 @@ class Engine:
         """Offer sequence seq's KV cache (and the draft model's, when it drafts), exactly the tokens in it,
         to the prefix stores; they keep what pays."""
         models = [self.target] + ([self.draft] if seq == 0 and self.mode in ("draft-model", "combined") else [])
-        for model in models:
+        for model in models if self.prefix_caches else ():
             if seq == 0 and model in self._shifted_at:
                 continue  # shifted keys and values are not what a prefill computes: a restore must give its logits
             key = _snapshot_key(model)
