@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import RUNTIME, LlamaModel, common_prefix_length, dropped_span
+from .backend import RUNTIME, LlamaModel, common_prefix_length, dropped_span, load_state, state_bytes
 from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
 from .controller import HINDSIGHT_DECAY, NGRAM_PRIOR_BY_BUCKET, DraftLengthController
 from .costs import CostModel, best_speedup
@@ -29,9 +29,13 @@ from .errors import ContextOverflowError, CorruptModelError, EdgespecError
 from .notices import print_notice
 from .sampling import SamplingParams, SparseProbs, to_probs
 from .phases import PhaseClock
+from .prefix_cache import PrefixStore, SnapshotKey
 from .stats import Stats
 from .text import TextAssembler
 from .verify import verify
+
+# Restoring a snapshot reads and checks its whole file; for a handful of tokens prefill is cheaper.
+MIN_RESTORE_GAIN = 32
 
 if TYPE_CHECKING:  # the engine only keeps the plan it was loaded with, for its reason and for display
     from .planner import Plan
@@ -174,7 +178,9 @@ class Engine:
         self._calibration: tuple[CalibrationCache, CalibrationKey] | None = None  # None: the curve was given
         self._stale_curve = False  # a stale cached curve is in use until recalibrate()
         self.phase_clock: PhaseClock | None = None  # set by `bench --overhead`
+        self.prefix_caches: list[PrefixStore] = []  # where KV snapshots of long prompts are kept and restored from
         self._shift_allowed = False  # this generation's caller accepts a shifted cache (stream_tokens)
+        self._shifted_at: dict[LlamaModel, int] = {}  # where a model's cache holds shifted keys and values
         self._drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if draft is not None:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
@@ -533,6 +539,7 @@ class Engine:
                 clock.lap("stats")
                 clock.steps += 1
             yield step
+        self.save_prefixes()
         yield generation.done()
 
     def begin(self, context: list[int], params: SamplingParams, lane: Lane, seq: int = 0) -> Generation:
@@ -634,13 +641,52 @@ class Engine:
         """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);
         return how many the target had cached already."""
         self._shift_out_dropped_span(self.target, context)
-        reused = min(common_prefix_length(self.target.cached, context), len(context) - 1)
+        reused = self.restore_prefix(self.target, context)
         self.target.rewind(reused)
         self.target.decode(context[reused:-1], n_logits=0)
         if self.mode in ("draft-model", "combined"):
             self._shift_out_dropped_span(self.draft, context)
+            self.restore_prefix(self.draft, context)
             self._drafters["draft-model"].prefill(context)
         return reused
+
+    def restore_prefix(self, model: LlamaModel, context: list[int], seq: int = 0) -> int:
+        """How many leading tokens of context[:-1] sequence seq's cache holds, after restoring a kept
+        snapshot when one shares clearly more of them than the cache does now."""
+        reused = min(common_prefix_length(model.cached_of(seq), context), len(context) - 1)
+        if seq == 0 and self._shifted_at.get(model, reused) >= reused:
+            self._shifted_at.pop(model, None)  # the shifted part is rewound: what follows is computed afresh
+        if not self.prefix_caches:
+            return reused
+        key = _snapshot_key(model)
+        found = [(snapshot, store) for store in self.prefix_caches
+                 if (snapshot := store.longest_prefix(key, context[:-1], model.n_ctx)) is not None]
+        if not found:
+            return reused
+        snapshot, store = max(found, key=lambda pair: pair[0].n_common)
+        if snapshot.n_common < reused + MIN_RESTORE_GAIN:
+            return reused
+        data = store.read(key, snapshot)
+        if data is None:
+            return reused
+        if seq == 0:
+            self._shifted_at.pop(model, None)  # the cache is replaced, or emptied if refused
+        if not load_state(model, data, snapshot.tokens, seq):
+            store.discard(snapshot, "llama.cpp refused its state")
+            return 0
+        model.rewind(snapshot.n_common, seq)
+        return snapshot.n_common
+
+    def save_prefixes(self, seq: int = 0) -> None:
+        """Offer sequence seq's KV cache (and the draft model's, when it drafts), exactly the tokens in it,
+        to the prefix stores; they keep what pays."""
+        models = [self.target] + ([self.draft] if seq == 0 and self.mode in ("draft-model", "combined") else [])
+        for model in models if self.prefix_caches else ():
+            if seq == 0 and model in self._shifted_at:
+                continue  # shifted keys and values are not what a prefill computes: a restore must give its logits
+            key = _snapshot_key(model)
+            for store in self.prefix_caches:
+                store.save(key, model.cached_of(seq), lambda: state_bytes(model, seq))
 
     @property
     def shifts_context(self) -> bool:
@@ -660,6 +706,7 @@ class Engine:
             span = dropped_span(model.cached, context[:-1])
             if span is not None:
                 model.drop_span(*span)
+                self._shifted_at[model] = min(span[0], self._shifted_at.get(model, span[0]))
 
     def draft_choice(self, generation: Generation, room: int) -> DraftChoice:
         """Which of the lane's drafters proposes the generation's next step, what it hinted, and how many
@@ -697,6 +744,11 @@ class Engine:
             if paying:
                 options = [max(paying, key=lambda pair: pair[0])[1]]
         return DraftChoice(*options[0])
+
+
+def _snapshot_key(model: LlamaModel) -> SnapshotKey:
+    """What a snapshot of model's KV cache is valid for; its KV setup (K and V types, flash attention) by label."""
+    return SnapshotKey.for_model(model.path, model.kv_cache_label or "f16", model.n_seq, RUNTIME)
 
 
 class _LazyRows:

@@ -20,6 +20,8 @@ from .fetch import resolve_draft, resolve_model
 from .catalog import load_catalog, local_path
 from .notices import print_notice
 from .planner import Plan, plan_models
+from .prefix_cache import DiskPrefixCache
+from .units import parse_size
 
 
 def plan_load(
@@ -109,6 +111,13 @@ def load_engine(
     if draft_model is not None:
         notice(_settle_draft_model(engine, keep=draft != "auto"))
     return engine
+
+
+def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Callable[[str], None] | None = None) -> None:
+    """Keep KV snapshots of the engine's long prompts in the cache dir (at most size bytes, e.g. "2GiB";
+    default: EDGESPEC_PROMPT_CACHE_SIZE, else 2 GiB), and restore the longest one a prompt starts with."""
+    max_bytes = parse_size(size) if isinstance(size, str) else size
+    engine.prefix_caches.append(DiskPrefixCache(max_bytes=max_bytes, notice=notice or print_notice))
 
 
 # A draft model of the target's family is typically accepted this often (the Qwen2.5-Coder

@@ -150,7 +150,8 @@ class Scheduler:
         generation = engine.begin(ids, job.params, lane, seq)
         generation.counters.mode = self.mode
         started = time.perf_counter()
-        reused = generation.counters.prompt_tokens_reused = self._reuse_prefix(ids, seq)
+        self._reuse_prefix(ids, seq)
+        reused = generation.counters.prompt_tokens_reused = engine.restore_prefix(engine.target, ids, seq)
         try:
             engine.target.decode(ids[reused:-1], n_logits=0, seq=seq)
         except EdgespecError as err:
@@ -186,6 +187,7 @@ class Scheduler:
                 generation.counters.finish_reason = "cancelled"
             room = engine.room(generation)
             if generation.finished:
+                engine.save_prefixes(generation.seq)
                 yield key, generation.done()
             else:
                 running.append((key, generation, engine.draft_choice(generation, room)))
@@ -213,4 +215,5 @@ class Scheduler:
                 yield key, Failed(engine.corrupt_model_error())
                 continue
             if generation.finished:
+                engine.save_prefixes(generation.seq)
                 yield key, generation.done()

@@ -25,7 +25,8 @@ class Stats:
     prompt_tokens: int = 0
     """Tokens of the prompt (for a chat: the whole rendered conversation)."""
     prompt_tokens_reused: int = 0
-    """Prompt tokens already in the target's KV cache from the previous generation."""
+    """Prompt tokens the target did not evaluate: in its KV cache from the previous generation, or restored
+    from a prefix snapshot (the prompt cache)."""
     prompt_tokens_evaluated: int = 0
     """Prompt tokens the target had to evaluate: prompt_tokens - prompt_tokens_reused."""
     tokens_generated: int = 0

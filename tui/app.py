@@ -24,7 +24,7 @@ from textual.widgets import Header
 
 from edgespec import EdgespecError, Engine
 from edgespec.catalog import default_pair
-from edgespec.loading import load_engine
+from edgespec.loading import load_engine, use_prompt_cache
 from tui import stats as stats_text
 from tui.actions import ChatActions
 from tui.chat import ChatController, ReplyStream
@@ -138,6 +138,8 @@ class ChatApp(ChatActions, App):
                 draft_kv_type=self.config.draft_kv_type, flash_attn=self.config.flash_attn,
                 n_threads=self.n_threads, memory_budget=self.config.memory_budget, notice=notice,
                 cost_curve=self.cost_curve, measure_stale_curve=False)
+            if self.config.prompt_cache:  # a reopened chat restores its history instead of prefilling it
+                use_prompt_cache(engine, self.config.prompt_cache_size, notice)
         except EdgespecError as error:
             self.call_from_thread(self._load_failed, str(error), notices)
         except Exception as error:  # a bug must not end the app with a traceback

@@ -30,6 +30,8 @@ class ChatConfig:
     draft_gpu_layers: int | None = _setting(None, "range", flag=True)
     memory_budget: str | None = _setting(None, "string", flag=True)
     bit_exact: bool = _setting(False, "boolean", flag=True)  # --bit-exact: greedy output bit for bit plain decoding's
+    prompt_cache: bool = _setting(True, "boolean", flag=True)  # --no-prompt-cache: reopened chats prefill their history
+    prompt_cache_size: str | None = _setting(None, "string", flag=True)  # None: EDGESPEC_PROMPT_CACHE_SIZE, else 2GiB
     # the KV caches (--kv-type, --draft-kv-type, --flash-attn): they size the contexts, so like n_ctx
     # they take effect when models are loaded, not from the settings screen
     kv_type: str = _setting("f16", "string", flag=True)

@@ -256,6 +256,7 @@ class LlamaModel(ShiftableCache):
             llama_cpp.llama_memory_seq_rm(self._memory, seq, n_keep, -1)
             del cached[n_keep:]
 
+
     def decode(self, tokens: Sequence[int], n_logits: int = 1, *, copy: bool = True, seq: int = 0) -> np.ndarray | None:
         """Append tokens to sequence seq's cache; return the logits of the last n_logits of them.
 

@@ -26,6 +26,11 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                        help="verify only in passes llama.cpp computes bit-identically to one token at a time, so greedy "
                             "output is plain decoding's token for token (default: passes as wide as pay, exact in "
                             "distribution up to llama.cpp's rounding)")
+    group.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
+                       help="neither restore nor save KV snapshots of long prompts in the cache dir (default: both, so "
+                            "prompts sharing a long document or history prefill it once)")
+    group.add_argument("--prompt-cache-size", type=_size_text, default=None,
+                       help="disk space for prompt snapshots, e.g. 2GiB (default: EDGESPEC_PROMPT_CACHE_SIZE, else 2GiB)")
     add_kv_cache_options(group)
 
 
@@ -88,6 +93,17 @@ def _threads(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _size_text(text: str) -> str:
+    """A byte size as the user wrote it (the chat keeps it so in its config), once it is known to parse."""
+    from ..units import InvalidSizeError, parse_size
+
+    try:
+        parse_size(text)
+    except InvalidSizeError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def sampling_params(args: argparse.Namespace):
     from ..sampling import SamplingParams
 
@@ -102,11 +118,14 @@ def sampling_params(args: argparse.Namespace):
 
 def engine_from_args(args: argparse.Namespace, **overrides):
     """The Engine the flags of add_engine_options describe (overrides: e.g. notice=...)."""
-    from ..loading import load_engine
+    from ..loading import load_engine, use_prompt_cache
 
-    return load_engine(
+    engine = load_engine(
         args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
         draft_gpu_layers=args.draft_gpu_layers, draft_tokens=args.draft_tokens,
         n_threads=args.threads, memory_budget=args.memory_budget, bit_exact=args.bit_exact,
         kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn, **overrides,
     )
+    if getattr(args, "prompt_cache", False):  # commands without the flag keep no snapshots
+        use_prompt_cache(engine, args.prompt_cache_size, overrides.get("notice"))
+    return engine

@@ -47,6 +47,7 @@ def add_serve_parser(subparsers) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from ..prefix_cache import MemoryPrefixCache
     from ..server.app import ServerConfig, create_app, run_app
 
     _check_options(args)
@@ -57,6 +58,10 @@ def serve(args: argparse.Namespace) -> int:
                           args.request_timeout, args.max_body_bytes, args.parallel)
     with _listen(args.host, args.port) as sock:
         engine = engine_from_args(args, parallel=args.parallel)
+        if args.prompt_cache:
+            # one KV cache serves every client: a few recent conversations' states in RAM keep two clients
+            # taking turns from re-prefilling each other's history (the disk store is the fallback)
+            engine.prefix_caches.insert(0, MemoryPrefixCache())
         try:
             app = create_app(engine, config, monitor)
             host, port = sock.getsockname()[:2]

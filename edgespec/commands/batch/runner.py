@@ -131,11 +131,13 @@ def run_batch(
     """Run every entry not yet done (see is_done), appending each record as it is done.
 
     Adds the new records to `finished`. Stops early, writing nothing partial,
-    once `interrupt.requested` is set.
+    once `interrupt.requested` is set.  Requests sharing a long prefix (a
+    system prompt, a document) run one after another, so it is prefilled once
+    (the Batch format leaves the output order free); the rest keep their order.
     """
     tally = RunTally()
     model_name = Path(engine.target_path).name
-    for entry in entries:
+    for entry in _grouped_by_shared_prefix(entries):
         if is_done(entry, finished):
             continue
         if interrupt.requested.is_set():
@@ -152,6 +154,28 @@ def run_batch(
         on_progress(tally, None)
     tally.interrupted = interrupt.requested.is_set() and not all(is_done(e, finished) for e in entries)
     return tally
+
+
+# About 256 tokens of prose or code: the shortest prefix the prompt cache keeps a snapshot of.
+SHARED_PREFIX_CHARS = 1000
+
+
+def _grouped_by_shared_prefix(entries: list[BatchRequest | InvalidRequest]) -> list[BatchRequest | InvalidRequest]:
+    """The entries in input order, except that those starting with the same SHARED_PREFIX_CHARS characters
+    (a system prompt, a document) run right after the first of them, so its prefill is paid once."""
+    groups: dict[object, list] = {}
+    for position, entry in enumerate(entries):
+        text = _prompt_text(entry)
+        groups.setdefault(text[:SHARED_PREFIX_CHARS] if len(text) >= SHARED_PREFIX_CHARS else position, []).append(entry)
+    return [entry for group in groups.values() for entry in group]
+
+
+def _prompt_text(entry: BatchRequest | InvalidRequest) -> str:
+    if isinstance(entry, InvalidRequest):
+        return ""
+    if entry.url == COMPLETIONS_URL:
+        return entry.prompt
+    return "\x00".join(f"{m['role']}\x01{m['content']}" for m in entry.messages)
 
 
 def _run_request(engine, request, base_params, model_name, interrupt, tally, on_progress):

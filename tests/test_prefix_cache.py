@@ -1,0 +1,336 @@
+"""The persistent prefix cache: KV snapshots restored bit for bit, across processes, and never trusted blindly."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from edgespec import ChatSession, SamplingParams
+from edgespec.backend import RUNTIME, LlamaModel, load_state, state_bytes
+from edgespec.loading import load_engine
+from edgespec.prefix_cache import MAGIC, SUFFIX, DiskPrefixCache, MemoryPrefixCache, SnapshotKey
+
+FIXED_COST = (1.0, 1.3, 1.6, 1.9, 2.2)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+LONG_TEXT = "the cat sat on the mat and looked at the dog, who sat on the log by the door. " * 24
+
+
+def snapshot_key(path, runtime=RUNTIME, n_seq=1) -> SnapshotKey:
+    return SnapshotKey.for_model(path, "f16", n_seq, runtime)
+
+
+# -- llama.cpp's state, round trip -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_a_restored_state_gives_the_recomputed_logits_bit_for_bit(which, tiny_models, smollm2_path):
+    path = tiny_models["target"] if which == "tiny" else smollm2_path
+    model = LlamaModel(path, n_ctx=1024, n_threads=1)
+    ids = model.tokenize(LONG_TEXT, add_special=True)[:400]
+    model.decode(ids[:-1], n_logits=0)
+    state = state_bytes(model)
+    recomputed = model.decode(ids[-1:], 1)[0]
+    fresh = LlamaModel(path, n_ctx=1024, n_threads=1)
+    assert load_state(fresh, state, ids[:-1])
+    assert fresh.cached == ids[:-1]
+    assert np.array_equal(fresh.decode(ids[-1:], 1)[0], recomputed)
+    # a state that is not of the tokens it is said to hold, or cut short, is refused and leaves the cache empty
+    assert not load_state(fresh, state, ids[:-2]) and fresh.cached == []
+    assert not load_state(fresh, state[:-100], ids[:-1]) and fresh.cached == []
+    model.close()
+    fresh.close()
+
+
+def test_a_state_is_tied_to_its_contexts_number_of_sequences(tiny_models):
+    model = LlamaModel(tiny_models["target"], n_ctx=1024, n_threads=1)
+    ids = model.tokenize(LONG_TEXT, add_special=True)[:300]
+    model.decode(ids[:-1], n_logits=0)
+    single = state_bytes(model)
+    model.reserve_sequences(2)  # a new context with two KV streams, as batch --parallel makes
+    assert not load_state(model, single, ids[:-1], seq=1)  # llama.cpp: "n_stream mismatch"; hence SnapshotKey.n_seq
+    model.decode(ids[:-1], n_logits=0, seq=1)
+    state = state_bytes(model, 1)
+    recomputed = model.decode(ids[-1:], 1, seq=1)[0]
+    other = LlamaModel(tiny_models["target"], n_ctx=1024, n_threads=1)
+    other.reserve_sequences(2)
+    assert load_state(other, state, ids[:-1], seq=0) and other.cached == ids[:-1] and other.cached_of(1) == []
+    assert np.array_equal(other.decode(ids[-1:], 1)[0], recomputed)
+    model.close()
+    other.close()
+
+
+# -- the stores' policy ------------------------------------------------------------------------
+
+
+def fake_state(n_bytes: int, fill: int = 7):
+    return lambda: bytes([fill]) * n_bytes
+
+
+def test_the_disk_cache_keeps_its_cap_by_evicting_the_least_recently_used(tmp_path, tiny_models):
+    key = snapshot_key(tiny_models["target"])
+    store = DiskPrefixCache(tmp_path, max_bytes=30_000, min_tokens=4)
+    prompts = [[n] * 1000 + list(range(10)) for n in (1, 2, 3)]  # 4 KB of tokens + 6 KB of state, about 10 KB each
+    assert store.save(key, prompts[0], fake_state(6000))
+    assert store.save(key, prompts[1], fake_state(6000))
+    first, second = (store.longest_prefix(key, p) for p in prompts[:2])
+    os.utime(first.handle, ns=(1, 1))  # the first is the older one ...
+    os.utime(second.handle, ns=(2, 2))
+    assert store.read(key, first) is not None  # ... until it is used again
+    assert store.save(key, prompts[2], fake_state(6000))  # three do not fit: one has to go
+    assert sum(p.stat().st_size for p in tmp_path.glob("*" + SUFFIX)) <= 30_000
+    assert store.longest_prefix(key, prompts[1]) is None  # the least recently used went
+    assert store.longest_prefix(key, prompts[0]).n_common == len(prompts[0])
+    assert store.longest_prefix(key, prompts[2]).n_common == len(prompts[2])
+    assert not store.save(key, [5] * 100, fake_state(40_000))  # larger than the cap: never written
+    assert sum(p.stat().st_size for p in tmp_path.glob("*" + SUFFIX)) <= 30_000
+
+
+def test_only_long_and_new_prefixes_are_kept_and_an_extension_replaces_its_prefix(tmp_path, tiny_models):
+    key = snapshot_key(tiny_models["target"])
+    store = DiskPrefixCache(tmp_path, max_bytes=1 << 20, min_tokens=100)
+    document = list(range(300))
+    assert not store.save(key, document[:99], fake_state(10))  # too short to be worth a file
+    assert store.save(key, document + [1] * 20, fake_state(10))
+    assert not store.save(key, document + [2] * 20, fake_state(10))  # 20 new tokens: prefill them instead
+    assert not store.save(key, document, fake_state(10))  # already held by the kept one
+    assert store.save(key, document + [1] * 30, fake_state(10))  # extends the kept one, and replaces it
+    assert len(list(tmp_path.glob("*" + SUFFIX))) == 1
+    found = store.longest_prefix(key, document + [1] * 25 + [9])
+    assert found.n_common == 325 and len(found.tokens) == 330
+
+
+def rewrite_header(data: bytes, **changes) -> bytes:
+    """A snapshot file's bytes with fields of its header changed, its length field kept right."""
+    start = len(MAGIC) + 4
+    (length,) = struct.unpack("<I", data[len(MAGIC):start])
+    header = {**json.loads(data[start:start + length]), **changes}
+    text = json.dumps(header).encode()
+    return MAGIC + struct.pack("<I", len(text)) + text + data[start + length:]
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda data: data[:-1], "truncated"),
+    (lambda data: data[:-5] + bytes(5), "checksum"),
+    (lambda data: b"GGSQ" + data[4:], "not an edgespec KV snapshot"),
+    (lambda data: data.replace(b'"n_tokens": 400', b'"n_tokens": 401'), "truncated"),
+    # sizes that add up to the file's (the header grew a byte), with a negative payload: refused as such
+    (lambda data: rewrite_header(data, n_tokens=1750, payload_bytes=-400), "negative"),
+    (lambda data: rewrite_header(data, format=0), "snapshot format 0"),
+    (lambda data: rewrite_header(data, key={"model_path": "x"}), "header is damaged"),
+])
+def test_a_corrupt_snapshot_is_discarded_with_a_notice(tmp_path, tiny_models, damage, why):
+    key = snapshot_key(tiny_models["target"])
+    notices = []
+    store = DiskPrefixCache(tmp_path, max_bytes=1 << 20, min_tokens=10, notice=notices.append)
+    tokens = list(range(400))
+    assert store.save(key, tokens, fake_state(5000))
+    path = next(tmp_path.glob("*" + SUFFIX))
+    path.write_bytes(damage(path.read_bytes()))
+    found = store.longest_prefix(key, tokens)
+    assert found is None or store.read(key, found) is None
+    assert len(notices) == 1 and why in notices[0] and "prefilled instead" in notices[0]
+    assert not path.exists()
+
+
+def test_a_snapshot_of_another_build_is_discarded_and_of_another_model_left_alone(tmp_path, tiny_models):
+    notices = []
+    store = DiskPrefixCache(tmp_path, max_bytes=1 << 20, min_tokens=10, notice=notices.append)
+    tokens = list(range(400))
+    assert store.save(snapshot_key(tiny_models["target"], runtime="llama-cpp-python 0.0.1"), tokens, fake_state(50))
+    assert store.save(snapshot_key(tiny_models["draft"]), tokens, fake_state(50))
+    assert store.longest_prefix(snapshot_key(tiny_models["target"]), tokens) is None
+    assert len(notices) == 1 and "another llama.cpp build (llama-cpp-python 0.0.1" in notices[0]
+    assert store.longest_prefix(snapshot_key(tiny_models["draft"]), tokens).n_common == 400
+
+
+def test_an_unwritable_cache_dir_costs_one_notice_and_no_error(tmp_path, tiny_models):
+    (tmp_path / "file").write_text("not a directory")
+    notices = []
+    store = DiskPrefixCache(tmp_path / "file" / "cache", min_tokens=10, notice=notices.append)
+    key = snapshot_key(tiny_models["target"])
+    assert not store.save(key, list(range(100)), fake_state(50))
+    assert not store.save(key, list(range(200)), fake_state(50))
+    assert len(notices) == 1 and "cannot save a prefix snapshot" in notices[0]
+
+
+def test_the_memory_cache_holds_its_cap(tiny_models):
+    key = snapshot_key(tiny_models["target"])
+    store = MemoryPrefixCache(max_bytes=10_000, min_tokens=10)
+    for n in range(5):
+        assert store.save(key, [n] * 500, fake_state(2000))  # 4 KB of tokens + 2 KB of state
+    assert store.longest_prefix(key, [4] * 500).n_common == 500
+    assert store.longest_prefix(key, [3] * 500).n_common == 500
+    assert store.longest_prefix(key, [2] * 500) is None  # evicted: two fit under the cap
+    assert sum(4 * len(tokens) + len(data) for _, tokens, data in store._kept.values()) <= 10_000
+
+
+# -- the engine, across processes and chats ----------------------------------------------------
+
+
+def cached_engine(tiny_models, draft="none", store=None):
+    engine = load_engine(tiny_models["target"], draft, n_ctx=1024, cost_curve=FIXED_COST, n_threads=1)
+    engine.prefix_caches.append(store or DiskPrefixCache(min_tokens=64))
+    return engine
+
+
+@pytest.mark.parametrize("draft", ["none", "draft"])
+def test_a_new_engine_restores_the_prompt_and_gives_the_same_output(tiny_models, draft):
+    draft = tiny_models["draft"] if draft == "draft" else "none"
+    first = cached_engine(tiny_models, draft)
+    prompt = first.prompt_tokens(LONG_TEXT, raw=True)[:600]
+    cold = [*first.stream_tokens(prompt, GREEDY)][-1].result
+    first.close()
+    second = cached_engine(tiny_models, draft)
+    warm = [*second.stream_tokens(prompt, GREEDY)][-1].result
+    assert cold.stats.prompt_tokens_reused == 0
+    assert warm.stats.prompt_tokens_reused == len(prompt) - 1 and warm.stats.prompt_tokens_evaluated == 1
+    assert warm.token_ids == cold.token_ids
+    if draft != "none":  # the draft model's cache came from its own snapshot
+        assert second.draft.cached[: len(prompt) - 1] == prompt[:-1]
+    second.close()
+
+
+def test_a_state_llama_cpp_refuses_is_discarded_and_the_prompt_prefilled(tiny_models):
+    notices = []
+    engine = cached_engine(tiny_models, store=DiskPrefixCache(min_tokens=64, notice=notices.append))
+    prompt = engine.prompt_tokens(LONG_TEXT, raw=True)[:400]
+    cold = [*engine.stream_tokens(prompt, GREEDY)][-1].result
+    engine.forget_cache()
+    store = engine.prefix_caches[0]
+    snapshot = store.longest_prefix(snapshot_key(tiny_models["target"]), prompt)
+    state = store.read(snapshot_key(tiny_models["target"]), snapshot)
+    snapshot.handle.unlink()
+    # well-formed and checksummed, but not a state of these tokens: only llama.cpp can tell
+    assert store.save(snapshot_key(tiny_models["target"]), snapshot.tokens, lambda: state[:-64])
+    again = [*engine.stream_tokens(prompt, GREEDY)][-1].result
+    assert again.stats.prompt_tokens_reused == 0 and again.token_ids == cold.token_ids
+    assert len(notices) == 1 and "llama.cpp refused its state" in notices[0]
+    engine.forget_cache()
+    third = [*engine.stream_tokens(prompt, GREEDY)][-1].result
+    assert third.stats.prompt_tokens_reused == len(prompt) - 1  # the second run saved a good one in its place
+    engine.close()
+
+
+def test_a_prompt_sharing_only_a_document_restores_the_document(tiny_models):
+    engine = cached_engine(tiny_models)
+    document = engine.prompt_tokens(LONG_TEXT, raw=True)[:500]
+    [*engine.stream_tokens(document + [5, 6, 7], GREEDY)]
+    engine.forget_cache()  # as in another process
+    result = [*engine.stream_tokens(document + [8, 9, 10], GREEDY)][-1].result
+    assert result.stats.prompt_tokens_reused == len(document)
+    engine.close()
+
+
+def test_a_reopened_chat_prefills_only_the_new_message(tiny_models):
+    engine = cached_engine(tiny_models)
+    session = ChatSession(engine, system_prompt=LONG_TEXT[:1500])
+    session.send("tell me about the cat", GREEDY)
+    session.send("and the dog?", GREEDY)
+    saved = json.loads(json.dumps(session.to_dict()))
+    engine.close()
+    reopened_engine = cached_engine(tiny_models)
+    reopened = ChatSession.from_dict(reopened_engine, saved)
+    history = len(reopened_engine.chat_tokens(reopened.visible_messages(), add_generation_prompt=False))
+    result = reopened.send("what next?", GREEDY)
+    new_message = result.stats.prompt_tokens - history
+    assert history > 300
+    assert result.stats.prompt_tokens_evaluated <= new_message + 8  # the last reply's end-of-turn tokens
+    reopened_engine.close()
+
+
+def test_the_server_memory_cache_keeps_two_alternating_conversations(tiny_models):
+    engine = cached_engine(tiny_models, store=MemoryPrefixCache(min_tokens=64))
+    text = engine.prompt_tokens(LONG_TEXT, raw=True)
+    first, second = text[:400], text[400:800]
+    for prompt in (first, second):
+        [*engine.stream_tokens(prompt, GREEDY)]
+    again = [*engine.stream_tokens(first + [3], GREEDY)][-1].result
+    assert again.stats.prompt_tokens_reused == len(first)
+    engine.close()
+
+
+EDGESPEC = [sys.executable, "-m", "edgespec"]
+
+
+def run_json(tiny_models, prompt, *flags):
+    done = subprocess.run([*EDGESPEC, "run", "-", "--raw", "--json", "--model", str(tiny_models["target"]),
+                           "--draft", "none", "--temperature", "0", "--max-tokens", "8", "--threads", "1",
+                           "--n-ctx", "1024", *flags], input=prompt, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_second_run_process_reuses_the_prompt_from_disk_unless_told_not_to(tiny_models):
+    prompt = LONG_TEXT[:800]
+    cold, warm = run_json(tiny_models, prompt), run_json(tiny_models, prompt)
+    assert cold["stats"]["prompt_tokens_reused"] == 0
+    assert warm["stats"]["prompt_tokens_reused"] == warm["stats"]["prompt_tokens"] - 1 > 256
+    assert warm["token_ids"] == cold["token_ids"]
+    off = run_json(tiny_models, prompt, "--no-prompt-cache")
+    assert off["stats"]["prompt_tokens_reused"] == 0 and off["token_ids"] == cold["token_ids"]
+
+
+def test_batch_runs_requests_sharing_a_long_prefix_together_and_keeps_the_rest_in_order():
+    from edgespec.commands.batch.requests import CHAT_URL, BatchRequest
+    from edgespec.commands.batch.runner import _grouped_by_shared_prefix
+
+    def chat(custom_id, *messages):
+        return BatchRequest(custom_id, 1, CHAT_URL, messages=tuple({"role": r, "content": c} for r, c in messages))
+
+    document_a, document_b = "a" * 1200, "b" * 1200
+    entries = [chat("short-1", ("user", "hi")), chat("a-1", ("system", document_a), ("user", "one")),
+               chat("b-1", ("user", document_b + "?")), chat("short-2", ("user", "hi")),
+               chat("a-2", ("system", document_a), ("user", "two")), chat("b-2", ("user", document_b + "!"))]
+    order = [entry.custom_id for entry in _grouped_by_shared_prefix(entries)]
+    assert order == ["short-1", "a-1", "a-2", "b-1", "b-2", "short-2"]
+
+
+def test_a_bad_prompt_cache_size_is_refused_in_one_line(tiny_models):
+    done = subprocess.run([*EDGESPEC, "run", "hi", "--model", str(tiny_models["target"]), "--prompt-cache-size", "lots"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--prompt-cache-size" in done.stderr and "not understood" in done.stderr
+
+
+def test_a_cache_with_a_shifted_turn_is_never_saved_as_a_snapshot(tiny_models):
+    # shifted keys and values are close to a prefill's, not equal: a restore must give a prefill's logits
+    engine = cached_engine(tiny_models)
+    system, dropped, kept = list(range(100, 120)), list(range(120, 200)), list(range(200, 300))  # ids the tiny vocabulary has
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    [*engine.stream_tokens(system + dropped + kept, params)]
+    shifted = [*engine.stream_tokens(system + kept + [7], params, shift_dropped_span=True)][-1].result
+    assert shifted.stats.prompt_tokens_reused == len(system + kept)  # the shift happened
+    store = engine.prefix_caches[0]
+    key = snapshot_key(tiny_models["target"])
+    assert store.longest_prefix(key, system + kept).n_common == len(system)  # only the fresh one is kept
+    [*engine.stream_tokens(system + [9] * 80, params)]  # rewound below the shifted part: fresh again
+    assert store.longest_prefix(key, system + [9] * 80).n_common == len(system) + 80
+    engine.close()
+
+
+def test_parallel_decoding_saves_and_restores_snapshots_of_its_sequences(tiny_models):
+    from edgespec.scheduler import Job, Scheduler
+
+    document = list(range(100, 300))  # ids the tiny vocabulary has
+    prompts = [document + [n, n + 1] for n in (5, 7, 9)]
+
+    def run(engine):
+        jobs = iter(Job(i, prompt, GREEDY) for i, prompt in enumerate(prompts))
+        return {key: event.result for key, event in Scheduler(engine, 2).run(lambda wait: next(jobs, None))
+                if hasattr(event, "result")}
+
+    first = cached_engine(tiny_models)
+    cold = run(first)
+    first.close()
+    warm_engine = cached_engine(tiny_models)  # another process, with the same --parallel
+    warm = run(warm_engine)
+    warm_engine.close()
+    assert cold[0].stats.prompt_tokens_reused == 0
+    assert all(warm[i].stats.prompt_tokens_reused >= len(document) for i in range(3))
+    assert [warm[i].token_ids for i in range(3)] == [cold[i].token_ids for i in range(3)]
