@@ -2,7 +2,8 @@
 # `edgespec batch --parallel N` on benchmarks/batch-30.jsonl (30 requests, T = 0, up to 128 tokens
 # each): wall time and generated tokens per second for N = 1, 2, 4, 8 and the default, each with
 # --draft none and ngram, one process per run.  Run on an idle machine: ggml's threads spin, so
-# any other busy process on 2 cores cuts the figures by 2-5x.
+# any other busy process on 2 cores cuts the figures by 2-5x.  --no-prompt-cache: no run restores
+# the prompts an earlier run saved.
 #
 #   benchmarks/batch_parallel.sh                  # every run (~25 min on a 2-core CPU)
 #   PARALLEL="1 4" DRAFTS=ngram benchmarks/batch_parallel.sh
@@ -16,7 +17,7 @@ for n in ${PARALLEL:-1 2 4 8 default}; do
   for draft in ${DRAFTS:-none ngram}; do
     flag=(--parallel "$n"); [ "$n" = default ] && flag=()
     .venv/bin/edgespec batch "${INPUT:-benchmarks/batch-30.jsonl}" -o "$work/$draft-$n.jsonl" --model "${MODEL:-qwen2.5-coder-1.5b-instruct}" \
-      --draft "$draft" "${flag[@]}" --summary "$results/$draft-p$n.json" 2>"$work/$draft-$n.err" || true
+      --draft "$draft" "${flag[@]}" --no-prompt-cache --summary "$results/$draft-p$n.json" 2>"$work/$draft-$n.err" || true
     grep -ho "decoding [0-9]* requests together" "$work/$draft-$n.err" | head -1 || true
     tail -1 "$work/$draft-$n.err"
     cp "$work/$draft-$n.jsonl" "$results/$draft-p$n.records.jsonl"
