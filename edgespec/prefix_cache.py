@@ -50,8 +50,8 @@ _LENGTH = struct.Struct("<I")
 class SnapshotKey:
     """What a KV snapshot is valid for: one model file, one KV setup (its K and V types and flash attention,
     which lays the values out otherwise), one llama.cpp build, and
-    contexts of one number of sequences (llama.cpp refuses a state from a context with another
-    number of KV streams: `batch --parallel` reserves several)."""
+    contexts of one number of sequences (llama.cpp refuses a state from a context whose KV buffers are
+    laid out otherwise, as one per sequence was; `batch --parallel` reserves several sequences)."""
 
     model_path: str
     model_size: int

@@ -2,7 +2,7 @@
 
 One pass over n rows costs T(n) whoever the rows belong to, and on a CPU T(n)
 grows far slower than n.  The scheduler keeps up to `parallel` generations in
-the target's context (one KV stream each) and runs one pass per step over
+the target's context (one shared KV buffer) and runs one pass per step over
 every active sequence's last token and draft; a finished sequence's place goes
 to the next job at once.
 
@@ -38,8 +38,8 @@ from .limits import MAX_OUTPUT_ROWS, checked_setting
 from .sampling import SamplingParams
 
 # A prompt that shares at least this many more tokens with another sequence's cache than with its
-# own gets a copy of that cache: copying a KV stream costs milliseconds, evaluating 128 tokens a second or more.
-MIN_COPIED_PREFIX = 128
+# own shares that sequence's cells (free in llama.cpp's unified KV buffer) instead of evaluating them.
+MIN_COPIED_PREFIX = 16
 
 
 

@@ -15,7 +15,7 @@ from edgespec.drafters import Hint, NgramDrafter
 from edgespec.engine import Done, DraftChoice, Step
 from edgespec.loading import load_engine
 from edgespec.sampling import SamplingParams
-from edgespec.scheduler import Failed, Job, Scheduler, best_parallel, joint_draft_lengths
+from edgespec.scheduler import MIN_COPIED_PREFIX, Failed, Job, Scheduler, best_parallel, joint_draft_lengths
 from test_batch import (batch_argv, chat_line, completion_line, edgespec_command, models, read_records,  # noqa: F401
                         run_cli, twenty_requests, wait_for_records, write_lines)
 
@@ -138,7 +138,7 @@ def test_a_prompt_sharing_a_long_prefix_with_another_sequence_copies_its_cache(e
     document = "The cat sat on the mat and the dog sat on the log. " * 7
     prompts = [engine.prompt_tokens(document + question, raw=True) for question in ("Who sat?", "Where?", "Why?")]
     shared = min(len(p) for p in prompts) - 4
-    assert shared >= 128  # long enough to be worth a copy (MIN_COPIED_PREFIX)
+    assert shared >= MIN_COPIED_PREFIX
     params = SamplingParams(temperature=0.0, max_tokens=10)
     alone = [engine.generate(document + q, params, raw=True).text for q in ("Who sat?", "Where?", "Why?")]
     results, _ = run_jobs(engine, [Job(i, p, params) for i, p in enumerate(prompts)], parallel=2)

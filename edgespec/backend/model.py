@@ -107,7 +107,7 @@ class LlamaModel(ShiftableCache):
     def _open_context(self, n_ctx: int, n_batch: int, n_seq: int) -> None:
         self._ctx = self._create_context(n_ctx, n_batch, self.n_threads, n_seq)
         self.kv_buffer_bytes = logged_kv_buffer_bytes()  # llama.cpp's own count; None if it did not log one
-        self.n_ctx = llama_cpp.llama_n_ctx_seq(self._ctx)  # per sequence
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx) // n_seq  # per sequence
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)  # llama.cpp caps it at n_ctx
         self.n_seq = n_seq
         self._memory = llama_cpp.llama_get_memory(self._ctx)
@@ -118,9 +118,9 @@ class LlamaModel(ShiftableCache):
     def reserve_sequences(self, n_seq: int) -> None:
         """Make room for n_seq sequences of n_ctx tokens each, in a new context: every cache starts empty.
 
-        Each sequence gets a KV stream of its own (not a unified buffer), so a
-        sequence's attention never spans another's cells and its cache is its
-        own to rewind.  The KV memory grows n_seq-fold.
+        They share one KV buffer of n_seq x n_ctx cells (each attends to its own): with a buffer
+        per sequence llama.cpp splits a pass into one physical pass per run of consecutive
+        sequence ids holding equal numbers of tokens, up to one per sequence.
         """
         if n_seq == self.n_seq:
             return
@@ -135,7 +135,7 @@ class LlamaModel(ShiftableCache):
         params.n_batch = n_batch
         params.n_ubatch = min(n_batch, N_UBATCH)
         params.n_seq_max = n_seq
-        params.kv_unified = False
+        params.kv_unified = n_seq > 1  # see reserve_sequences
         params.n_outputs_max = MAX_OUTPUT_ROWS
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
@@ -243,11 +243,11 @@ class LlamaModel(ShiftableCache):
         return self._cached_by_seq[seq]
 
     def copy_sequence(self, source: int, dest: int, n_keep: int) -> None:
-        """Make sequence dest's cache the first n_keep tokens of sequence source's (the KV data is copied,
-        stream to stream, at the start of the next pass)."""
-        llama_cpp.llama_memory_seq_cp(self._memory, source, dest, -1, -1)
-        self._cached_by_seq[dest][:] = self._cached_by_seq[source]
-        self.rewind(n_keep, dest)
+        """Make sequence dest's cache the first n_keep tokens of sequence source's (in the shared buffer
+        the two then share those cells; nothing is copied)."""
+        self.rewind(0, dest)
+        llama_cpp.llama_memory_seq_cp(self._memory, source, dest, 0, n_keep)
+        self._cached_by_seq[dest][:] = self._cached_by_seq[source][:n_keep]
 
     def rewind(self, n_keep: int, seq: int = 0) -> None:
         """Forget every cached position of sequence seq from n_keep on."""
