@@ -13,7 +13,7 @@ from collections import namedtuple
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ...engine import Done, Step
+from ...engine import Step
 from ...errors import ContextOverflowError, EdgespecError
 from ...scheduler import Failed, Job, Scheduler
 from ...stats import Stats
