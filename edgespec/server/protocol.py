@@ -2,11 +2,15 @@
 
 Only what edgespec really does is accepted.  A parameter it cannot honour
 (n > 1, logprobs, tools, penalties...) or does not know gets a 400 that names
-it, never a silent default: a client relying on it must find out.
+it, never a silent default: a client relying on it must find out.  What
+cannot change the output (model, user, metadata, store, service_tier, a
+message's name) is accepted and left unused.  check_body is edgespec's one
+check of a body: the server's, and a local `edgespec batch`'s.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -38,9 +42,13 @@ _INERT_VALUES = {
     "parallel_tool_calls": (False,),
 }
 _SAMPLING_FIELDS = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop"}
-_COMMON_FIELDS = {"model", "stream", "stream_options", "user"} | _SAMPLING_FIELDS | set(_INERT_VALUES)
+# Fields that cannot change the output, with the JSON type each must have: accepted and left unused.
+# (metadata and store are for OpenAI's dashboard, service_tier its pricing, user its abuse checks.)
+_UNUSED_FIELDS = {"model": str, "user": str, "metadata": dict, "store": bool, "service_tier": str}
+_COMMON_FIELDS = {"stream", "stream_options"} | set(_UNUSED_FIELDS) | _SAMPLING_FIELDS | set(_INERT_VALUES)
 CHAT_FIELDS = _COMMON_FIELDS | {"messages"}
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt"}
+_JSON_TYPE_NAMES = {str: "a string", dict: "an object", bool: "true or false"}
 
 
 class ApiError(Exception):
@@ -61,6 +69,18 @@ def bad_param(param: str, message: str, code: str = "invalid_value") -> ApiError
 
 
 @dataclass(frozen=True)
+class RequestBody:
+    """A request body as checked: what edgespec serve runs, and a local `edgespec batch` too."""
+
+    chat: bool  # a /v1/chat/completions body rather than a /v1/completions one
+    sampling: tuple[tuple[str, Any], ...]  # the SamplingParams fields the body sets
+    messages: tuple[dict, ...] = ()  # chat only: {role, content}, roles as the template knows them
+    prompt: str = ""  # completions only
+    stream: bool = False
+    include_usage: bool = False
+
+
+@dataclass(frozen=True)
 class CompletionRequest:
     chat: bool  # /v1/chat/completions rather than /v1/completions
     params: SamplingParams
@@ -71,6 +91,20 @@ class CompletionRequest:
 
 
 def parse_request(body: Any, chat: bool, defaults: SamplingParams) -> CompletionRequest:
+    """The request a body makes of the server, its sampling filled in from the server's defaults."""
+    checked = check_body(body, chat)
+    try:
+        params = replace(defaults, **dict(checked.sampling))
+    except ValueError as error:  # the limits SamplingParams checks beyond the ranges checked here
+        raise ApiError(400, f"bad sampling setting: {error}") from None
+    return CompletionRequest(chat, params, checked.messages, checked.prompt, checked.stream, checked.include_usage)
+
+
+def check_body(body: Any, chat: bool) -> RequestBody:
+    """The body checked field by field; anything edgespec would not honour raises an ApiError naming it.
+
+    The one body check of edgespec: the server's, and the local batch's (commands/batch/requests.py).
+    """
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
@@ -79,12 +113,15 @@ def parse_request(body: Any, chat: bool, defaults: SamplingParams) -> Completion
             raise bad_param(field, f"unrecognized request argument {field!r}: edgespec does not support it", "unsupported_parameter")
         if field in _INERT_VALUES and value is not None and value not in _INERT_VALUES[field]:
             raise bad_param(field, f"{field}={value!r} is not supported by edgespec; leave it out", "unsupported_parameter")
+        kind = _UNUSED_FIELDS.get(field)
+        if kind is not None and value is not None and not isinstance(value, kind):
+            raise bad_param(field, f"{field} must be {_JSON_TYPE_NAMES[kind]}")
     stream = _boolean(body, "stream")
     include_usage = _stream_options(body, stream)
-    params = _sampling(body, defaults)
+    sampling = tuple(_sampling(body).items())
     if chat:
-        return CompletionRequest(True, params, messages=_messages(body), stream=stream, include_usage=include_usage)
-    return CompletionRequest(False, params, prompt=_prompt(body), stream=stream, include_usage=include_usage)
+        return RequestBody(True, sampling, messages=_messages(body), stream=stream, include_usage=include_usage)
+    return RequestBody(False, sampling, prompt=_prompt(body), stream=stream, include_usage=include_usage)
 
 
 def _boolean(body: dict, field: str) -> bool:
@@ -110,7 +147,7 @@ def _stream_options(body: dict, stream: bool) -> bool:
     return _boolean(options, "include_usage")
 
 
-def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
+def _sampling(body: dict) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for name in ("max_tokens", "max_completion_tokens"):  # the newer name, last, wins when both are given
         if body.get(name) is not None:
@@ -122,10 +159,7 @@ def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
         fields["seed"] = _number(body, "seed", integer=True)
     if body.get("stop") is not None:
         fields["stop"] = _stop(body["stop"])
-    try:
-        return replace(defaults, **fields)
-    except ValueError as error:  # the limits SamplingParams checks beyond the ranges above
-        raise ApiError(400, f"bad sampling setting: {error}") from None
+    return fields
 
 
 def _number(body: dict, field: str, integer: bool = False, low=None, high=None):
@@ -133,6 +167,14 @@ def _number(body: dict, field: str, integer: bool = False, low=None, high=None):
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise bad_param(field, f"{field} must be {'an integer' if integer else 'a number'}")
+    if not integer:
+        # JSON as Python reads it has NaN, Infinity, 1e999 and 400-digit integers: none of them is a setting
+        try:
+            value = float(value)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise bad_param(field, f"{field} must be a finite number, not {value}")
     if (low is not None and value < low) or (high is not None and value > high):
         span = f"at least {low}" if high is None else f"between {low} and {high}"
         raise bad_param(field, f"{field} must be {span}, not {value}")
@@ -147,7 +189,7 @@ def _stop(stop: Any) -> tuple[str, ...]:
         raise bad_param("stop", f"at most {MAX_STOP_STRINGS} stop strings are allowed")
     if any(len(s) > MAX_STOP_CHARS for s in stops):
         raise bad_param("stop", f"a stop string may have at most {MAX_STOP_CHARS} characters")
-    return tuple(stops)
+    return tuple(_unicode(s, "stop") for s in stops)
 
 
 def _messages(body: dict) -> tuple[dict, ...]:
@@ -158,22 +200,28 @@ def _messages(body: dict) -> tuple[dict, ...]:
 
 
 def _message(message: Any, index: int) -> dict:
+    """The message as the chat template gets it: its role and its text, nothing else."""
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         raise bad_param(where, f"{where} must be an object with role and content")
     for key in message:
-        if key not in ("role", "content"):
-            raise bad_param(f"{where}.{key}", f"{where}.{key} is not supported by edgespec (only role and content)", "unsupported_parameter")
+        if key not in ("role", "content", "name"):
+            raise bad_param(f"{where}.{key}", f"{where}.{key} is not supported by edgespec (only role, content and name)",
+                            "unsupported_parameter")
     role = message.get("role")
     if role not in CHAT_ROLES:
         raise bad_param(f"{where}.role", f"{where}.role must be one of {sorted(CHAT_ROLES)}, not {role!r}")
+    # A participant's name (AutoGen and LangChain send one) is accepted and left out: the templates get a
+    # message's role and content only (chat_template.py), so no text of it can reach the model.
+    if message.get("name") is not None and not isinstance(message["name"], str):
+        raise bad_param(f"{where}.name", f"{where}.name must be a string")
     content = message.get("content")
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                                          for p in content):
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise bad_param(f"{where}.content", f"{where}.content must be a string or a list of text parts")
-    return {"role": "system" if role == "developer" else role, "content": content}
+    return {"role": "system" if role == "developer" else role, "content": _unicode(content, f"{where}.content")}
 
 
 def _prompt(body: dict) -> str:
@@ -183,7 +231,17 @@ def _prompt(body: dict) -> str:
     if not isinstance(prompt, str) or not prompt:
         # token-id prompts are left out on purpose: ids could smuggle in control tokens
         raise bad_param("prompt", "prompt must be one non-empty string (one prompt per request, no token ids)")
-    return prompt
+    return _unicode(prompt, "prompt")
+
+
+def _unicode(text: str, param: str) -> str:
+    """text, if it is Unicode text: JSON's escapes can spell a lone surrogate ("\\ud800"), which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise bad_param(param, f"{param} holds a lone UTF-16 surrogate ({text[error.start]!r} at character "
+                               f"{error.start}), which is not text; send the character whole or leave it out") from None
+    return text
 
 
 # -- responses -------------------------------------------------------------------
