@@ -90,8 +90,9 @@ def assert_openai_success(record: dict, custom_id: str) -> None:
 
 
 def parse(value) -> batch_requests.BatchRequest | batch_requests.InvalidRequest:
+    """The line as a local engine runs it: read, then its body checked."""
     raw = value if isinstance(value, bytes) else json.dumps(value).encode()
-    return batch_requests.parse_line(raw, 7)
+    return batch_requests.for_the_engine(batch_requests.parse_line(raw, 7))
 
 
 def test_openai_chat_request_keeps_messages_and_sampling_fields():
@@ -120,16 +121,16 @@ def test_plain_forms_get_ids_from_line_numbers_and_become_chat_turns():
     ({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions"}, "missing_field"),
     ({"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}, "unknown_url"),
     ({"custom_id": "a", "method": "GET", "url": "/v1/completions", "body": {"prompt": "x"}}, "invalid_field"),
-    ({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}, "missing_field"),
+    ({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}, "invalid_value"),
     ({"custom_id": "a", "method": "POST", "url": "/v1/completions",
-      "body": {"prompt": "x", "max_tokens": 0}}, "invalid_field"),
+      "body": {"prompt": "x", "max_tokens": 0}}, "invalid_value"),
     ({"custom_id": "a", "method": "POST", "url": "/v1/completions",
-      "body": {"prompt": "x", "temperature": "hot"}}, "invalid_field"),
+      "body": {"prompt": "x", "temperature": "hot"}}, "invalid_value"),
     ({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-      "body": {"messages": [{"role": "user"}]}}, "missing_field"),
+      "body": {"messages": [{"role": "user"}]}}, "invalid_value"),
     ({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
       "body": {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}},
-     "invalid_field"),
+     "invalid_value"),
 ])
 def test_bad_lines_become_invalid_requests(value, code):
     entry = parse(value)
@@ -137,6 +138,46 @@ def test_bad_lines_become_invalid_requests(value, code):
     assert entry.code == code and "line 7" in entry.message
     expected_id = value["custom_id"] if isinstance(value, dict) else "line-7"
     assert entry.custom_id == expected_id
+
+
+# What edgespec serve answers 400 for, with the parameter it names.
+REFUSED_BODIES = [
+    ({"n": 3}, "n"), ({"logprobs": True}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"), ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"mirostat": 2}, "mirostat"), ({"temperature": float("nan")}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x", "tool_call_id": "c1"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
+]
+
+
+@pytest.mark.parametrize("extra, param", REFUSED_BODIES)
+def test_a_body_the_server_refuses_is_refused_by_name_with_the_servers_check(extra, param):
+    from edgespec.sampling import SamplingParams
+    from edgespec.server.protocol import ApiError, parse_request
+
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], **extra}
+    with pytest.raises(ApiError) as served:
+        parse_request(body, chat=True, defaults=SamplingParams())
+    entry = parse({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body})
+    assert isinstance(entry, batch_requests.InvalidRequest) and served.value.param == param
+    assert (entry.code, entry.message) == (served.value.code, f"line 7: {served.value.message}")
+
+
+def test_what_the_server_accepts_unused_a_local_batch_accepts_too():
+    body = {"model": "gpt-4o", "user": "u", "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
+            "n": 1, "logprobs": False, "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "Hi", "name": "alice"}]}
+    entry = parse({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body})
+    assert entry.messages == ({"role": "user", "content": "Hi"},) and entry.overrides == ()
+
+
+def test_an_endpoint_batch_leaves_the_body_to_its_server():
+    # vLLM honours n > 1: only a local engine's batch applies edgespec's check
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "Hi"}], "n": 3}}
+    read = batch_requests.parse_line(json.dumps(line).encode(), 7)
+    assert isinstance(read, batch_requests.BatchRequest) and read.body == line["body"]
 
 
 def test_duplicate_custom_ids_are_refused_before_the_run(tmp_path):
@@ -268,6 +309,20 @@ def test_bad_lines_get_error_records_and_the_rest_succeed(models, tmp_path, caps
     before = out.read_text()
     assert run_cli(argv) == batch.EXIT_REQUESTS_FAILED
     assert out.read_text() == before
+
+
+def test_a_local_batch_refuses_each_body_the_server_refuses_and_runs_the_rest(models, tmp_path):
+    lines = [chat_line(f"refused-{param}", "Hello", **extra) for extra, param in REFUSED_BODIES if "messages" not in extra]
+    lines.append(chat_line("unused-fields", "Hello the cat", user="u", metadata={"k": "v"}, store=True, n=1))
+    source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    assert run_cli(batch_argv(models, source, out)) == batch.EXIT_REQUESTS_FAILED
+    by_id = {r["custom_id"]: r for r in read_records(out)}
+    assert len(by_id) == len(lines)
+    assert_openai_success(by_id.pop("unused-fields"), "unused-fields")
+    for custom_id, record in by_id.items():
+        param = custom_id.removeprefix("refused-")
+        assert record["response"] is None and param in record["error"]["message"]
+        assert record["error"]["code"] == ("invalid_value" if param == "temperature" else "unsupported_parameter")
 
 
 def test_requests_sharing_a_system_prompt_reuse_the_kv_cache(models, tmp_path):

@@ -58,7 +58,7 @@ from ..serve import API_KEY_ENV
 from .parallel import run_batch_parallel
 from .output import FINGERPRINT_FIELD, RecordWriter, is_done, same_file
 from .remote import MAX_ATTEMPTS, MAX_CONCURRENCY, Endpoint, default_fields, run_remote_batch
-from .requests import BatchError, check_unique_ids, read_requests
+from .requests import BatchError, check_unique_ids, for_the_engine, read_requests
 from .runner import Interrupt, RunTally, batch_summary_line, run_batch, summarize, write_summary
 
 EXIT_OK = 0
@@ -128,6 +128,8 @@ def _batch_command(args) -> int:
     if not entries:
         raise BatchError(f"{args.input} holds no requests; put one request per line")
     check_unique_ids(entries)
+    if not args.endpoint:
+        entries = [for_the_engine(entry) for entry in entries]
     writer = RecordWriter(args.output)  # locked before anything reads or repairs OUT
     try:
         finished, torn = writer.load_finished()

@@ -1,7 +1,8 @@
 """Reading IN: one request per line, OpenAI Batch or plain prompts, each with the fingerprint resuming checks.
 
 A bad line is an InvalidRequest (it gets an error record); only duplicate
-custom_ids or an unreadable file refuse the whole batch.
+custom_ids or an unreadable file refuse the whole batch.  A body that a local
+engine is to run is checked by edgespec serve's own check (for_the_engine).
 """
 
 from __future__ import annotations
@@ -9,15 +10,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import EdgespecError
+from ...server.protocol import ApiError, check_body
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
-CHAT_ROLES = {"system", "developer", "user", "assistant"}
 EXIT_REFUSED = 2
 
 
@@ -32,9 +32,9 @@ class BatchRequest:
     custom_id: str
     line: int
     url: str  # CHAT_URL or COMPLETIONS_URL
-    messages: tuple[dict, ...] = ()  # chat requests
-    prompt: str = ""  # completion requests
-    overrides: tuple[tuple[str, object], ...] = ()  # SamplingParams fields set by the body
+    messages: tuple[dict, ...] = ()  # chat requests (from a body: once for_the_engine checked it)
+    prompt: str = ""  # completion requests (likewise)
+    overrides: tuple[tuple[str, object], ...] = ()  # SamplingParams fields set by the body (likewise)
     fingerprint: str = dataclasses.field(default="", compare=False)  # see request_fingerprint
     body: dict | None = dataclasses.field(default=None, compare=False)  # IN's body as it is; None for a plain line
 
@@ -117,6 +117,7 @@ def _plain_request(prompt: str, custom_id: str, line_no: int) -> BatchRequest:
 
 
 def _openai_request(value: dict, custom_id: str, line_no: int) -> BatchRequest:
+    """The line's form only: its body is checked by for_the_engine, or by the server it goes to (--endpoint)."""
     for field in ("custom_id", "method", "url", "body"):
         if field not in value:
             raise _LineError("missing_field", f'missing field "{field}"')
@@ -128,10 +129,7 @@ def _openai_request(value: dict, custom_id: str, line_no: int) -> BatchRequest:
         raise _LineError("unknown_url", f'unknown url {url!r}; use "{CHAT_URL}" or "{COMPLETIONS_URL}"')
     if not isinstance(body, dict):
         raise _LineError("invalid_field", '"body" must be a JSON object')
-    overrides = tuple(_sampling_overrides(body).items())
-    if url == CHAT_URL:
-        return BatchRequest(custom_id, line_no, url, messages=_parse_messages(body), overrides=overrides, body=body)
-    return BatchRequest(custom_id, line_no, url, prompt=_parse_prompt(body), overrides=overrides, body=body)
+    return BatchRequest(custom_id, line_no, url, body=body)
 
 
 def _expect_string(obj: dict, field: str) -> str:
@@ -141,91 +139,23 @@ def _expect_string(obj: dict, field: str) -> str:
     return text
 
 
-def _parse_messages(body: dict) -> tuple[dict, ...]:
-    if "messages" not in body:
-        raise _LineError("missing_field", 'missing field "body.messages"')
-    messages = body["messages"]
-    if not isinstance(messages, list) or not messages:
-        raise _LineError("invalid_field", '"body.messages" must be a non-empty list')
-    parsed = tuple(_parse_message(m, i) for i, m in enumerate(messages))
-    if parsed[-1]["role"] != "user":
-        raise _LineError("invalid_field", "the last message must have role \"user\"")
-    return parsed
+def for_the_engine(entry: BatchRequest | InvalidRequest) -> BatchRequest | InvalidRequest:
+    """The entry as a local engine runs it: its body checked by edgespec serve's own check, or an error record's entry.
 
-
-def _parse_message(message: object, index: int) -> dict:
-    where = f"body.messages[{index}]"
-    if not isinstance(message, dict) or "role" not in message or "content" not in message:
-        raise _LineError("missing_field", f'{where} needs "role" and "content"')
-    role = message["role"]
-    if role not in CHAT_ROLES:
-        raise _LineError("invalid_field", f"{where}.role {role!r} is not one of {sorted(CHAT_ROLES)}")
-    role = "system" if role == "developer" else role
-    return {"role": role, "content": _message_text(message["content"], where)}
-
-
-def _message_text(content: object, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    # OpenAI content parts; only text parts make sense for a text model.
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-    ):
-        return "".join(p["text"] for p in content)
-    raise _LineError("invalid_field", f"{where}.content must be a string or a list of text parts")
-
-
-def _parse_prompt(body: dict) -> str:
-    if "prompt" not in body:
-        raise _LineError("missing_field", 'missing field "body.prompt"')
-    prompt = body["prompt"]
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
-    if not isinstance(prompt, str):
-        raise _LineError("invalid_field", '"body.prompt" must be one string (one prompt per request)')
-    return prompt
-
-
-def _sampling_overrides(body: dict) -> dict:
-    """Map the OpenAI body fields edgespec honours onto SamplingParams fields."""
-    overrides: dict[str, object] = {}
-    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-    if max_tokens is not None:
-        overrides["max_tokens"] = _number(max_tokens, "max_tokens", integer=True, low=1)
-    if body.get("temperature") is not None:
-        overrides["temperature"] = _number(body["temperature"], "temperature", low=0)
-    if body.get("top_p") is not None:
-        overrides["top_p"] = _number(body["top_p"], "top_p", low=0, high=1)
-    if body.get("seed") is not None:
-        overrides["seed"] = _number(body["seed"], "seed", integer=True, low=0)
-    if body.get("stop") is not None:
-        overrides["stop"] = _stop_strings(body["stop"])
-    return overrides
-
-
-def _number(value: object, field: str, integer: bool = False, low: float | None = None, high: float | None = None):
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        raise _LineError("invalid_field", f'"body.{field}" must be {"an integer" if integer else "a number"}')
-    if not integer:
-        # Python's json reads NaN, Infinity and 1e999; none of them is a setting.
-        try:
-            value = float(value)
-        except OverflowError:
-            value = math.inf
-        if not math.isfinite(value):
-            raise _LineError("invalid_field", f'"body.{field}" must be a finite number, not {value}')
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise _LineError("invalid_field", f'"body.{field}" = {value} is out of range')
-    return value
-
-
-def _stop_strings(stop: object) -> tuple[str, ...]:
-    if isinstance(stop, str):
-        return (stop,)
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        return tuple(stop)
-    raise _LineError("invalid_field", '"body.stop" must be a string or a list of strings')
+    So a local batch refuses what the server answers 400 for (n > 1, logprobs, tools, unknown fields...),
+    naming the parameter; an --endpoint batch sends the body as it is, for that server to judge.
+    """
+    if not isinstance(entry, BatchRequest) or entry.body is None:
+        return entry  # a bad line, or a plain one: a user turn and nothing else
+    try:
+        checked = check_body(entry.body, chat=entry.url == CHAT_URL)
+    except ApiError as err:
+        return InvalidRequest(entry.custom_id, entry.line, err.code or "invalid_request",
+                              f"line {entry.line}: {err.message}", entry.fingerprint)
+    if checked.chat and checked.messages[-1]["role"] != "user":  # a chat session answers a user's turn
+        return InvalidRequest(entry.custom_id, entry.line, "invalid_value",
+                              f'line {entry.line}: the last message must have role "user"', entry.fingerprint)
+    return dataclasses.replace(entry, messages=checked.messages, prompt=checked.prompt, overrides=checked.sampling)
 
 
 def check_unique_ids(entries: list[BatchRequest | InvalidRequest]) -> None:
