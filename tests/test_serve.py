@@ -76,15 +76,21 @@ class ServerProcess:
     def client(self, api_key: str = API_KEY) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=WAIT_SECONDS)
 
-    def request(self, path: str, body: bytes | None = None, key: str | None = None) -> "Reply":
-        """A plain HTTP request (GET, or POST with a body), for what the openai client does not do."""
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        request = urllib.request.Request(self.url + path, data=body, headers=headers)
+    def request(self, path: str, body: bytes | None = None, key: str | None = None, headers: dict | None = None,
+                method: str | None = None) -> "Reply":
+        """A plain HTTP request (GET, or a JSON POST with a body), for what the openai client does not do.
+
+        headers adds to or replaces the usual ones (Content-Type, Authorization, and urllib's Host)."""
+        sent = {"Content-Type": "application/json"} if body is not None else {}
+        if key:
+            sent["Authorization"] = f"Bearer {key}"
+        sent.update(headers or {})
+        request = urllib.request.Request(self.url + path, data=body, headers=sent, method=method)
         try:
             with urllib.request.urlopen(request, timeout=WAIT_SECONDS) as response:
-                return Reply(response.status, response.read())
+                return Reply(response.status, response.read(), response.headers)
         except urllib.error.HTTPError as error:
-            return Reply(error.code, error.read())
+            return Reply(error.code, error.read(), error.headers)
 
     def health(self) -> dict:
         return self.request("/health").json()
@@ -97,8 +103,8 @@ class ServerProcess:
 
 
 class Reply:
-    def __init__(self, status: int, content: bytes):
-        self.status_code, self.content = status, content
+    def __init__(self, status: int, content: bytes, headers=None):
+        self.status_code, self.content, self.headers = status, content, headers or {}
 
     def json(self):
         return json.loads(self.content)
@@ -115,9 +121,9 @@ def server_env(root: Path) -> dict:
 def start_server(tiny_models, tmp_path_factory):
     servers = []
 
-    def start(*extra: str) -> ServerProcess:
+    def start(*extra: str, env: dict | None = None) -> ServerProcess:
         argv = ["--model", str(tiny_models["target"]), "--draft", "ngram", "--threads", "1", *extra]
-        servers.append(ServerProcess(argv, server_env(tmp_path_factory.mktemp("serve"))))
+        servers.append(ServerProcess(argv, {**server_env(tmp_path_factory.mktemp("serve")), **(env or {})}))
         return servers[-1]
 
     yield start
@@ -236,12 +242,73 @@ def test_api_key_is_required(server):
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
     post = lambda body: server.request("/v1/chat/completions", body, key=API_KEY)
     assert post(b"{not json").status_code == 400
+    assert post(b"[" * 30_000 + b"]" * 30_000).json()["error"]["code"] == "invalid_json"  # under the body limit
     too_big = post(json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x" * 70_000}]}).encode())
     assert too_big.status_code == 413 and "--max-body-bytes" in too_big.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError) as caught:  # ~20000 byte tokens: more than the 16384-token context
         server.client().completions.create(model="tiny", prompt="q" * 20_000, max_tokens=4)
     assert caught.value.code == "context_length_exceeded"
     assert server.client().completions.create(model="tiny", prompt="Hello", max_tokens=3).usage.completion_tokens == 3
+
+
+def test_what_cannot_change_the_output_is_accepted_from_the_openai_client(server):
+    client = server.client()
+    plain = client.chat.completions.create(model="tiny", messages=USER, max_tokens=6, temperature=0)
+    named = client.chat.completions.create(
+        model="gpt-4o", messages=[{**USER[0], "name": "alice"}], max_tokens=6, temperature=0, n=1, user="u-1",
+        metadata={"run": "7"}, store=False, service_tier="auto")
+    assert named.choices[0].message.content == plain.choices[0].message.content
+    assert named.usage.prompt_tokens == plain.usage.prompt_tokens  # the name is not in the prompt
+    with pytest.raises(openai.BadRequestError) as caught:  # what would change the output is still refused
+        client.chat.completions.create(model="tiny", messages=USER, max_tokens=4, n=3)
+    assert caught.value.param == "n"
+
+
+# What langchain-openai, litellm and aider send (their own payloads, sent as they send them).
+CLIENT_BODIES = {
+    "langchain-openai": {"model": "tiny", "stream": True, "n": 1, "temperature": 0.7, "max_tokens": 4,
+                         "stream_options": {"include_usage": True},
+                         "messages": [{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "Hello the cat", "name": "bob"}]},
+    "litellm": {"model": "tiny", "messages": USER, "max_tokens": 4, "temperature": 0, "user": "litellm-user",
+                "stream": False},
+    "aider": {"model": "openai/tiny", "messages": [{"role": "system", "content": "Act as an expert."}, *USER],
+              "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 4},
+}
+
+
+@pytest.mark.parametrize("client_name", list(CLIENT_BODIES))
+def test_requests_shaped_like_mainstream_clients_are_answered(server, client_name):
+    body = CLIENT_BODIES[client_name]
+    reply = server.request("/v1/chat/completions", json.dumps(body).encode(), key=API_KEY,
+                           headers={"User-Agent": f"{client_name}-test", "Accept": "application/json"})
+    assert reply.status_code == 200, reply.content
+    if body["stream"]:
+        events = [line.removeprefix(b"data: ") for line in reply.content.split(b"\n\n") if line]
+        assert events[-1] == b"[DONE]" and json.loads(events[-2])["usage"]["completion_tokens"] == 4
+    else:
+        assert reply.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_model_is_retrieved_by_its_id(server):
+    client = server.client()
+    model = client.models.retrieve("target")
+    assert (model.id, model.object) == ("target", "model")
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("gpt-4o")
+    assert caught.value.code == "model_not_found" and "'target'" in caught.value.message
+    assert server.request("/v1/models/target").status_code == 401  # the key is wanted here too
+
+
+@pytest.mark.parametrize("header, status", [
+    (f"Bearer {API_KEY}", 200), (f"bearer {API_KEY}", 200), (f"BEARER  {API_KEY}", 200),
+    (f"Basic {API_KEY}", 401), (f"bearer {API_KEY}x", 401), ("bearer", 401), (API_KEY, 401),
+])
+def test_the_bearer_scheme_is_case_insensitive(server, header, status):
+    reply = server.request("/v1/models", headers={"Authorization": header})
+    assert reply.status_code == status
+    if status == 401:
+        assert reply.json()["error"]["code"] == "invalid_api_key"
 
 
 # -- one engine: queue, disconnects ----------------------------------------------------------
@@ -299,7 +366,8 @@ def test_a_client_gone_while_queued_leaves_the_queue(server):
         body = json.dumps({"model": "tiny", "messages": USER, "max_tokens": 5}).encode()
         host, port = server.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=WAIT_SECONDS) as raw:
-            raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            raw.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
+                        + b"Content-Type: application/json\r\n"
                         + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             wait_until(lambda: server.health()["queue_depth"] == 1, "the raw request to queue")
         wait_until(lambda: server.health()["queue_depth"] == 0, "the queue to drop the request whose client left")
@@ -406,6 +474,22 @@ def test_degraded_draft_alert_trips_and_clears(start_server):
     assert health["draft"] == "ok" and health["rolling_acceptance"] > 0.4
     assert server.metrics()[degraded] == 0
     assert any("recovered" in line for line in server.lines)
+
+
+@pytest.mark.parametrize("argv, env, expected", [
+    (["--host", "0.0.0.0", "--api-key", " "], {}, "is blank"),
+    (["--host", "0.0.0.0"], {"EDGESPEC_API_KEY": " \t "}, "is blank"),
+    (["--api-key", ""], {}, "is blank"),
+    (["--host", "0.0.0.0", "--api-key", "two words"], {}, "printable ASCII"),
+    (["--allow-origin", "http://localhost:3000/"], {}, "is not an origin"),
+    ([], {"EDGESPEC_ORIGINS": "localhost"}, "is not an origin"),
+])
+def test_a_key_or_origin_that_cannot_work_is_one_clear_line(tiny_models, tmp_path, argv, env, expected):
+    script = Path(sys.executable).parent / "edgespec"
+    result = subprocess.run([str(script), "serve", *argv, "--model", str(tiny_models["target"])],
+                            capture_output=True, text=True, timeout=WAIT_SECONDS, env={**server_env(tmp_path), **env})
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and expected in result.stderr and "Traceback" not in result.stderr
 
 
 def test_a_taken_port_is_one_clear_line(tiny_models, tmp_path):

@@ -3,6 +3,7 @@ chat template or garbage weights end in one clear line, never a hang."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
@@ -229,3 +230,137 @@ def test_garbage_weights_stop_with_a_clear_line(tmp_path, temperature):
     line = the_one_error_line(done.stderr)
     assert str(path) in line and "NaN" in line and "corrupt" in line
     assert done.stdout.strip() == ""
+
+
+# -- web pages and hostile bodies, against a keyless server on 127.0.0.1 ----------------------
+
+
+@pytest.fixture(scope="module")
+def keyless_server(tmp_path_factory):
+    from test_serve import ServerProcess, server_env
+
+    model = write_tiny_model(tmp_path_factory.mktemp("tiny-served") / "tiny.gguf", seed=7)
+    env = {**server_env(tmp_path_factory.mktemp("serve")), "EDGESPEC_ORIGINS": " https://*.trusted.test,http://127.0.0.1:5173"}
+    server = ServerProcess(["--model", str(model), "--draft", "none", "--threads", "1",
+                            "--allow-origin", "http://localhost:*", "--allow-origin", "https://app.example.com"], env)
+    yield server
+    server.stop()
+
+
+def call(server, method: str, path: str, body: bytes | None = None, **headers: str):
+    """One request as a browser or a script would send it: exactly these headers (Host: the server's own)."""
+    address = server.url.removeprefix("http://")
+    connection = http.client.HTTPConnection(address, timeout=CLI_TIMEOUT_SECONDS)
+    try:
+        sent = {"Host": address, **{name.replace("_", "-"): value for name, value in headers.items()}}
+        connection.request(method, path, body=body, headers=sent)
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def generations(server) -> float:
+    _, _, text = call(server, "GET", "/metrics")
+    return sum(float(line.split()[-1]) for line in text.decode().splitlines()
+               if line.startswith("edgespec_generations_total{"))
+
+
+def chat_body(**extra) -> bytes:
+    return json.dumps({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2, **extra}).encode()
+
+
+def assert_openai_error(status: int, headers: dict, content: bytes, expected_status: int) -> dict:
+    assert status == expected_status, content
+    assert headers["content-type"] == "application/json"
+    error = json.loads(content)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "text/plain;charset=UTF-8",
+                                          "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"])
+def test_a_body_a_page_could_post_without_a_preflight_is_refused(keyless_server, content_type):
+    before = generations(keyless_server)
+    headers = {} if content_type is None else {"Content_Type": content_type}
+    error = assert_openai_error(*call(keyless_server, "POST", "/v1/chat/completions", chat_body(), **headers), 415)
+    assert "application/json" in error["message"]
+    assert generations(keyless_server) == before  # nothing was generated
+    status, _, _ = call(keyless_server, "POST", "/v1/chat/completions", chat_body(),
+                        Content_Type="application/json; charset=utf-8")
+    assert status == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.1.evil.example:{port}",
+                                  "127.0.0.1:{other}", "localhost:{other}", "[::2]:{port}", "127.0.0.1:{port}@x"])
+def test_a_request_for_another_host_name_is_refused(keyless_server, host):
+    # DNS rebinding: the page's own name now points at 127.0.0.1, and the browser sends that name as Host
+    port = int(keyless_server.url.rsplit(":", 1)[1])
+    host = host.format(port=port, other=port + 1)
+    before = generations(keyless_server)
+    for method, path, body in (("GET", "/health", None), ("GET", "/v1/models", None),
+                               ("POST", "/v1/chat/completions", chat_body())):
+        reply = call(keyless_server, method, path, body, Host=host, Content_Type="application/json")
+        assert assert_openai_error(*reply, 421)["code"] == "host_not_allowed"
+    assert generations(keyless_server) == before
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:{port}", "localhost:{port}", "LOCALHOST:{port}", "[::1]:{port}", "localhost"])
+def test_the_servers_own_names_are_answered(keyless_server, host):
+    port = int(keyless_server.url.rsplit(":", 1)[1])
+    status, _, content = call(keyless_server, "GET", "/v1/models", Host=host.format(port=port))
+    assert status == 200 and json.loads(content)["data"][0]["object"] == "model"
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://localhost.evil.example:3000",
+                                    "https://app.example.com.evil.example", "http://app.example.com",
+                                    "https://trusted.test.evil.example", "http://127.0.0.1:5174"])
+def test_a_web_page_not_allowed_cannot_drive_the_server(keyless_server, origin):
+    before = generations(keyless_server)
+    post = call(keyless_server, "POST", "/v1/chat/completions", chat_body(), Origin=origin,
+                Content_Type="application/json")
+    assert assert_openai_error(*post, 403)["code"] == "origin_not_allowed"
+    preflight = call(keyless_server, "OPTIONS", "/v1/chat/completions", Origin=origin,
+                     Access_Control_Request_Method="POST", Access_Control_Request_Headers="content-type")
+    assert_openai_error(*preflight, 403)
+    assert "access-control-allow-origin" not in preflight[1]
+    read = call(keyless_server, "GET", "/v1/models", Origin=origin)
+    assert_openai_error(*read, 403)
+    assert generations(keyless_server) == before
+
+
+@pytest.mark.parametrize("origin", ["http://localhost:3000", "http://localhost:8081", "https://app.example.com",
+                                    "https://chat.trusted.test", "http://127.0.0.1:5173"])
+def test_an_allowed_web_page_gets_cors_answers(keyless_server, origin):
+    status, headers, _ = call(keyless_server, "OPTIONS", "/v1/chat/completions", Origin=origin,
+                              Access_Control_Request_Method="POST",
+                              Access_Control_Request_Headers="authorization, content-type, x-stainless-os")
+    assert status == 200
+    assert headers["access-control-allow-origin"] == origin
+    assert "POST" in headers["access-control-allow-methods"]
+    assert "authorization" in headers["access-control-allow-headers"].lower()
+    status, headers, content = call(keyless_server, "POST", "/v1/chat/completions", chat_body(), Origin=origin,
+                                    Content_Type="application/json")
+    assert status == 200 and headers["access-control-allow-origin"] == origin
+    assert json.loads(content)["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("name, body, param", [
+    ("100,000-deep array", b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None),
+    ("lone surrogate", b'{"messages": [{"role": "user", "content": "a\\ud800b"}], "max_tokens": 2}', "messages[0].content"),
+    ("5000-digit max_tokens", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1' + b"0" * 5000 + b"}",
+     None),
+    ("400-digit temperature", b'{"prompt": "hi", "temperature": 1' + b"0" * 400 + b"}", "temperature"),
+    ("huge Content-Length", None, None),
+], ids=lambda value: value if isinstance(value, str) and len(value) < 40 else "")
+def test_hostile_bodies_get_a_400_in_json_and_the_server_goes_on(keyless_server, name, body, param):
+    path = "/v1/completions" if body and b'"prompt"' in body else "/v1/chat/completions"
+    if body is None:  # a 20-digit length, announcing more than the limit: refused before a byte is read
+        reply = call(keyless_server, "POST", path, b"{}", Content_Type="application/json", Content_Length="9" * 20)
+        assert assert_openai_error(*reply, 413)["code"] == "request_too_large"
+    else:
+        error = assert_openai_error(*call(keyless_server, "POST", path, body, Content_Type="application/json"), 400)
+        assert error["type"] == "invalid_request_error" and error["param"] == param
+    status, _, content = call(keyless_server, "GET", "/health")
+    assert status == 200 and json.loads(content)["status"] == "ok"
+    assert call(keyless_server, "POST", "/v1/chat/completions", chat_body(), Content_Type="application/json")[0] == 200

@@ -8,9 +8,9 @@ Starlette app of edgespec.server under uvicorn.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -30,6 +30,10 @@ def add_serve_parser(subparsers) -> None:
     group.add_argument("--port", type=int, default=8080, help="port to listen on, 0 for any free one (default: %(default)s)")
     group.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                        help=f"require 'Authorization: Bearer KEY' on /v1 and /metrics (default: ${API_KEY_ENV})")
+    group.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                       help="let web pages from ORIGIN use the server (CORS), e.g. http://localhost:3000, "
+                            "http://localhost:* or *; repeatable, and added to the comma-separated $EDGESPEC_ORIGINS "
+                            "(default: none: a request from a web page gets 403)")
     group.add_argument("--queue-size", type=int, default=8, help="requests that may wait for the engine; more get 429 (default: %(default)s)")
     group.add_argument("--parallel", type=setting("parallel"), default=1, metavar="N",
                        help=f"requests decoded together, 1..{MAX_PARALLEL}: more throughput for concurrent clients, "
@@ -49,14 +53,17 @@ def add_serve_parser(subparsers) -> None:
 def serve(args: argparse.Namespace) -> int:
     from ..prefix_cache import MemoryPrefixCache
     from ..server.app import ServerConfig, create_app, run_app
+    from ..server.guard import allowed_host_names, origin_regex, origins_from_env, url_host
 
     _check_options(args)
+    origins = origin_regex(args.allow_origin + origins_from_env(os.environ))
     defaults = sampling_params(args)
     monitor = AcceptanceMonitor(args.alert_acceptance, args.alert_window)
     logging.basicConfig(format="edgespec: %(message)s", level=logging.INFO, stream=sys.stderr)
-    config = ServerConfig(_model_name(args.model), defaults, args.api_key, args.queue_size,
-                          args.request_timeout, args.max_body_bytes, args.parallel)
     with _listen(args.host, args.port) as sock:
+        config = ServerConfig(_model_name(args.model), defaults, args.api_key, args.queue_size, args.request_timeout,
+                              args.max_body_bytes, args.parallel, port=sock.getsockname()[1],
+                              host_names=allowed_host_names(args.host), origins=origins)
         engine = engine_from_args(args, parallel=args.parallel)
         if args.prompt_cache:
             # one KV cache serves every client: a few recent conversations' states in RAM keep two clients
@@ -65,7 +72,7 @@ def serve(args: argparse.Namespace) -> int:
         try:
             app = create_app(engine, config, monitor)
             host, port = sock.getsockname()[:2]
-            print(f"edgespec: serving {config.model_name} ({engine.mode}) on http://{_url_host(host)}:{port}/v1",
+            print(f"edgespec: serving {config.model_name} ({engine.mode}) on http://{url_host(host)}:{port}/v1",
                   file=sys.stderr, flush=True)
             run_app(app, sock)
         finally:
@@ -74,7 +81,10 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _check_options(args: argparse.Namespace) -> None:
-    if not _is_loopback(args.host) and not args.api_key:
+    from ..server.guard import is_loopback
+
+    _check_api_key(args.api_key)
+    if not is_loopback(args.host) and not args.api_key:
         raise EdgespecError(f"refusing to listen on {args.host} without an API key: anyone who reaches it could use "
                             f"the model; pass --api-key KEY (or set {API_KEY_ENV}), or keep --host 127.0.0.1")
     if not 0 <= args.port <= 65535:
@@ -94,13 +104,16 @@ def _check_options(args: argparse.Namespace) -> None:
         raise EdgespecError("--alert-window must be at least 1 request")
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: only "localhost" is known to stay on this machine
-        return False
+def _check_api_key(key: str | None) -> None:
+    if key is None:
+        return
+    if not key.strip():
+        raise EdgespecError(f"the API key (--api-key or ${API_KEY_ENV}) is blank, which protects nothing; give a real "
+                            f"key, or leave both out on 127.0.0.1")
+    if not re.fullmatch(r"[\x21-\x7e]+", key):
+        raise EdgespecError(f"the API key (--api-key or ${API_KEY_ENV}) holds spaces or characters other than "
+                            "printable ASCII, which an HTTP header cannot carry as they are; use letters, digits "
+                            "and punctuation only")
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -114,10 +127,6 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.close()
         raise EdgespecError(f"cannot listen on {host}:{port}: {error.strerror or error}; pick another --host or --port") from None
     return sock
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 def _model_name(model: str) -> str:

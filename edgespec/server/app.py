@@ -19,13 +19,16 @@ import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engine import Done, Engine, Step
 from ..monitor import AcceptanceMonitor
 from ..sampling import SamplingParams
+from .guard import RequestGuard
 from .metrics import ServerMetrics
 from .protocol import ApiError, ResponseWriter, parse_request
 from .worker import EngineWorker, Job, QueueFull
@@ -44,6 +47,9 @@ class ServerConfig:
     request_timeout: float = 300.0
     max_body_bytes: int = 2 * 1024 * 1024
     parallel: int = 1  # requests decoded together (see worker.py)
+    port: int = 0  # the port bound, which a request's Host must name (see guard.py)
+    host_names: frozenset[str] | None = None  # the names a request's Host may carry; None: any
+    origins: str | None = None  # a regular expression for the web pages' origins allowed; None: none
 
 
 class _ClientGone(Exception):
@@ -69,8 +75,19 @@ class _Server:
 
     async def models(self, request: Request) -> Response:
         self._authorize(request)
-        model = {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "edgespec"}
-        return JSONResponse({"object": "list", "data": [model]})
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        self._authorize(request)
+        name = request.path_params["name"]
+        if name != self.config.model_name:
+            raise ApiError(404, f"the model {name[:100]!r} does not exist: this server serves one model, "
+                                f"{self.config.model_name!r} (which answers a request naming any model)",
+                           param="model", code="model_not_found")
+        return JSONResponse(self._model())
+
+    def _model(self) -> dict:
+        return {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "edgespec"}
 
     async def health(self, request: Request) -> Response:
         mode = self.engine.mode
@@ -90,7 +107,11 @@ class _Server:
 
     async def _complete(self, request: Request, chat: bool) -> Response:
         self._authorize(request)
-        parsed = parse_request(await self._json_body(request), chat, self.config.defaults)
+        try:
+            body = await self._json_body(request)
+        except _ClientGone:
+            return Response(status_code=499)
+        parsed = parse_request(body, chat, self.config.defaults)
         job = Job(parsed, asyncio.get_running_loop(), self.config.request_timeout)
         try:
             self.worker.submit(job)
@@ -172,27 +193,50 @@ class _Server:
         key = self.config.api_key
         if key is None:
             return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        # RFC 7235: the scheme is case-insensitive; some clients send "bearer"
+        if not (scheme.lower() == "bearer" and hmac.compare_digest(given.strip(" ").encode(), key.encode())):
             raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
                            type="authentication_error", code="invalid_api_key")
 
     async def _json_body(self, request: Request):
+        if not _is_json(request.headers.get("content-type", "")):
+            # a web page can send text/plain or a form to any site without asking first; JSON only after a preflight
+            raise ApiError(415, "send the body as JSON, with the header 'Content-Type: application/json' "
+                                "(curl: -H 'Content-Type: application/json')", code="unsupported_media_type")
         limit = self.config.max_body_bytes
         too_large = ApiError(413, f"the request body is larger than {limit} bytes; send a shorter prompt "
                                   "or start the server with a larger --max-body-bytes", code="request_too_large")
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        if declared.isdigit() and (len(declared) > 15 or int(declared) > limit):
             raise too_large
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise too_large
         try:
-            return json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ApiError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+        except ClientDisconnect:
+            raise _ClientGone() from None
+        return _json_value(bytes(body))
+
+
+def _is_json(content_type: str) -> bool:
+    return content_type.partition(";")[0].strip().lower() == "application/json"
+
+
+def _json_value(body: bytes):
+    """The body's JSON value; every way it can fail is the client's 400."""
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ApiError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply to read; send a flatter JSON object",
+                       code="invalid_json") from None
+    except ValueError:  # Python reads integers of at most 4300 digits
+        raise ApiError(400, "the request body holds a number too long to read (over 4300 digits)",
+                       code="invalid_json") from None
 
 
 class _JobStream(StreamingResponse):
@@ -235,7 +279,8 @@ class _CountResponses:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        endpoint = scope["path"] if scope["path"] in self.endpoints else "other"
+        path = scope["path"]
+        endpoint = path if path in self.endpoints else "/v1/models/{name}" if path.startswith("/v1/models/") else "other"
 
         async def counting_send(message):
             if message["type"] == "http.response.start":
@@ -245,12 +290,41 @@ class _CountResponses:
         await self.app(scope, receive, counting_send)
 
 
+class AnswerErrorsInJson:
+    """ASGI middleware: an exception no route answered (a bug) still gets an OpenAI-style 500, and one log line.
+
+    Without it starlette answers a plain-text 500 and uvicorn logs a traceback.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as error:  # a bug must cost one request, never the server
+            log.error("%s %s failed: %s: %s", scope.get("method"), scope.get("path"), type(error).__name__, error)
+            if not started:  # else the client gets a cut response: too late for a status
+                failure = ApiError(500, f"internal error: {type(error).__name__}", type="server_error")
+                await _api_error(Request(scope), failure)(scope, receive, send)
+
+
 def create_app(engine: Engine, config: ServerConfig, monitor: AcceptanceMonitor) -> Starlette:
     server = _Server(engine, config, monitor)
     routes = [
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
+        Route("/v1/models/{name:path}", server.model, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.prometheus, methods=["GET"]),
     ]
@@ -263,9 +337,17 @@ def create_app(engine: Engine, config: ServerConfig, monitor: AcceptanceMonitor)
         finally:
             server.worker.close()
 
-    app = Starlette(routes=routes, lifespan=lifespan,
+    middleware = [  # outermost first
+        Middleware(_CountResponses, metrics=server.metrics, endpoints={r.path for r in routes}),
+        Middleware(AnswerErrorsInJson),
+        Middleware(RequestGuard, host_names=config.host_names, port=config.port, origins=config.origins),
+    ]
+    if config.origins:  # the web pages allowed get CORS answers, their preflights included
+        middleware.append(Middleware(CORSMiddleware, allow_origin_regex=config.origins, allow_methods=["GET", "POST"],
+                                     allow_headers=["*"], expose_headers=["Retry-After"], max_age=600,
+                                     allow_private_network=True))  # Chrome asks a public page's preflight to a loopback server
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={ApiError: _api_error, HTTPException: _http_error})
-    app.add_middleware(_CountResponses, metrics=server.metrics, endpoints={r.path for r in routes})
     app.state.stop_generating = server.worker.stop_all  # for the HTTP server's shutdown, before it drains
     return app
 
