@@ -311,6 +311,27 @@ def test_the_bearer_scheme_is_case_insensitive(server, header, status):
         assert reply.json()["error"]["code"] == "invalid_api_key"
 
 
+def test_an_exception_no_route_answered_is_still_an_openai_style_500(caplog):
+    # The server's own middleware, in front of a route with a bug: the client gets JSON, the log one line.
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from edgespec.server.app import AnswerErrorsInJson
+
+    async def broken(request):
+        raise KeyError("a bug")
+
+    app = Starlette(routes=[Route("/v1/x", broken)], middleware=[Middleware(AnswerErrorsInJson)])
+    with TestClient(app, raise_server_exceptions=True) as client:
+        reply = client.get("/v1/x")
+    assert reply.status_code == 500 and reply.headers["content-type"] == "application/json"
+    assert reply.json()["error"] == {"message": "internal error: KeyError", "type": "server_error", "param": None,
+                                     "code": None}
+    assert [r.getMessage() for r in caplog.records] == ["GET /v1/x failed: KeyError: 'a bug'"]
+
+
 # -- one engine: queue, disconnects ----------------------------------------------------------
 
 

@@ -1,8 +1,9 @@
 """The HTTP side of `edgespec serve`: OpenAI-compatible routes on a Starlette app.
 
 Every failure becomes an OpenAI-style error body with a 4xx status (5xx only
-for a bug); nothing a client sends can stop the server.  Requests go to the
-one engine through EngineWorker's bounded FIFO queue.
+for a bug); nothing a client sends can stop the server.  Which requests may
+reach the routes at all (no web page's, unless allowed) is guard.py's to say.
+Requests go to the one engine through EngineWorker's bounded FIFO queue.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class ServerConfig:
     max_body_bytes: int = 2 * 1024 * 1024
     parallel: int = 1  # requests decoded together (see worker.py)
     port: int = 0  # the port bound, which a request's Host must name (see guard.py)
-    host_names: frozenset[str] | None = None  # the names a request's Host may carry; None: any
+    host_names: tuple[str, ...] | None = None  # the names a request's Host may carry; None: any
     origins: str | None = None  # a regular expression for the web pages' origins allowed; None: none
 
 

@@ -48,11 +48,11 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def allowed_host_names(bound_host: str) -> frozenset[str] | None:
-    """The names a request's Host may carry (see the module docstring); None: any."""
+def allowed_host_names(bound_host: str) -> tuple[str, ...] | None:
+    """The names a request's Host may carry, the one bound first (see the module docstring); None: any."""
     if not is_loopback(bound_host):
         return None
-    return frozenset({*LOOPBACK_NAMES, url_host(bound_host).lower()})
+    return tuple(dict.fromkeys((url_host(bound_host).lower(), *LOOPBACK_NAMES)))
 
 
 def origin_regex(patterns: list[str]) -> str | None:
@@ -76,7 +76,7 @@ def origins_from_env(environ: dict) -> list[str]:
 class RequestGuard:
     """ASGI middleware: refuse a foreign Host (421) or a web page's Origin not allowed (403), in JSON."""
 
-    def __init__(self, app, host_names: frozenset[str] | None, port: int, origins: str | None):
+    def __init__(self, app, host_names: tuple[str, ...] | None, port: int, origins: str | None):
         self.app, self.host_names, self.port = app, host_names, port
         self.origins = re.compile(origins) if origins else None
 
@@ -91,9 +91,10 @@ class RequestGuard:
     def _refusal(self, headers: Headers) -> ApiError | None:
         host = headers.get("host")
         if host is not None and not self._is_own(host):
-            return ApiError(421, f"this server answers for {LOOPBACK_NAMES[0]}:{self.port}, not for the host "
-                                 f"{host[:100]!r} (a web page reaching it through DNS rebinding would send that); "
-                                 f"connect to http://{LOOPBACK_NAMES[0]}:{self.port}", code="host_not_allowed")
+            own = f"{self.host_names[0]}:{self.port}"
+            return ApiError(421, f"this server answers for {own}, not for the host {host[:100]!r} (a web page "
+                                 f"reaching it through DNS rebinding would send that); connect to http://{own}",
+                            code="host_not_allowed")
         origin = headers.get("origin")
         if origin is not None and not (self.origins and self.origins.fullmatch(origin)):
             return ApiError(403, f"requests from the web page at {origin[:100]!r} are refused: a page the user opens "
