@@ -6,6 +6,7 @@ custom_ids or an unreadable file refuse the whole batch.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import hashlib
 import json
@@ -61,6 +62,7 @@ def read_requests(path: Path) -> list[BatchRequest | InvalidRequest]:
         data = path.read_bytes()
     except OSError as err:
         raise BatchError(f"cannot read batch input {path}: {err.strerror}; check the path") from None
+    data = data.removeprefix(codecs.BOM_UTF8)  # Windows editors start UTF-8 files with one
     entries = []
     for line_no, raw in enumerate(data.split(b"\n"), start=1):
         if raw.strip():
