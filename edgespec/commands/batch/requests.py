@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...chat_template import MAX_RENDER_CHARS
 from ...errors import EdgespecError
 
 CHAT_URL = "/v1/chat/completions"
@@ -115,7 +116,17 @@ def _parse_value(value: object, custom_id: str, line_no: int) -> BatchRequest:
 
 
 def _plain_request(prompt: str, custom_id: str, line_no: int) -> BatchRequest:
-    return BatchRequest(custom_id, line_no, CHAT_URL, messages=({"role": "user", "content": prompt},))
+    return BatchRequest(custom_id, line_no, CHAT_URL, messages=_fitting_chat(({"role": "user", "content": prompt},)))
+
+
+def _fitting_chat(messages: tuple[dict, ...]) -> tuple[dict, ...]:
+    """The messages, unless they hold more text than a chat template may render (so no context holds)."""
+    size = sum(len(m["content"]) for m in messages)
+    if size >= MAX_RENDER_CHARS:
+        raise _LineError("context_length_exceeded", f"the messages hold {size:,} characters, more than a chat "
+                         f"prompt may ({MAX_RENDER_CHARS:,}); shorten them (a \"{COMPLETIONS_URL}\" request sends "
+                         "its prompt as is, without the chat template)")
+    return messages
 
 
 def _openai_request(value: dict, custom_id: str, line_no: int) -> BatchRequest:
@@ -132,7 +143,8 @@ def _openai_request(value: dict, custom_id: str, line_no: int) -> BatchRequest:
         raise _LineError("invalid_field", '"body" must be a JSON object')
     overrides = tuple(_sampling_overrides(body).items())
     if url == CHAT_URL:
-        return BatchRequest(custom_id, line_no, url, messages=_parse_messages(body), overrides=overrides, body=body)
+        messages = _fitting_chat(_parse_messages(body))
+        return BatchRequest(custom_id, line_no, url, messages=messages, overrides=overrides, body=body)
     return BatchRequest(custom_id, line_no, url, prompt=_parse_prompt(body), overrides=overrides, body=body)
 
 
