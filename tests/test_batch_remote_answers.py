@@ -166,6 +166,20 @@ def test_a_rerun_redoes_the_error_records_of_non_answers_and_supersedes_them(fak
     assert "(3 already done)" in capsys.readouterr().err and records(out) == after
 
 
+def test_a_refusal_is_the_request_s_record_and_a_rerun_keeps_it(fake_server, tmp_path, capsys):
+    refusal = {"error": {"message": "n must be 1", "type": "invalid_request_error"}}
+    server = fake_server({"refused": [json_reply(refusal, 400)],
+                          "forbidden": [raw_reply(b"<html>\n<h1>Forbidden</h1></html>", 403, "text/html")]})
+    source, out = write_lines(tmp_path / "in.jsonl", plain_lines(["refused", "forbidden"])), tmp_path / "out.jsonl"
+    assert run_batch(server, source, out) == batch.EXIT_REQUESTS_FAILED
+    by_id = last_by_id(out)
+    assert by_id["refused"]["response"] == {**by_id["refused"]["response"], "status_code": 400, "body": refusal}
+    forbidden = by_id["forbidden"]["response"]
+    assert forbidden["status_code"] == 403 and forbidden["body"] == {"error": {"message": "<html> <h1>Forbidden</h1></html>"}}
+    assert run_batch(server, source, out) == batch.EXIT_REQUESTS_FAILED
+    assert "(2 already done)" in capsys.readouterr().err and server.attempts == {"refused": 1, "forbidden": 1}
+
+
 def test_a_garbage_success_that_an_older_edgespec_saved_is_redone(fake_server, tmp_path, capsys):
     server = fake_server({"a": [answer], "b": [answer]})
     source, out = write_lines(tmp_path / "in.jsonl", plain_lines(["a", "b"])), tmp_path / "out.jsonl"

@@ -177,10 +177,10 @@ def _answer_body(url: str, reply: _Reply) -> dict:
     if len(reply.raw) > MAX_ANSWER_BYTES:
         raise _NotAnAnswer(f"a body over {MAX_ANSWER_BYTES >> 20} MiB")
     if reply.content_type == "text/html" or text.startswith(b"<"):
-        raise _Unanswered(f"an HTML page instead of an answer (from a proxy?): {_excerpt(text)}")
+        raise _Unanswered(f"an HTML page instead of an answer (from a proxy?): {_excerpt(text)!r}")
     body = _json_body(text)
     if body is None:
-        raise _NotAnAnswer(f"a body that is not JSON: {_excerpt(text)}")
+        raise _NotAnAnswer(f"a body that is not JSON: {_excerpt(text)!r}")
     problem = answer_problem(url, body)
     if problem is not None:
         raise _NotAnAnswer(f"a body that is not a {answer_object(url)}: {problem}")
@@ -210,7 +210,7 @@ def _excerpt(raw: bytes, limit: int = 200) -> str:
     """The start of a server's body, for a message: one printable line."""
     text = raw[: 4 * limit].decode("utf-8", "replace")
     line = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
-    return repr(line if len(line) <= limit else line[: limit - 1] + "…")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _seconds(header: str | None) -> float | None:
