@@ -83,7 +83,8 @@ def add_batch_parser(subparsers) -> None:
         description=(
             "Run every request of IN (OpenAI Batch JSONL, or one prompt per line as "
             '{"prompt": ...} or a JSON string) and append OpenAI Batch output records to OUT. '
-            "Rerun the same command to resume: custom_ids already in OUT are skipped. "
+            "Rerun the same command to resume: requests already done in OUT are skipped; a changed line, or "
+            "a server's answer that was none, is redone and its new record appended. "
             "Exit codes: 0 all requests succeeded, 1 some requests failed (error records in OUT), "
             "2 refused before starting, 130 interrupted."
         ),
