@@ -228,6 +228,15 @@ def test_a_bug_while_sending_one_request_is_its_own_error_record(fake_server, tm
     assert run_batch(server, source, out) == batch.EXIT_OK  # a rerun retries it
 
 
+def test_a_body_over_the_size_limit_is_no_answer(fake_server, tmp_path, monkeypatch):
+    monkeypatch.setattr(remote, "MAX_ANSWER_BYTES", 1000)
+    server = fake_server({"big": [json_reply(chat_completion("x" * 2000))], "small": [answer]})
+    source, out = write_lines(tmp_path / "in.jsonl", plain_lines(["big", "small"])), tmp_path / "out.jsonl"
+    assert run_batch(server, source, out) == batch.EXIT_REQUESTS_FAILED
+    by_id = last_by_id(out)
+    assert "a body over 1,000 bytes" in by_id["big"]["error"]["message"] and by_id["small"]["error"] is None
+
+
 def test_a_lone_surrogate_in_an_answer_is_kept_and_out_stays_utf8(fake_server, tmp_path):
     body = json.dumps(chat_completion("half \ud83d of an emoji")).encode()  # json.dumps escapes it: \ud83d
     server = fake_server({"a": [raw_reply(body)]})

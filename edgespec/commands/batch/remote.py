@@ -49,7 +49,7 @@ MAX_BACKOFF_SECONDS = 30.0
 REQUEST_TIMEOUT_SECONDS = 600.0
 QUEUE_WAIT_SECONDS = 600.0  # how long one request waits out a full queue (429s) before they count as failures
 MAX_CONCURRENCY = 64
-MAX_ANSWER_BYTES = 64 << 20  # far above any completion's JSON; a bigger body is no answer
+MAX_ANSWER_BYTES = 32 << 20  # far above any completion's JSON, logprobs included; a bigger body is no answer
 READ_CHUNK_BYTES = 1 << 16
 
 
@@ -175,7 +175,7 @@ def _answer_body(url: str, reply: _Reply) -> dict:
     if not text:
         raise _NotAnAnswer("an empty body")
     if len(reply.raw) > MAX_ANSWER_BYTES:
-        raise _NotAnAnswer(f"a body over {MAX_ANSWER_BYTES >> 20} MiB")
+        raise _NotAnAnswer(f"a body over {MAX_ANSWER_BYTES:,} bytes")
     if reply.content_type == "text/html" or text.startswith(b"<"):
         raise _Unanswered(f"an HTML page instead of an answer (from a proxy?): {_excerpt(text)!r}")
     body = _json_body(text)
