@@ -7,6 +7,13 @@ and judges the pooled acceptance (accepted / drafted tokens) over them once
 it has seen `min(window, MIN_REQUESTS)` of them.  It reports a change of
 state, degraded or recovered, once; callers (the server, a batch run) log it
 and show the state.  Plain decoding ("none") drafts nothing and is never judged.
+
+The state has hysteresis, so an acceptance that hovers near the threshold
+does not flip the alert on and off with every request: it trips as soon as
+the pooled acceptance falls below `threshold`, and clears only once every
+request in the window came after the trip and their pooled acceptance is at
+least `threshold + RECOVERY_MARGIN`.  So one alert and its recovery are at
+least `window` requests apart.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from dataclasses import dataclass
 DEFAULT_THRESHOLD = 0.3
 DEFAULT_WINDOW = 20
 MIN_REQUESTS = 5  # judging fewer requests than this would alert on noise
+RECOVERY_MARGIN = 0.1  # how far above the threshold acceptance must be to clear the alert
 
 _ADVICE = {
     "ngram": "n-gram drafting only pays when replies copy their prompt; "
@@ -41,9 +49,10 @@ class AcceptanceMonitor:
         if window < 1:
             raise ValueError("the acceptance window must hold at least one request")
         self.threshold = threshold
+        self.recovery_threshold = min(1.0, threshold + RECOVERY_MARGIN)
         self.window = window
         self._recent: dict[str, deque[tuple[int, int]]] = {}  # mode -> (drafted, accepted) per request
-        self._degraded: set[str] = set()
+        self._since_trip: dict[str, int] = {}  # degraded mode -> requests that drafted since it tripped
 
     def observe(self, mode: str, drafted: int, accepted: int) -> AlertChange | None:
         """Record one finished request; return the change of state it caused, if any."""
@@ -51,17 +60,21 @@ class AcceptanceMonitor:
             return None
         recent = self._recent.setdefault(mode, deque(maxlen=self.window))
         recent.append((drafted, accepted))
+        if mode in self._since_trip:
+            self._since_trip[mode] += 1
         acceptance = self.acceptance(mode)
         if acceptance is None:
             return None
-        degraded = acceptance < self.threshold
-        if degraded == (mode in self._degraded):
+        if mode not in self._since_trip:
+            if acceptance >= self.threshold:
+                return None
+            self._since_trip[mode] = 0
+            return AlertChange(mode, True, acceptance, self._message(mode, True, acceptance))
+        window_renewed = self._since_trip[mode] >= len(recent)
+        if not window_renewed or acceptance < self.recovery_threshold:
             return None
-        if degraded:
-            self._degraded.add(mode)
-        else:
-            self._degraded.discard(mode)
-        return AlertChange(mode, degraded, acceptance, self._message(mode, degraded, acceptance))
+        del self._since_trip[mode]
+        return AlertChange(mode, False, acceptance, self._message(mode, False, acceptance))
 
     def acceptance(self, mode: str) -> float | None:
         """Pooled acceptance over the window, or None until enough requests drafted."""
@@ -72,11 +85,11 @@ class AcceptanceMonitor:
         return sum(a for _, a in recent) / drafted
 
     def is_degraded(self, mode: str) -> bool:
-        return mode in self._degraded
+        return mode in self._since_trip
 
     @property
     def any_degraded(self) -> bool:
-        return bool(self._degraded)
+        return bool(self._since_trip)
 
     def _message(self, mode: str, degraded: bool, acceptance: float) -> str:
         span = f"over the last {len(self._recent[mode])} requests"

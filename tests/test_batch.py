@@ -65,7 +65,7 @@ def batch_argv(models, source: Path, out: Path, *extra: str) -> list[str]:
 
 
 def assert_openai_success(record: dict, custom_id: str) -> None:
-    assert set(record) == {"id", "custom_id", "response", "error", "fingerprint"}
+    assert set(record) - {"supersedes"} == {"id", "custom_id", "response", "error", "fingerprint"}
     assert record["custom_id"] == custom_id and record["error"] is None
     response = record["response"]
     assert response["status_code"] == 200 and response["request_id"]

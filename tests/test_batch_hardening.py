@@ -220,6 +220,8 @@ def test_a_changed_request_is_redone_and_appended(tiny_models, tmp_path, capsys)
     for record in new:
         assert_openai_success(record, record["custom_id"])
     assert new[0]["fingerprint"] != json.loads(first[1])["fingerprint"]
+    # Each new record names the one it supersedes; the old ones stay as they were.
+    assert [r["supersedes"] for r in new] == [json.loads(first[i])["id"] for i in (1, 3)]
 
     # The last record per custom_id counts: a third run has nothing to do.
     capsys.readouterr()

@@ -489,10 +489,11 @@ def test_degraded_draft_alert_trips_and_clears(start_server):
     warnings = [line for line in server.lines if "fell to" in line]
     assert len(warnings) == 1 and "--draft" in warnings[0]
 
+    # It clears once a whole window after the warning is at 0.4 + RECOVERY_MARGIN or more.
     copied = [ask(0.0, seed) for seed in range(3)]
-    assert all(accepted > 0.4 * drafted for accepted, drafted in copied), copied
+    assert all(accepted >= 0.5 * drafted for accepted, drafted in copied), copied
     health = server.health()
-    assert health["draft"] == "ok" and health["rolling_acceptance"] > 0.4
+    assert health["draft"] == "ok" and health["rolling_acceptance"] >= 0.5
     assert server.metrics()[degraded] == 0
     assert any("recovered" in line for line in server.lines)
 

@@ -42,7 +42,8 @@ class ServerMetrics:
         self.rolling_acceptance = Gauge("edgespec_draft_rolling_acceptance",
                                         f"acceptance over the last {monitor.window} requests that drafted", ["mode"], registry=r)
         self.degraded = Gauge("edgespec_draft_degraded",
-                              f"1 while the rolling acceptance is below {monitor.threshold:g}", ["mode"], registry=r)
+                              f"1 from when the rolling acceptance falls below {monitor.threshold:g} until a window "
+                              f"after that is back at {monitor.recovery_threshold:g} or more", ["mode"], registry=r)
 
     def start_mode(self, mode: str) -> None:
         """Export the mode's series from the start, so a scrape sees zeros rather than nothing."""

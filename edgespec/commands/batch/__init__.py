@@ -24,9 +24,12 @@ batch on the same file is refused, naming the holder's pid, which the holder
 keeps in OUT's ".edgespec-lock" file next to it.
 
 On resume, a request whose fingerprint differs from the one stored with its
-record (the request changed since OUT was written) is redone and its new
-record appended: the last record for a custom_id is the one that counts.
-Records written before fingerprints existed are kept as they are, with a note.
+record (the request changed since OUT was written) is redone, and so is one
+whose record is an error that may pass (a server's answer that was none, see
+output.RETRIED_ERROR_CODES). Its new record is appended with a "supersedes"
+field holding the old record's "id": OUT is never rewritten, and the last
+record for a custom_id is the one that counts. Records written before
+fingerprints existed are kept as they are, with a note.
 
 With --endpoint URL the requests go to an OpenAI-compatible server instead
 of a local engine, up to --concurrency at a time (see remote.py); OUT, resume
@@ -80,7 +83,8 @@ def add_batch_parser(subparsers) -> None:
         description=(
             "Run every request of IN (OpenAI Batch JSONL, or one prompt per line as "
             '{"prompt": ...} or a JSON string) and append OpenAI Batch output records to OUT. '
-            "Rerun the same command to resume: custom_ids already in OUT are skipped. "
+            "Rerun the same command to resume: requests already done in OUT are skipped; a changed line, or "
+            "a server's answer that was none, is redone and its new record appended. "
             "Exit codes: 0 all requests succeeded, 1 some requests failed (error records in OUT), "
             "2 refused before starting, 130 interrupted."
         ),
@@ -135,6 +139,7 @@ def _batch_command(args) -> int:
         finished, torn = writer.load_finished()
         if torn:
             print(f"edgespec batch: cut off a torn last record in {args.output}; that request is redone", file=sys.stderr)
+        _note_retried_records(entries, writer.retried, args.output)
         _warn_changed_requests(entries, finished, args.output)
         resumed = sum(1 for e in entries if is_done(e, finished))
         tally = RunTally()
@@ -167,6 +172,14 @@ def check_paths(input_path: Path, output_path: Path, summary_path: Path | None) 
             raise BatchError(f"--summary {summary_path} is {what} ({other}); give --summary another path")
 
 
+def _note_retried_records(entries, retried: list[str], out_path: Path) -> None:
+    ids = {e.custom_id for e in entries}
+    redone = [custom_id for custom_id in retried if custom_id in ids]
+    if redone:
+        print(f"edgespec batch: redoing {_requests(len(redone))} whose record in {out_path} is an error worth"
+              f" retrying (first: {redone[0]!r})", file=sys.stderr)
+
+
 def _warn_changed_requests(entries, finished: dict[str, dict], out_path: Path) -> None:
     ids = {e.custom_id for e in entries}
     foreign = sum(1 for custom_id in finished if custom_id not in ids)
@@ -178,7 +191,7 @@ def _warn_changed_requests(entries, finished: dict[str, dict], out_path: Path) -
         print(
             f"edgespec batch: {_requests(len(changed))} changed since {out_path} was written"
             f" (first: {changed[0].custom_id!r}, line {changed[0].line}); they are redone and their new records"
-            " appended (the last record for a custom_id counts)",
+            " appended, each naming the record it supersedes (the last record for a custom_id counts)",
             file=sys.stderr,
         )
     unmarked = sum(1 for e in known if FINGERPRINT_FIELD not in finished[e.custom_id])

@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+from .answers import is_answer
 from .requests import CHAT_URL, BatchError, BatchRequest, InvalidRequest
 
 # How every output record's line begins: "id" is its first field and every id
@@ -23,6 +24,13 @@ from .requests import CHAT_URL, BatchError, BatchRequest, InvalidRequest
 RECORD_PREFIX = '{"id": "batch_req_'
 RECORD_FIELDS = {"id", "custom_id", "response", "error"}
 FINGERPRINT_FIELD = "fingerprint"
+SUPERSEDES_FIELD = "supersedes"  # on a record that replaces an earlier one for its custom_id: that one's "id"
+OPTIONAL_FIELDS = {FINGERPRINT_FIELD, SUPERSEDES_FIELD}
+# Error records of failures that may pass (a server's answer that was not one, see answers.py):
+# a resume redoes their requests, where other error records (a bad line, a prompt too long) stand.
+INVALID_ANSWER = "invalid_response"
+REQUEST_FAILED = "request_failed"
+RETRIED_ERROR_CODES = frozenset({INVALID_ANSWER, REQUEST_FAILED})
 HOLDER_SUFFIX = ".edgespec-lock"
 
 
@@ -49,6 +57,8 @@ class RecordWriter:
         self._regular = stat.S_ISREG(os.fstat(self._fd).st_mode)
         # No pid note next to a device or a pipe: /dev is nobody's place for it.
         self._holder = _write_holder(path) if self._regular else None
+        self._last_record_ids: dict[str, str] = {}  # custom_id -> "id" of its last record in OUT
+        self._retried: dict[str, None] = {}  # custom_ids whose last record a resume redoes, in OUT's order
         if self._created:
             _fsync_dir(path.parent)
 
@@ -59,6 +69,9 @@ class RecordWriter:
         followed by zero bytes after a power loss: when that line starts like a
         record, it is truncated away so its request is redone. Anything else
         that is not a record is refused, and OUT is left as it is.
+
+        A custom_id whose last record is one a resume redoes (see
+        redone_on_resume) is left out, and listed in self.retried.
         """
         if not self._regular:
             raise BatchError(f"batch output {self._path} is not a regular file; give -o a file path")
@@ -69,18 +82,38 @@ class RecordWriter:
             record = parse_record(raw)
             if record is None:
                 raise _not_a_record(self._path, line_no)
-            finished[record["custom_id"]] = record
+            self._keep_loaded(record, finished)
         tail = data[end:]
         if not tail:
             return finished, False
-        if not _is_torn_record(tail, after_records=bool(finished)):
+        if not _is_torn_record(tail, after_records=end > 0):
             raise _not_a_record(self._path, data[:end].count(b"\n") + 1)
         os.ftruncate(self._fd, end)
         os.fsync(self._fd)
         return finished, True
 
+    def _keep_loaded(self, record: dict, finished: dict[str, dict]) -> None:
+        custom_id = record["custom_id"]
+        self._last_record_ids[custom_id] = record["id"]
+        self._retried.pop(custom_id, None)
+        if redone_on_resume(record):
+            finished.pop(custom_id, None)
+            self._retried[custom_id] = None
+        else:
+            finished[custom_id] = record
+
+    @property
+    def retried(self) -> list[str]:
+        """The custom_ids load_finished left out because a resume redoes their last record."""
+        return list(self._retried)
+
     def append(self, record: dict) -> None:
+        """Append record and fsync it; one that replaces a record in OUT gets SUPERSEDES_FIELD first."""
+        custom_id = record["custom_id"]
+        if custom_id in self._last_record_ids:
+            record[SUPERSEDES_FIELD] = self._last_record_ids[custom_id]
         data = encode_record(record)
+        self._last_record_ids[custom_id] = record["id"]
         try:
             while data:
                 data = data[os.write(self._fd, data) :]
@@ -167,9 +200,9 @@ def parse_record(raw: bytes) -> dict | None:
         record = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError):
         return None
-    if not isinstance(record, dict) or not RECORD_FIELDS <= set(record) <= RECORD_FIELDS | {FINGERPRINT_FIELD}:
+    if not isinstance(record, dict) or not RECORD_FIELDS <= set(record) <= RECORD_FIELDS | OPTIONAL_FIELDS:
         return None
-    if not isinstance(record["custom_id"], str):
+    if not isinstance(record["custom_id"], str) or not isinstance(record["id"], str):
         return None
     return record
 
@@ -194,7 +227,11 @@ def encode_record(record: dict) -> bytes:
     # The torn-tail repair relies on every line starting so; see parse_record.
     if not line.startswith(RECORD_PREFIX):
         raise ValueError(f"not a batch output record: {line[:60]}")
-    return (line + "\n").encode("utf-8")
+    try:
+        return (line + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (a server's answer may hold one) has no UTF-8 form: kept as its \u escape.
+        return (json.dumps(record) + "\n").encode("ascii")
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -273,6 +310,18 @@ def is_done(entry: BatchRequest | InvalidRequest, finished: dict[str, dict]) -> 
         return False
     stored = record.get(FINGERPRINT_FIELD)
     return stored is None or stored == entry.fingerprint  # no fingerprint: written before they existed
+
+
+def redone_on_resume(record: dict) -> bool:
+    """Whether a resume redoes this record's request: an error that may pass, or a 200 that is no answer.
+
+    The second is what an older edgespec saved from a server's bad body (see answers.py).
+    """
+    error = record.get("error")
+    if isinstance(error, dict):
+        return error.get("code") in RETRIED_ERROR_CODES
+    response = record.get("response")
+    return isinstance(response, dict) and response.get("status_code") == 200 and not is_answer(response.get("body"))
 
 
 def is_success(record: dict) -> bool:

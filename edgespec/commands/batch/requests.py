@@ -7,12 +7,14 @@ engine is to run is checked by edgespec serve's own check (for_the_engine).
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...chat_template import MAX_RENDER_CHARS
 from ...errors import EdgespecError
 from ...server.protocol import ApiError, check_body
 
@@ -61,6 +63,7 @@ def read_requests(path: Path) -> list[BatchRequest | InvalidRequest]:
         data = path.read_bytes()
     except OSError as err:
         raise BatchError(f"cannot read batch input {path}: {err.strerror}; check the path") from None
+    data = data.removeprefix(codecs.BOM_UTF8)  # Windows editors start UTF-8 files with one
     entries = []
     for line_no, raw in enumerate(data.split(b"\n"), start=1):
         if raw.strip():
@@ -113,7 +116,17 @@ def _parse_value(value: object, custom_id: str, line_no: int) -> BatchRequest:
 
 
 def _plain_request(prompt: str, custom_id: str, line_no: int) -> BatchRequest:
-    return BatchRequest(custom_id, line_no, CHAT_URL, messages=({"role": "user", "content": prompt},))
+    return BatchRequest(custom_id, line_no, CHAT_URL, messages=_fitting_chat(({"role": "user", "content": prompt},)))
+
+
+def _fitting_chat(messages: tuple[dict, ...]) -> tuple[dict, ...]:
+    """The messages, unless they hold more text than a chat template may render (so no context holds)."""
+    size = sum(len(m["content"]) for m in messages)
+    if size >= MAX_RENDER_CHARS:
+        raise _LineError("context_length_exceeded", f"the messages hold {size:,} characters, more than a chat "
+                         f"prompt may ({MAX_RENDER_CHARS:,}); shorten them (a \"{COMPLETIONS_URL}\" request sends "
+                         "its prompt as is, without the chat template)")
+    return messages
 
 
 def _openai_request(value: dict, custom_id: str, line_no: int) -> BatchRequest:
@@ -129,6 +142,8 @@ def _openai_request(value: dict, custom_id: str, line_no: int) -> BatchRequest:
         raise _LineError("unknown_url", f'unknown url {url!r}; use "{CHAT_URL}" or "{COMPLETIONS_URL}"')
     if not isinstance(body, dict):
         raise _LineError("invalid_field", '"body" must be a JSON object')
+    if url == CHAT_URL and isinstance(body.get("messages"), list):  # the rest of its shape is for_the_engine's
+        _fitting_chat(tuple(m for m in body["messages"] if isinstance(m, dict) and isinstance(m.get("content"), str)))
     return BatchRequest(custom_id, line_no, url, body=body)
 
 

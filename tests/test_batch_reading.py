@@ -1,0 +1,47 @@
+"""Reading IN: a byte order mark, and a chat too long for any chat prompt (issue 25's small cases)."""
+
+from __future__ import annotations
+
+import codecs
+import json
+
+from edgespec.chat_template import MAX_RENDER_CHARS
+from edgespec.commands import batch
+from edgespec.commands.batch import requests as batch_requests
+from test_batch import batch_argv, chat_line, read_records, run_cli, write_lines
+
+
+def test_a_byte_order_mark_does_not_cost_line_1_its_id(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(codecs.BOM_UTF8 + (chat_line("first", "Hello") + "\n" + json.dumps("Hi") + "\n").encode())
+    first, second = batch_requests.read_requests(source)
+    assert isinstance(first, batch_requests.BatchRequest) and first.custom_id == "first"
+    assert second.custom_id == "line-2"
+    # The mark is no part of the request: the same line without it has the same fingerprint.
+    assert first.fingerprint == batch_requests.parse_line(chat_line("first", "Hello").encode(), 1).fingerprint
+
+
+def test_only_a_leading_mark_is_skipped(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes((json.dumps("Hi") + "\n").encode() + codecs.BOM_UTF8 + b'"There"\n')
+    first, second = batch_requests.read_requests(source)
+    assert isinstance(first, batch_requests.BatchRequest) and isinstance(second, batch_requests.InvalidRequest)
+
+
+def test_a_chat_longer_than_any_chat_prompt_is_refused_with_a_fix_batch_has(tmp_path):
+    text = "word " * (MAX_RENDER_CHARS // 5)
+    for value in (text, {"prompt": text}, json.loads(chat_line("c", text))):
+        entry = batch_requests.parse_line(json.dumps(value).encode(), 3)
+        assert isinstance(entry, batch_requests.InvalidRequest) and entry.code == "context_length_exceeded"
+        assert entry.message.startswith("line 3: the messages hold 4,0") and "shorten them" in entry.message
+        assert "--raw" not in entry.message and '"/v1/completions" request' in entry.message
+    assert isinstance(batch_requests.parse_line(json.dumps(text[:-10]).encode(), 3), batch_requests.BatchRequest)
+
+
+def test_the_local_batch_records_the_too_long_chat_and_goes_on(tiny_models, tmp_path, capsys):
+    lines = [json.dumps("x" * MAX_RENDER_CHARS), chat_line("short", "Hello", max_tokens=2)]
+    source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    assert run_cli(batch_argv(tiny_models, source, out)) == batch.EXIT_REQUESTS_FAILED
+    long_one, short = read_records(out)
+    assert long_one["error"]["code"] == "context_length_exceeded" and "--raw" not in long_one["error"]["message"]
+    assert short["error"] is None
