@@ -112,7 +112,7 @@ async def test_prompt_streams_a_reply_with_draft_marks_stats_and_footer(models):
             return [s for view in reply.query(BlockView) for s in view.rendered.spans if s.style == tint]
         assert tinted_spans()
         await pilot.press("ctrl+t")
-        assert not app.mark_drafts and not tinted_spans()
+        assert not app.conversation.mark_drafts and not tinted_spans()
         await pilot.press("ctrl+t")
         assert tinted_spans()
 
@@ -365,6 +365,8 @@ async def test_context_overflow_is_a_message_not_a_crash(models):
         await wait_for(pilot, lambda: app.query(Note))
         await wait_for(pilot, lambda: app.generation is None)
         assert "context" in str(app.query(Note).last().render())
+        assert app.prompt_input.text == ("the cat sat " * 100).strip(), "the refused message is back in the input"
+        app.prompt_input.load_text("")
         await send(pilot, "hi")  # still usable
         assert replies(app)
 
@@ -453,7 +455,7 @@ async def test_a_stale_speed_measurement_is_redone_between_replies_not_at_start(
         await loaded(pilot)
         assert app.chat.engine.exact_width == 3, "the chat started on the old measurement"
         assert not any("measuring" in str(note.render()) for note in app.query(Note))
-        await wait_for(pilot, lambda: not app.chat.engine.calibration_due and app._recalibration_idle.is_set())
+        await wait_for(pilot, lambda: not app.chat.engine.calibration_due and not app.host.measuring)
         assert app.chat.engine.plain_step_seconds < 1000.0 and cache.load_entry(key) is not None
         await send(pilot, "Hello world")  # the chat goes on with the new measurement
         assert replies(app)

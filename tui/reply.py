@@ -155,8 +155,14 @@ class ReplyView(Vertical):
         self._final_blocks, self._open_from, self._streaming = 0, 0, False
         self._render_tail()
 
-    def finish(self) -> None:
-        """The reply is complete: render its last block whole (its code highlighted as one)."""
+    def finish(self, text: str | None = None) -> None:
+        """The reply is complete: render its last block whole (its code highlighted as one).
+
+        text is the reply's final text when it may differ from what streamed in (a stop
+        string cuts text that was already shown)."""
+        if text is not None and text != self.text:
+            self.set_text(text, self.drafted_ranges())
+            return
         self._streaming = False
         self._render_tail()
 
