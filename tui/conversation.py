@@ -6,11 +6,13 @@ token rate: each drain re-renders the reply's open block and lays the view out
 again, and on a machine with few cores that work takes CPU from decoding (ggml's
 threads spin while one of them waits for a core).  A stream that ends is
 drained at once.  The view tells the app through messages: Progress (the
-reply's live figures, at the same bounded rate) and Ended (the stream, complete).
+reply's live figures, at most every PROGRESS_INTERVAL_S: the stats bar they
+feed need not move faster) and Ended (the stream, complete).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,6 +26,7 @@ from tui.render import BlockRenderer
 from tui.widgets import AssistantMessage, Note, UserMessage
 
 REPLY_FRAMES_PER_SECOND = 15
+PROGRESS_INTERVAL_S = 0.25
 
 
 @dataclass
@@ -62,6 +65,9 @@ class ConversationView(VerticalScroll):
         self.mark_drafts = mark_drafts
         self._streaming: tuple[ReplyStream, AssistantMessage] | None = None
         self._frames: Timer | None = None
+        self._pending_stats: Stats | None = None  # gathered since the last Progress
+        self._pending_acceptance: list[float] = []
+        self._progress_posted = 0.0  # time.monotonic() of the last Progress
 
     def on_mount(self) -> None:
         self.anchor()
@@ -134,9 +140,19 @@ class ConversationView(VerticalScroll):
             self.mount(Note(notice, "note"), before=message)
         if pieces:
             message.reply.append(pieces)
-        if live is not None or acceptance:
-            self.post_message(self.Progress(live, acceptance))
+        self._gather_progress(live, acceptance, finished)
         if finished:
             self._streaming = None
             self._frames.pause()
             self.post_message(self.Ended(stream, message))
+
+    def _gather_progress(self, stats: Stats | None, acceptance: list[float], finished: bool) -> None:
+        """Post the figures gathered since the last Progress, if PROGRESS_INTERVAL_S passed (or the reply ended)."""
+        if stats is not None:
+            self._pending_stats = stats
+        self._pending_acceptance.extend(acceptance)
+        now = time.monotonic()
+        if finished or now - self._progress_posted >= PROGRESS_INTERVAL_S:
+            if self._pending_stats is not None or self._pending_acceptance:
+                self.post_message(self.Progress(self._pending_stats, self._pending_acceptance))
+            self._pending_stats, self._pending_acceptance, self._progress_posted = None, [], now
