@@ -246,3 +246,20 @@ def test_an_exported_chat_holds_no_escape_sequences():
 def test_the_chat_leaves_a_core_to_the_app_on_small_machines():
     assert [default_chat_threads(cores) for cores in (1, 2, 3, 4)] == [1, 1, 2, 3]
     assert default_chat_threads(SMALL_MACHINE_CORES + 1) is None  # the engine's own default
+
+
+def test_the_chat_actions_use_only_what_they_declare_of_the_app():
+    """ChatActions (a mixin of ChatApp) declares the app state and methods it uses: nothing else of the app."""
+    import ast
+    import inspect
+
+    from textual.app import App
+
+    import tui.actions
+    from tui.actions import ChatActions
+
+    tree = ast.parse(inspect.getsource(tui.actions))
+    used = {node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"}
+    declared = set(ChatActions.__annotations__) | set(vars(ChatActions))
+    assert used - declared - set(dir(App)) == set()
