@@ -67,7 +67,8 @@ def make_app(models, cost_curve=COST_CURVE, **settings) -> ChatApp:
     return ChatApp(ChatConfig(**values), ChatStore(), n_threads=1, cost_curve=cost_curve)
 
 
-async def wait_for(pilot, condition, timeout: float = 30.0) -> None:
+async def wait_for(pilot, condition, timeout: float = 60.0) -> None:
+    """Wait for condition(): the timeout only guards against a hang, it is never what a test waits for."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
