@@ -14,11 +14,15 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 TURNS = ["the cat sat on the mat", "and then the dog came in", "tell me about the cat again"]
 
 
+FIXED_COST = (1.0, 1.2, 1.4, 1.6)
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_models):
     """One engine for the sessions under test, one kept apart for fresh reference sessions."""
-    reused = load_engine(tiny_models["target"], tiny_models["draft"], n_ctx=512, draft_tokens=3)
-    fresh = load_engine(tiny_models["target"], "none", n_ctx=512, draft_tokens=0)
+    # given cost curves: nothing is timed, so the draft lengths do not depend on the machine's speed
+    reused = load_engine(tiny_models["target"], tiny_models["draft"], n_ctx=512, draft_tokens=3, cost_curve=FIXED_COST)
+    fresh = load_engine(tiny_models["target"], "none", n_ctx=512, draft_tokens=0, cost_curve=FIXED_COST)
     yield reused, fresh
     reused.close()
     fresh.close()
@@ -103,7 +107,7 @@ def test_regenerate_and_edit_roll_back(engines):
 
 
 def test_context_overflow_drops_oldest_turns_or_raises(tiny_models):
-    engine = load_engine(tiny_models["target"], "ngram", n_ctx=256, draft_tokens=2)
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=256, draft_tokens=2, cost_curve=FIXED_COST)
     params = SamplingParams(temperature=0.0, max_tokens=40)
     session = ChatSession(engine, system_prompt="system")
     notices = []

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import random
 
-import pytest
 from rich.style import Style
+from textual import events
 from textual.app import App
 
-from edgespec.engine import Done, GenerationResult, Step, Token
 from edgespec.session import SESSION_FORMAT
-from edgespec.stats import Stats
+from scripted_reply import ScriptedReply, use_script
 from test_tui import SIZE, loaded, make_app, models, pilot_test, replies, send, user_dirs, wait_for  # noqa: F401
 from tui.history import ChatStore, content_key
+from tui.paste import PasteSafeParser
 from tui.history_screens import ConfirmScreen, ExportScreen, HistoryScreen, RenameScreen
 from tui.render import BlockRenderer
 from tui.reply import SEGMENT_LINES, BlockView, ReplyView
@@ -149,7 +149,7 @@ async def test_deleting_a_chat_asks_first(models):
 
 @pilot_test
 async def test_editing_an_earlier_message_answers_it_again_and_drops_what_followed(models):
-    app = make_app(models)
+    app = make_app(models, bit_exact=True)  # at T = 0 every reply is then plain decoding's: the same for the same chat
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await send(pilot, "Hello world")
@@ -222,6 +222,21 @@ async def test_a_streamed_reply_settles_lines_once_and_ends_as_the_whole_reply_r
 
 
 @pilot_test
+async def test_blocks_that_arrive_whole_in_one_update_are_all_shown():
+    """A reply whose blocks all arrive before they are mounted (a fast model, one frame) shows each of them:
+    a block complete before its on_mount once stayed empty (Textual counts it mounted only after on_mount)."""
+    app = _Replies()
+    async with app.run_test(size=(100, 60)) as pilot:
+        app.streamed.append([(REPLY, False)])
+        app.streamed.finish()
+        await pilot.pause()
+        views = list(app.streamed.query(BlockView))
+        assert [view.block.kind for view in views] == ["prose", "code", "prose"]
+        shown = ["\n".join(str(segment.render()) for segment in view.children) for view in views]
+        assert shown == [view.rendered.plain for view in views] and all(shown)
+
+
+@pilot_test
 async def test_a_code_blocks_language_is_shown_as_text_not_markup():
     app = _Replies()
     async with app.run_test(size=(100, 20)) as pilot:
@@ -231,28 +246,12 @@ async def test_a_code_blocks_language_is_shown_as_text_not_markup():
         assert view.border_title == "\\[red]x"  # escaped markup: it shows as typed
 
 
-def scripted_reply(text: str, drafted: list):
-    """An Engine.stream_tokens stand-in that streams `text` (a code block a tiny model would not write)
-    in steps of a few tokens, marking the characters of `drafted` as accepted n-gram tokens."""
-    def stream_tokens(prompt_ids, params, cancel=None, shift_dropped_span=False):
-        pieces, position, rng = [], 0, random.Random(5)
-        while position < len(text):
-            end = min(len(text), position + rng.randint(1, 4))
-            pieces.append(Token(0, text[position:end], "ngram" if any(a <= position < b for a, b in drafted) else None))
-            position = end
-        stats = Stats(mode="ngram", tokens_generated=len(pieces), finish_reason="stop", steps=len(pieces) // 3)
-        for start in range(0, len(pieces), 3):
-            yield Step(pieces[start:start + 3], stats)
-        yield Done(GenerationResult(text, [0] * len(pieces), "stop", stats))
-    return stream_tokens
-
-
 @pilot_test
 async def test_the_code_tint_of_a_streamed_reply_is_the_same_after_a_restart(models):
-    app = make_app(models)
+    app = make_app(models, max_tokens=400)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        app.chat.engine.stream_tokens = scripted_reply(REPLY, DRAFTED)
+        use_script(app.chat.engine, ScriptedReply(REPLY, DRAFTED))  # a code block a tiny model would not write
         await send(pilot, "Sum some numbers")
         [reply] = replies(app)
         assert reply.reply.text == REPLY
@@ -267,3 +266,52 @@ async def test_the_code_tint_of_a_streamed_reply_is_the_same_after_a_restart(mod
         await pilot.pause()
         [reply] = replies(app)
         assert [(view.block.kind, tinted(view, app.config.draft_tint)) for view in reply.query(BlockView)] == live
+
+
+@pilot_test
+async def test_a_refused_message_is_saved_neither_as_a_chat_nor_as_a_pending_prompt(models):
+    """20,000 characters are more than the context holds: the message is refused, goes back to the input,
+    and the saved chats stay as they were (F4 once offered the refused message as "the last chat")."""
+    app = make_app(models, n_ctx=512)
+    earlier = saved_chat(app.store, "an earlier chat")
+    too_long = "word " * 4000
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.prompt_input.load_text(too_long)
+        app.prompt_input.action_submit()
+        await wait_for(pilot, lambda: app.generation is None and "context" in str(app.query(Note).last().render()))
+        assert app.prompt_input.text == too_long.strip(), "nothing typed is lost"
+        assert [chat.id for chat in app.store.list_chats()] == [earlier] and app.chat.chat_id is None
+        app.prompt_input.load_text("")
+        await pilot.press("f4")  # continues the earlier chat, with no prompt said to be unanswered
+        await pilot.pause()
+        assert app.chat.chat_id == earlier and app.prompt_input.text == ""
+        assert not any("no reply" in str(note.render()) for note in app.query(Note))
+
+        use_script(app.chat.engine, ScriptedReply("Sure."))
+        await send(pilot, "One more")
+        app.prompt_input.load_text(too_long)  # refused in a chat that has messages: saved without it
+        app.prompt_input.action_submit()
+        await wait_for(pilot, lambda: app.generation is None and "context" in str(app.query(Note).last().render()))
+        stored = app.store.load_chat(earlier)
+        assert stored.extras["pending_prompt"] is None
+        assert [m["content"] for m in stored.session["messages"]][-2:] == ["One more", "Sure."]
+
+
+@pilot_test
+async def test_a_paste_is_plain_text_and_its_escape_bytes_drive_nothing(models):
+    """A bracketed paste from the terminal, through the parser the app runs with (tui.paste), to the prompt."""
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        mode = app.chat.engine.mode
+        raw = "\x1b[200~CCC\x1b[31mDDD\r\ntitle: \x1b]0;evil\x07set\x00 \x9b2J\tdone\x1b[201~"
+        for event in PasteSafeParser().feed(raw):  # what the terminal driver would post, in order
+            app.post_message(event)
+        await pilot.pause()
+        assert app.prompt_input.text == "CCCDDD\ntitle: set \tdone"
+        assert app.chat.engine.mode == mode, "the BEL in the OSC string was no Ctrl+G"
+        app.prompt_input.load_text("")
+        app.post_message(events.Paste("a\x1b[1mb\x07c"))  # a Paste event from any driver is cleaned too
+        await pilot.pause()
+        assert app.prompt_input.text == "abc" and app.chat.engine.mode == mode

@@ -1,11 +1,19 @@
-"""The chat app's pure parts: Markdown blocks with draft tint, stats texts, config."""
+"""The chat app's pure parts: Markdown blocks with draft tint, stats texts, config, pasted and exported text."""
 
 from dataclasses import replace
 
 import pytest
 from rich.style import Style
 
+from textual import events
+from textual._xterm_parser import XTermParser
+
 from tui.config import ChatConfig, ConfigError, load_config, save_defaults
+from tui.control_chars import plain_text
+from tui.engine_host import SMALL_MACHINE_CORES, default_chat_threads
+from tui.export import chat_markdown
+from tui.history import StoredChat, content_key
+from tui.paste import PasteSafeParser
 from tui.render import DEFAULT_DRAFT_TINT, BlockRenderer, split_blocks
 from edgespec.stats import Stats
 from tui.stats import MIN_PLAIN_STEPS, PlainSpeedEstimate, reply_footer, stats_line, step_acceptance
@@ -190,3 +198,68 @@ def test_the_stats_line_drops_its_least_important_figures_to_fit_a_width():
     assert all(len(line) <= 40 for line in narrow)
     assert "draft model  qwen" in narrow[0] and "ctx 150/4,096" in narrow[0] and "qwen-small" not in narrow[0]
     assert "40.0 tok/s" in narrow[1] and "accept 75%" in narrow[1] and "target passes" not in narrow[1]
+
+
+@pytest.mark.parametrize("text, plain", [
+    ("CCC\x1b[31mDDD", "CCCDDD"),  # a colour: the whole sequence goes, not just the ESC
+    ("a\x1b]0;window title\x07b", "ab"),  # OSC ended by BEL (which rings, or was Ctrl+G)
+    ("a\x1b]8;;https://x.example\x1b\\link\x1b]8;;\x1b\\b", "alinkb"),  # a hyperlink, ST-terminated
+    ("\x1bPq#0;2;0;0;0\x1b\\ok", "ok"),  # DCS (sixel)
+    ("a\x9b2Jb\x85c", "abc"),  # C1: CSI as one character, NEL
+    ("x\x00y\x08z\x7f", "xyz"),  # C0 and DEL
+    ("one\r\ntwo\rthree\n\tfour", "one\ntwo\nthree\n\tfour"),  # line breaks kept as \n, tabs kept
+    ("cut \x1b]0;no end\nnext line", "cut \nnext line"),  # an unterminated string costs its line only
+    ("café 日本 😀 ~[31m", "café 日本 😀 ~[31m"),  # text that only looks like a sequence stays
+])
+def test_plain_text_drops_escape_sequences_and_control_characters(text, plain):
+    assert plain_text(text) == plain
+
+
+def parsed(parser, reads: list[str]) -> list[tuple[str, str]]:
+    events_out = [event for read in reads for event in parser.feed(read)]
+    return [("paste", e.text) if isinstance(e, events.Paste) else ("key", e.key) for e in events_out]
+
+
+def test_a_bracketed_paste_with_escape_bytes_arrives_whole_and_presses_no_key():
+    raw = "x\x1b[200~CCC\x1b[31mDDD \x1b]0;t\x07E\x1b[201~y"
+    # Textual's own parser replays what follows the ESC as key presses (a BEL: Ctrl+G) before the paste
+    assert ("key", "ctrl+g") in parsed(XTermParser(), [raw])
+    expected = [("key", "x"), ("paste", "CCCDDD E"), ("key", "y")]
+    assert parsed(PasteSafeParser(), [raw]) == expected
+    assert parsed(PasteSafeParser(), list(raw)) == expected, "markers and pastes split between reads"
+    assert parsed(PasteSafeParser(), ["\x1b"]) == [] and parsed(PasteSafeParser(), ["a"]) == [("key", "a")]
+
+
+def test_an_exported_chat_holds_no_escape_sequences():
+    reply = "Done: \x1b[2J\x1b]0;pwned\x07all clear"
+    session = {"system_prompt": "be \x1b[1mbold", "messages": [
+        {"role": "user", "content": "paste: \x1b[31mred\x1b[0m"}, {"role": "assistant", "content": reply}]}
+    chat = StoredChat(id=1, title="t\x1b[5mitle", target="m.gguf", settings={}, session=session,
+                      extras={"drafted": {content_key(reply): [[0, 4]]}})
+    for marked in (True, False):
+        text = chat_markdown(chat, marked)
+        assert not any(ord(char) < 32 and char not in "\n\t" or 0x7f <= ord(char) <= 0x9f for char in text)
+        assert "# title" in text and "**System prompt:** be bold" in text and "paste: red" in text
+        assert ("<mark>Done</mark>: all clear" if marked else "Done: all clear") in text
+
+
+def test_the_chat_leaves_a_core_to_the_app_on_small_machines():
+    assert [default_chat_threads(cores) for cores in (1, 2, 3, 4)] == [1, 1, 2, 3]
+    assert default_chat_threads(SMALL_MACHINE_CORES + 1) is None  # the engine's own default
+
+
+def test_the_chat_actions_use_only_what_they_declare_of_the_app():
+    """ChatActions (a mixin of ChatApp) declares the app state and methods it uses: nothing else of the app."""
+    import ast
+    import inspect
+
+    from textual.app import App
+
+    import tui.actions
+    from tui.actions import ChatActions
+
+    tree = ast.parse(inspect.getsource(tui.actions))
+    used = {node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"}
+    declared = set(ChatActions.__annotations__) | set(vars(ChatActions))
+    assert used - declared - set(dir(App)) == set()

@@ -58,10 +58,11 @@ def test_the_width_probe_measures_drift_once_and_the_cache_keeps_it(tiny_models)
     first = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1)
     drift = dict(first.kernel_drift)
     first.close()
-    assert drift and set(drift.values()) == {0.0}  # the tiny models' kernels are exact at every width
+    # how much a wide pass drifts is the kernels' (0.0 with make's CPU build, not on a GPU): only its reuse is checked
+    assert drift and all(value >= 0.0 for value in drift.values())
     notices = []
     second = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append)
-    assert second.kernel_drift == drift and second.drift_bound() == 0.0
+    assert second.kernel_drift == drift and second.drift_bound() == 2 * max(drift.values())
     assert not any("measuring" in n for n in notices)
     second.close()
 

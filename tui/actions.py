@@ -1,29 +1,69 @@
 """What the chat app's keys and commands do: ChatApp's actions (bindings: tui.config.KEY_ACTIONS).
 
 A mixin of ChatApp (tui/app.py), kept apart so the app module shows how the
-app runs and this one what each action does; it uses the app's chat
-controller (self.chat), conversation view and dialogs.
+app runs and this one what each action does.  ChatActions declares below what
+it uses of the app, and uses nothing else of it (beside textual.App's own
+methods: notify, push_screen, copy_to_clipboard, refresh_bindings, exit).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterator
+from typing import Callable, Iterator
 
 from textual.app import SystemCommand
 
 from edgespec import EdgespecError
 from edgespec.drafters import MODES
 from tui import stats as stats_text
-from tui.config import COMMAND_HELP, KEY_ACTIONS, save_defaults
+from tui.chat import ChatController
+from tui.config import COMMAND_HELP, KEY_ACTIONS, ChatConfig, save_defaults
+from tui.conversation import ConversationView, Generation
+from tui.history import ChatStore
 from tui.history_screens import HistoryScreen
 from tui.screens import LoadModelScreen, ModelInfoScreen, SettingsScreen, model_info
 from tui.settings import ChatSettings
 from tui.reply import BlockView
-from tui.widgets import AssistantMessage, KeysPanel, UserMessage
+from tui.widgets import KeysPanel, PromptInput, UserMessage
 
 
 class ChatActions:
+    # -- what the actions use of ChatApp: its state ...
+    config: ChatConfig
+    store: ChatStore
+    chat: ChatController  # the conversation: engine, session, settings
+    conversation: ConversationView
+    prompt_input: PromptInput
+    generation: Generation | None  # the reply being generated, if one is
+    editing: int | None  # the index of the user message the prompt input edits, if one is
+    model_spec: tuple[str, str]  # the target and draft asked for last
+
+    # ... and its methods
+    def start_reply(self, events: Callable[[], Iterator], prompt: str | None = None) -> None:
+        raise NotImplementedError
+
+    def rebuild_conversation(self) -> None:
+        raise NotImplementedError
+
+    def open_chat(self, chat_id: int) -> None:
+        raise NotImplementedError
+
+    def load_models(self, model: str, draft: str) -> None:
+        raise NotImplementedError
+
+    def apply_settings(self, settings: ChatSettings) -> None:
+        raise NotImplementedError
+
+    def show_models(self) -> None:
+        """Show the loaded models' figures (mode, draft tokens) in the stats bar again."""
+        raise NotImplementedError
+
+    def show_reply_figures(self) -> None:
+        """Show the chat's reply figures (stats, context, acceptance) in the stats bar again."""
+        raise NotImplementedError
+
+    # -- the actions
+
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action == "cancel":
             return True if self.generation is not None or self.editing is not None else None
@@ -35,7 +75,7 @@ class ChatActions:
         if self.generation is not None:
             self.chat.session.cancel()
         elif self.editing is not None:
-            self._end_editing()
+            self.end_editing()
             self.prompt_input.load_text("")
 
     # -- editing an earlier message --------------------------------------------------
@@ -66,7 +106,7 @@ class ChatActions:
         self.prompt_input.focus()
         self.refresh_bindings()
 
-    def _end_editing(self) -> None:
+    def end_editing(self) -> None:
         self.editing = None
         self.prompt_input.border_title = None
         self.refresh_bindings()
@@ -74,11 +114,11 @@ class ChatActions:
     def _answer_edited(self, text: str) -> None:
         """Replace the message being edited, forget what followed it, and answer it again."""
         index, session, sampling = self.editing, self.chat.session, self.chat.settings.sampling
-        self._end_editing()
+        self.end_editing()
         session.edit_user_message(index, text)
-        self._rebuild_conversation()
+        self.rebuild_conversation()
         self.chat.save()
-        self._start(lambda: session.stream_reply(sampling))
+        self.start_reply(lambda: session.stream_reply(sampling))
 
     def action_regenerate(self) -> None:
         if self._busy():
@@ -89,20 +129,20 @@ class ChatActions:
             self.notify("Nothing to regenerate yet.")
             return
         if messages[-1]["role"] == "assistant":
-            self.conversation.query(AssistantMessage).last().remove()
-            self._start(lambda: session.stream_regenerate(sampling))
+            self.conversation.remove_last_reply()
+            self.start_reply(lambda: session.stream_regenerate(sampling))
         else:  # the last reply failed: answer the prompt that is still there
-            self._start(lambda: session.stream_reply(sampling))
+            self.start_reply(lambda: session.stream_reply(sampling))
 
     def action_new_chat(self) -> None:
         if self._busy():
             return
         self.chat.new_chat()
         if self.editing is not None:
-            self._end_editing()
+            self.end_editing()
             self.prompt_input.load_text("")
-        self.conversation.remove_children()
-        self._stats_dirty = True
+        self.conversation.clear()
+        self.show_reply_figures()
         self.prompt_input.focus()
 
     def on_block_view_copy_requested(self, event: BlockView.CopyRequested) -> None:
@@ -144,14 +184,12 @@ class ChatActions:
         self.chat.engine.configure(mode=mode)
         when = " from the next reply" if self.generation is not None else ""
         self.notify(f"Drafting: {stats_text.MODE_LABELS[mode]}{when}.")
-        self._stats_dirty = True
+        self.show_models()
 
     def action_toggle_marks(self) -> None:
-        self.mark_drafts = not self.mark_drafts
-        for message in self.conversation.query(AssistantMessage):
-            message.reply.set_marking(self.mark_drafts)
-        self.notify("Draft marks on: tinted text came from accepted draft tokens."
-                    if self.mark_drafts else "Draft marks off.")
+        marking = not self.conversation.mark_drafts
+        self.conversation.set_marking(marking)
+        self.notify("Draft marks on: tinted text came from accepted draft tokens." if marking else "Draft marks off.")
 
     def action_history(self) -> None:
         if self._busy():
@@ -174,7 +212,7 @@ class ChatActions:
             if answer is None:
                 return
             settings, save = answer
-            self._apply_settings(settings)
+            self.apply_settings(settings)
             if save:
                 self.config = replace(self.config, **settings.config_values())
                 self.notify(f"Saved as defaults in {save_defaults(self.config)}.", markup=False)

@@ -1,54 +1,48 @@
 """edgespec chat: a Textual chat app that shows speculative decoding at work.
 
-The App here owns the screen: layout, bindings, dialogs and the worker
-threads that load models and generate.  The conversation itself (session,
-settings, per-reply stats, history) is the ChatController of tui/chat.py.
-A reply streams from its worker into a ReplyStream that a UI timer drains a
-dozen times a second.  Entry point: `run_chat`.
+The app is made of four parts:
+
+- ChatApp (here): the layout, the bindings, the dialogs and the actions
+  (tui/actions.py), and the path of a reply: sent, generated on a worker
+  thread, finished or failed.
+- ChatController (tui/chat.py): the conversation itself (engine and session,
+  settings, per-reply stats, history); it knows nothing of Textual.
+- ConversationView (tui/conversation.py): the message widgets, and the reply
+  that streams into the last one at a bounded frame rate.
+- EngineHost (tui/engine_host.py): loading models and re-measuring their
+  speed on worker threads.
+
+The StatsBar (tui/widgets.py) shows reactive figures: the app sets each one
+when it changes.  Entry point: `run_chat`.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Iterator
 
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
-from textual.message import Message
 from textual.widgets import Header
 
-from edgespec import EdgespecError, Engine
-from edgespec.catalog import default_pair
-from edgespec.loading import load_engine, use_prompt_cache
+from edgespec import EdgespecError
 from tui import stats as stats_text
 from tui.actions import ChatActions
 from tui.chat import ChatController, ReplyStream
 from tui.config import KEY_ACTIONS, ChatConfig, load_config
+from tui.conversation import ConversationView, Generation
+from tui.engine_host import EngineHost, default_chat_threads
 from tui.history import ChatStore
+from tui.paste import guard_terminal_pastes
 from tui.render import BlockRenderer
 from tui.settings import FLAG_SETTINGS, ChatSettings
-from tui.widgets import AssistantMessage, ChatFooter, LoadingPanel, Note, PromptInput, StatsBar, UserMessage
+from tui.widgets import ChatFooter, LoadingPanel, ModelFigures, PromptInput, StatsBar
 
-DRAIN_INTERVAL_S = 1 / 12
-STATS_INTERVAL_S = 0.25
 # Most important first: a narrow footer keeps the first ones (ChatFooter)
 FOOTER_ACTIONS = ("cancel", "help", "new_chat", "history", "copy_reply", "model_info", "regenerate", "cycle_mode",
                   "settings", "toggle_marks")
-
-
-@dataclass
-class _Generation:
-    stream: ReplyStream
-    view: AssistantMessage
-
-
-class GenerationEnded(Message):
-    """Posted by the generation thread so the UI finishes without waiting for the next tick."""
 
 
 class ChatApp(ChatActions, App):
@@ -66,23 +60,17 @@ class ChatApp(ChatActions, App):
         self.config = config
         self.store = store
         self.chat = ChatController(config, store)
-        self.n_threads = n_threads
-        self.cost_curve = cost_curve
-        self.generation: _Generation | None = None
-        self.mark_drafts = True
-        self.renderer = BlockRenderer(config.draft_tint)
+        self.host = EngineHost(self, config, n_threads=n_threads, cost_curve=cost_curve)
+        self.generation: Generation | None = None
         self.model_spec = (config.model or "", config.draft)
-        self._loading: tuple[LoadingPanel, float] | None = None
-        self._stats_dirty = True
+        self.loading: LoadingPanel | None = None
         self.editing: int | None = None  # the index of the user message the prompt input edits
-        self._recalibration_idle = threading.Event()  # cleared while the engine re-measures its speed
-        self._recalibration_idle.set()
 
     # -- layout ------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: queries go to the active screen, which may be a dialog.
-        self.conversation = VerticalScroll(id="conversation")
+        self.conversation = ConversationView(BlockRenderer(self.config.draft_tint))
         self.stats_bar = StatsBar()
         self.prompt_input = PromptInput(self.store.recent_prompts(), id="prompt")
         yield Header()
@@ -95,17 +83,14 @@ class ChatApp(ChatActions, App):
         keymap = {f"edgespec.{action}": keys for action, keys in self.config.keymap.items()}
         if keymap:
             self.set_keymap(keymap)
-        self.conversation.anchor()
         for notice in self.store.notices:  # e.g. a damaged history was moved aside at start-up
             self._history_notice(notice)
         self.store.on_notice = self._history_notice
-        self.set_interval(DRAIN_INTERVAL_S, self._drain)
-        self.set_interval(STATS_INTERVAL_S, self._refresh_stats)
         self.prompt_input.focus()
         self.load_models(*self.model_spec)
 
     def _history_notice(self, text: str) -> None:
-        self.conversation.mount(Note(text, "note"))
+        self.conversation.add_note(text, "note")
 
     # -- loading models --------------------------------------------------------------
 
@@ -114,115 +99,71 @@ class ChatApp(ChatActions, App):
             self.notify("Wait for the reply to finish (Esc stops it) before loading models.", severity="warning")
             return
         self.model_spec = (model, draft)
-        panel = LoadingPanel(f"Loading {model or 'the default model'} (draft: {draft})…")
-        self._loading = (panel, time.monotonic())
-        self.conversation.mount(panel)
-        self._stats_dirty = True
-        self._load_worker(model, draft)
+        self.loading = LoadingPanel(f"Loading {model or 'the default model'} (draft: {draft})…")
+        self.conversation.mount(self.loading)
+        self.show_models()
+        settings = self.chat.settings
+        self.host.load(model, draft, draft_tokens=settings.draft_tokens, bit_exact=settings.bit_exact)
 
-    @work(thread=True, exclusive=True, group="load")
-    def _load_worker(self, model: str, draft: str) -> None:
-        notices: list[str] = []
-
-        def notice(text: str) -> None:  # e.g. "measuring this model's speed": shown while it happens
-            notices.append(text)
-            self.call_from_thread(self._loading_status, text)
-
-        self._recalibration_idle.wait()  # the old engine may still be measuring; it is closed after this
-        try:
-            # A stale speed measurement is re-measured after loading, between replies, not here.
-            engine = load_engine(
-                model or default_pair()[0], draft, pull=False, n_ctx=self.config.n_ctx, n_gpu_layers=self.config.gpu_layers,
-                draft_gpu_layers=self.config.draft_gpu_layers, draft_tokens=self.chat.settings.draft_tokens,
-                bit_exact=self.chat.settings.bit_exact, kv_type=self.config.kv_type,
-                draft_kv_type=self.config.draft_kv_type, flash_attn=self.config.flash_attn,
-                n_threads=self.n_threads, memory_budget=self.config.memory_budget, notice=notice,
-                cost_curve=self.cost_curve, measure_stale_curve=False)
-            if self.config.prompt_cache:  # a reopened chat restores its history instead of prefilling it
-                use_prompt_cache(engine, self.config.prompt_cache_size, notice)
-        except EdgespecError as error:
-            self.call_from_thread(self._load_failed, str(error), notices)
-        except Exception as error:  # a bug must not end the app with a traceback
-            self.log.error(traceback.format_exc())
-            self.call_from_thread(self._load_failed, f"loading failed: {type(error).__name__}: {error}", notices)
-        else:
-            self.call_from_thread(self._engine_ready, engine, notices)
-
-    def _loading_status(self, text: str) -> None:
-        if self._loading is not None:
-            self._loading[0].show_status(text)
+    def on_engine_host_status(self, event: EngineHost.Status) -> None:
+        if self.loading is not None:
+            self.loading.show_status(event.text)
 
     def _end_loading(self, notices: list[str]) -> None:
-        if self._loading is not None:
-            self._loading[0].remove()
-            self._loading = None
+        if self.loading is not None:
+            self.loading.remove()
+            self.loading = None
         for notice in notices:
-            self.conversation.mount(Note(notice, "note"))
+            self.conversation.add_note(notice, "note")
 
-    def _load_failed(self, message: str, notices: list[str]) -> None:
-        self._end_loading(notices)
-        self.conversation.mount(Note(
-            f"Could not load the model: {message}\n"
-            "Open the command palette (Ctrl+P) and choose “Load model…” to try another file."))
-        self._stats_dirty = True
+    def on_engine_host_load_failed(self, event: EngineHost.LoadFailed) -> None:
+        self._end_loading(event.notices)
+        self.conversation.add_note(
+            f"Could not load the model: {event.error}\n"
+            "Open the command palette (Ctrl+P) and choose “Load model…” to try another file.")
+        self.show_models()
 
-    def _engine_ready(self, engine: Engine, notices: list[str]) -> None:
-        self._end_loading(notices)
-        self.chat.use_engine(engine)
-        self.sub_title = stats_text.model_name(engine.target_path)
-        self._stats_dirty = True
+    def on_engine_host_loaded(self, event: EngineHost.Loaded) -> None:
+        self._end_loading(event.notices)
+        self.chat.use_engine(event.engine)
+        self.sub_title = stats_text.model_name(event.engine.target_path)
+        self.show_models()
         self.refresh_bindings()
         self._offer_last_chat()
         self._recalibrate_if_due()
 
     def _offer_last_chat(self) -> None:
         """On an empty chat, say which chat was saved last and the key that continues it."""
-        if self.chat.session.messages or self.query(UserMessage):
+        if self.chat.session.messages or self.conversation.has_user_messages():
             return
         last = self.store.list_chats(limit=1)
         if last and last[0].id != self.chat.chat_id:
-            self.conversation.mount(Note(
+            self.conversation.add_note(
                 f"Your last chat, “{last[0].title}” ({last[0].n_messages} messages), is saved: "
                 f"{self._key_label('continue_last')} continues it, {self._key_label('history')} lists them all, "
-                "or type to start a new one.", "note last-chat"))
+                "or type to start a new one.", "note last-chat")
 
     def _key_label(self, action: str) -> str:
         keys = self.config.keymap.get(action) or KEY_ACTIONS[action][0]
         return self.get_key_display(Binding(keys.split(",")[0], action))
 
-    # -- re-measuring the engine's speed between replies ------------------------------------
-
     def _recalibrate_if_due(self) -> None:
-        """Re-measure a stale cost curve in the background while no reply runs; the chat can
-        start at once on the old curve, and a reply sent meanwhile waits a few seconds."""
-        engine = self.chat.engine
-        if engine is None or self._loading is not None or self.generation is not None:
-            return
-        if not engine.calibration_due or not self._recalibration_idle.is_set():
-            return
-        self._recalibration_idle.clear()
-        self._stats_dirty = True
-        self._recalibrate(engine)
+        """Re-measure a stale cost curve in the background while no reply runs and nothing loads."""
+        if self.chat.engine is not None and self.loading is None and self.generation is None:
+            self.host.recalibrate(self.chat.engine)
 
-    @work(thread=True, group="calibrate")
-    def _recalibrate(self, engine: Engine) -> None:
-        try:
-            engine.recalibrate()  # takes the engine's lock: never inside a reply
-        except Exception:  # the old curve stays; a failed measurement must not end the app
-            self.log.error(traceback.format_exc())
-        finally:
-            self._recalibration_idle.set()
-            self._stats_dirty = True
+    def on_engine_host_measuring(self, event: EngineHost.Measuring) -> None:
+        self.stats_bar.status = "measuring speed…" if event.active else None
 
     def close_engine(self) -> None:
         """Stop a running reply and free the models (call after the app has exited)."""
         if self.generation is not None and self.chat.session is not None:
             self.chat.session.cancel()
             self.generation.stream.finished.wait(timeout=30)
-        self._recalibration_idle.wait(timeout=30)
+        self.host.wait_idle(timeout=30)
         self.chat.close()
 
-    # -- sending and streaming -----------------------------------------------------------
+    # -- sending, streaming, finishing ------------------------------------------------------
 
     def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
         if self._busy():
@@ -233,18 +174,19 @@ class ChatApp(ChatActions, App):
         if self.editing is not None:
             self._answer_edited(event.text)
             return
-        self.chat.save(pending_prompt=event.text)
-        self.conversation.mount(UserMessage(event.text, len(self.chat.session.messages)))
-        self._start(lambda: self.chat.session.stream(event.text, self.chat.settings.sampling))
+        self.chat.save(pending_prompt=event.text)  # a kill during the reply loses only the reply
+        self.conversation.add_user_message(event.text, len(self.chat.session.messages))
+        self.start_reply(lambda: self.chat.session.stream(event.text, self.chat.settings.sampling), event.text)
 
-    def _start(self, events: Callable[[], Iterator]) -> None:
-        view = AssistantMessage(self.renderer, self.mark_drafts, self._reply_title())
-        self.conversation.mount(view)
-        self.conversation.anchor()
-        self.generation = _Generation(ReplyStream(), view)
+    def start_reply(self, events: Callable[[], Iterator], prompt: str | None = None) -> None:
+        """Generate a reply from events() on a worker thread; prompt: the new message it answers, if any."""
+        stream = ReplyStream()
+        view = self.conversation.follow(stream, self._reply_title())
+        self.generation = Generation(stream, view, prompt)
         self.chat.begin_reply()
+        self.show_reply_figures()
         self.refresh_bindings()
-        self._generate(self.generation.stream, events)
+        self._generate(stream, events)
 
     def _reply_title(self) -> str:
         engine = self.chat.engine
@@ -261,117 +203,81 @@ class ChatApp(ChatActions, App):
             stream.error = f"generation failed: {type(error).__name__}: {error}"
         finally:
             stream.finished.set()
-            self.post_message(GenerationEnded())
+            self.conversation.post_message(ConversationView.StreamFinished())
 
-    def _drain(self) -> None:
-        generation = self.generation
-        if generation is None:
-            return
-        finished = generation.stream.finished.is_set()  # read first: then nothing can follow the take
-        pieces, acceptance, notices, live = generation.stream.take()
-        for notice in notices:
-            self.conversation.mount(Note(notice, "note"), before=generation.view)
-        if pieces:
-            generation.view.reply.append(pieces)
-        self.chat.acceptance.extend(acceptance)
-        if live is not None:
-            self.chat.show_stats(live)
-            self._stats_dirty = True
-        if finished:
-            self._finish(generation)
+    def on_conversation_view_progress(self, event: ConversationView.Progress) -> None:
+        self.chat.acceptance.extend(event.acceptance)
+        if event.stats is not None:
+            self.chat.show_stats(event.stats)
+        self.show_reply_figures()
 
-    def on_generation_ended(self, _: GenerationEnded) -> None:
-        self._drain()
-
-    def _finish(self, generation: _Generation) -> None:
-        self.generation = None
-        stream = generation.stream
-        self._stats_dirty = True
+    def on_conversation_view_ended(self, event: ConversationView.Ended) -> None:
+        generation, self.generation = self.generation, None
         self.refresh_bindings()
+        stream = event.stream
         if stream.error is not None or stream.result is None:
-            self._rebuild_conversation()
-            self.conversation.mount(Note(stream.error or "the reply ended without a result"))
-            self.chat.save()
+            self._reply_failed(generation, stream.error or "the reply ended without a result")
             return
-        result = stream.result
-        reply = generation.view.reply
-        if reply.text != result.text:  # e.g. a stop string cut text that was already shown
-            reply.set_text(result.text, reply.drafted_ranges())
-        else:
-            reply.finish()
-        generation.view.footer.update(self.chat.reply_finished(result, reply.drafted_ranges()))
+        reply = event.message.reply
+        reply.finish(stream.result.text)
+        event.message.footer.update(self.chat.reply_finished(stream.result, reply.drafted_ranges()))
+        self.show_reply_figures()
         self.chat.save()
         self._recalibrate_if_due()
 
+    def _reply_failed(self, generation: Generation, error: str) -> None:
+        self.rebuild_conversation()
+        self.conversation.add_note(error)
+        refused = self.chat.reply_failed(generation.prompt)
+        if refused and not self.prompt_input.text:  # nothing typed is lost: the message is back in the input
+            self.prompt_input.load_text(generation.prompt)
+        self.show_reply_figures()
+
     # -- the stats bar ---------------------------------------------------------------------
 
-    def _refresh_stats(self) -> None:
-        if self._loading is not None:
-            panel, started = self._loading
-            panel.show_elapsed(time.monotonic() - started)
-        if not self._stats_dirty:
-            return
-        self._stats_dirty = False
+    def show_models(self) -> None:
         engine = self.chat.engine
-        if engine is None:
-            self.stats_bar.show("loading models…" if self._loading else "no model loaded", [])
-            return
-        measuring = not self._recalibration_idle.is_set()
-        figures = dict(
-            mode=engine.mode,
-            target=stats_text.model_name(engine.target_path),
-            draft=stats_text.model_name(engine.draft_path) if engine.draft_path else None,
-            stats=self.chat.shown_stats,
-            draft_tokens=engine.draft_tokens,
-            context_used=self.chat.context_used,
-            n_ctx=engine.n_ctx,
-            status="measuring speed…" if measuring else None,
-        )
-        self.stats_bar.show(figures, list(self.chat.acceptance))
+        if engine is not None:
+            self.stats_bar.models = ModelFigures.of(engine)
+        else:
+            self.stats_bar.models = "loading models…" if self.loading is not None else "no model loaded"
+
+    def show_reply_figures(self) -> None:
+        bar, chat = self.stats_bar, self.chat
+        bar.reply, bar.context_used, bar.acceptance = chat.shown_stats, chat.context_used, tuple(chat.acceptance)
 
     # -- saving and reopening chats -------------------------------------------------------
 
-    def _rebuild_conversation(self) -> None:
+    def rebuild_conversation(self) -> None:
         """Show the session's messages as they are now (after reopening, or after an error)."""
-        session = self.chat.session
         if self.editing is not None:
-            self._end_editing()
-        self.conversation.remove_children()
-        if session.system_prompt:
-            self.conversation.mount(Note(f"system prompt: {session.system_prompt}", "note"))
-        footers = self.chat.turn_footers()
-        for index, message in enumerate(session.messages):
-            if message["role"] == "user":
-                self.conversation.mount(UserMessage(message["content"], index))
-                continue
-            view = AssistantMessage(self.renderer, self.mark_drafts, "reply")
-            self.conversation.mount(view)
-            view.reply.set_text(message["content"], self.chat.drafted_ranges(message["content"]))
-            if index in footers:
-                view.footer.update(footers[index])
-        self.conversation.anchor()
+            self.end_editing()
+        session = self.chat.session
+        self.conversation.show_messages(session.messages, session.system_prompt, self.chat.turn_footers(),
+                                        self.chat.drafted_ranges)
 
     def open_chat(self, chat_id: int) -> None:
         stored = self.chat.open(chat_id)
-        self._rebuild_conversation()
+        self.rebuild_conversation()
         if stored.target != str(self.chat.engine.target_path):
-            self.conversation.mount(Note(
+            self.conversation.add_note(
                 f"This chat was with {stats_text.model_name(stored.target)}; it continues with "
-                f"{stats_text.model_name(self.chat.engine.target_path)}.", "note"))
+                f"{stats_text.model_name(self.chat.engine.target_path)}.", "note")
         pending = stored.extras.get("pending_prompt")
         if pending:
             self.prompt_input.load_text(pending)
-            self.conversation.mount(Note("The last prompt got no reply before edgespec stopped; "
-                                         "it is back in the input.", "note"))
-        self._stats_dirty = True
+            self.conversation.add_note("The last prompt got no reply before edgespec stopped; "
+                                       "it is back in the input.", "note")
+        self.show_models()
+        self.show_reply_figures()
 
-    def _apply_settings(self, settings: ChatSettings) -> None:
+    def apply_settings(self, settings: ChatSettings) -> None:
         try:
             self.chat.apply_settings(settings)
         except EdgespecError as error:  # bit-exact over a flash-attention cache: the rest still applies
             self.notify(str(error), severity="error", markup=False)
             self.chat.apply_settings(replace(settings, bit_exact=False))
-        self._stats_dirty = True
+        self.show_models()
 
 
 def run_chat(args=None, **overrides) -> int:
@@ -382,15 +288,17 @@ def run_chat(args=None, **overrides) -> int:
     draft_gpu_layers, memory_budget, bit_exact, kv_type, draft_kv_type,
     flash_attn, temperature, top_p, top_k, min_p,
     max_tokens, system and threads.  A value of None leaves the setting to
-    config.toml (threads: to llama.cpp's default).  Raises EdgespecError for a bad config file or history
-    database.
+    config.toml (threads: to default_chat_threads).  Raises EdgespecError for a bad config file or
+    history database.
     """
     values = dict(vars(args)) if args is not None else {}
     values.update(overrides)
     config = load_config().with_overrides(
         system_prompt=values.get("system"), **{name: values.get(name) for name in FLAG_SETTINGS})
     store = ChatStore()
-    app = ChatApp(config, store, n_threads=values.get("threads"))
+    threads = values.get("threads")
+    app = ChatApp(config, store, n_threads=default_chat_threads() if threads is None else threads)
+    guard_terminal_pastes()
     try:
         app.run()
     finally:

@@ -139,6 +139,20 @@ class ChatController:
         self.drafted_marks[content_key(result.text)] = drafted_ranges
         return stats_text.reply_footer(result.stats, self.plain_speed())
 
+    def reply_failed(self, prompt: str | None) -> bool:
+        """Save the chat after a reply that failed; True if it failed because its new message,
+        prompt, was refused (too long for the context, say).
+
+        A refused message is not in the session: it is saved neither as the chat's pending
+        prompt nor as a chat of its own (the one saved for it as it was sent is deleted)."""
+        messages = self.session.messages
+        refused = prompt is not None and not (messages and messages[-1] == {"role": "user", "content": prompt})
+        if messages:
+            self.save()
+        elif self.chat_id is not None:
+            self.delete(self.chat_id)
+        return refused
+
     def last_reply_text(self) -> str:
         for message in reversed(self.session.messages if self.session else []):
             if message["role"] == "assistant":

@@ -56,6 +56,7 @@ class BlockView(Vertical):
         self._statics: list[Static] = []  # the segments mounted, in order
         self._settled_to: int | None = None  # while streaming: where the segment still re-rendered starts
         self._settled = 0  # while streaming: how many segments are settled
+        self._mounted = False  # on_mount ran: segments can be mounted
 
     @property
     def rendered(self) -> Text:
@@ -105,7 +106,7 @@ class BlockView(Vertical):
 
     def _sync(self, first_changed: int) -> None:
         """Bring the mounted segments up to self._texts, updating only from first_changed on."""
-        if not self.is_mounted:  # on_mount shows what arrived before
+        if not self._mounted:  # on_mount shows what arrived before
             return
         for index in range(first_changed, len(self._texts)):
             if index < len(self._statics):
@@ -119,6 +120,9 @@ class BlockView(Vertical):
         del self._statics[len(self._texts):]
 
     def on_mount(self) -> None:
+        # Not self.is_mounted: Textual sets that only after the mount handlers ran, so a block
+        # that was complete before it was mounted (the whole block in one drain) stayed empty.
+        self._mounted = True
         self._sync(0)
 
     def on_click(self) -> None:
@@ -155,8 +159,14 @@ class ReplyView(Vertical):
         self._final_blocks, self._open_from, self._streaming = 0, 0, False
         self._render_tail()
 
-    def finish(self) -> None:
-        """The reply is complete: render its last block whole (its code highlighted as one)."""
+    def finish(self, text: str | None = None) -> None:
+        """The reply is complete: render its last block whole (its code highlighted as one).
+
+        text is the reply's final text when it may differ from what streamed in (a stop
+        string cuts text that was already shown)."""
+        if text is not None and text != self.text:
+            self.set_text(text, self.drafted_ranges())
+            return
         self._streaming = False
         self._render_tail()
 

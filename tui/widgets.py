@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 from rich.table import Table
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
+from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Footer, LoadingIndicator, Sparkline, Static, TextArea
 
+from edgespec.stats import Stats
 from tui import stats as stats_text
+from tui.control_chars import plain_text
 from tui.render import BlockRenderer
 from tui.reply import ReplyView
 
@@ -47,6 +53,13 @@ class PromptInput(TextArea):
             self.action_newline()
         else:
             await super()._on_key(event)
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        """A paste is text: escape sequences and control characters in it are dropped (tui.control_chars)."""
+        event.prevent_default()  # instead of TextArea's paste, which inserts it as it came
+        text = plain_text(event.text)
+        if text and not self.read_only:
+            self.move_cursor(self.replace(text, *self.selection).end_location)
 
     def action_submit(self) -> None:
         text = self.text.strip()
@@ -128,6 +141,9 @@ class Note(Static):
         super().__init__(Text(text), classes=kind)
 
 
+ELAPSED_INTERVAL_S = 0.25
+
+
 class LoadingPanel(Vertical):
     """Shown while the models load (and, the first time, measure their speed), with a spinner
     and what is happening now, so the screen is never frozen or silent."""
@@ -137,14 +153,18 @@ class LoadingPanel(Vertical):
         self.description = description
         self.label = Static(description)
         self.status = Static("", classes="loading-status")
+        self._started = time.monotonic()
 
     def compose(self):
         yield self.label
         yield self.status
         yield LoadingIndicator()
 
-    def show_elapsed(self, seconds: float) -> None:
-        self.label.update(f"{self.description}  {seconds:.1f} s")
+    def on_mount(self) -> None:
+        self.set_interval(ELAPSED_INTERVAL_S, self._show_elapsed)
+
+    def _show_elapsed(self) -> None:
+        self.label.update(f"{self.description}  {time.monotonic() - self._started:.1f} s")
 
     def show_status(self, text: str) -> None:
         self.status.update(Text(text))
@@ -216,29 +236,54 @@ class KeysPanel(VerticalScroll):
 _PROMPT_ACTIONS = {binding.action for binding in PromptInput.BINDINGS}
 
 
+@dataclass(frozen=True)
+class ModelFigures:
+    """What the stats bar's first line says of the loaded models and how they draft."""
+
+    mode: str
+    target: str
+    draft: str | None
+    draft_tokens: int
+    n_ctx: int
+
+    @classmethod
+    def of(cls, engine) -> "ModelFigures":
+        return cls(mode=engine.mode, target=stats_text.model_name(engine.target_path),
+                   draft=stats_text.model_name(engine.draft_path) if engine.draft_path else None,
+                   draft_tokens=engine.draft_tokens, n_ctx=engine.n_ctx)
+
+
 class StatsBar(Horizontal):
     """Mode, models and live numbers, with a sparkline of acceptance per draft/verify step.
 
-    Narrower than SPARKLINE_MIN_WIDTH it drops the sparkline, and then each line its less
-    important figures (tui.stats.stats_line), so that it never wraps.
+    Its reactive attributes are what it shows: set one and the bar redraws (once per
+    change of value).  Narrower than SPARKLINE_MIN_WIDTH it drops the sparkline, and then
+    each line its less important figures (tui.stats.stats_line), so that it never wraps.
     """
+
+    models: reactive[ModelFigures | str] = reactive("loading models…", init=False)  # or a message instead
+    reply: reactive[Stats | None] = reactive(None, init=False)  # the streaming reply's figures, or the last one's
+    context_used: reactive[int] = reactive(0, init=False)
+    status: reactive[str | None] = reactive(None, init=False)  # e.g. a re-measurement in progress
+    acceptance: reactive[tuple[float, ...]] = reactive((), init=False)
 
     def __init__(self):
         super().__init__(id="stats")
         self.line = Static("", id="stats-line")
         self.sparkline = Sparkline([], id="acceptance", summary_function=lambda values: sum(values) / len(values))
         self.sparkline.tooltip = "acceptance per draft/verify step"
-        self._figures: dict | str = ""  # stats_line's arguments, or a message instead of them
 
     def compose(self):
         yield self.line
         yield self.sparkline
 
-    def show(self, figures: dict | str, acceptance: list[float]) -> None:
-        """figures: stats_line's keyword arguments, or a message to show instead."""
-        self._figures = figures
-        self.sparkline.data = acceptance
+    def on_mount(self) -> None:
+        for name in ("models", "reply", "context_used", "status"):
+            self.watch(self, name, self._fit, init=False)
         self._fit()
+
+    def watch_acceptance(self, acceptance: tuple[float, ...]) -> None:
+        self.sparkline.data = list(acceptance)
 
     def on_resize(self) -> None:
         self._fit()
@@ -246,11 +291,15 @@ class StatsBar(Horizontal):
     def _fit(self) -> None:
         width = self.content_size.width
         self.sparkline.display = width >= SPARKLINE_MIN_WIDTH
-        if isinstance(self._figures, str):
-            self.line.update(Text(self._figures))
+        models = self.models
+        if isinstance(models, str):
+            self.line.update(Text(models))
             return
         room = width - (SPARKLINE_WIDTH if self.sparkline.display else 0) if width else None
-        self.line.update(stats_text.stats_line(**self._figures, width=room))
+        self.line.update(stats_text.stats_line(
+            mode=models.mode, target=models.target, draft=models.draft, stats=self.reply,
+            draft_tokens=models.draft_tokens, context_used=self.context_used, n_ctx=models.n_ctx,
+            status=self.status, width=room))
 
 
 SPARKLINE_WIDTH = 31  # its width and margin in app.tcss

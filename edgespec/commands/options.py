@@ -21,7 +21,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gpu-layers", type=setting("gpu_layers"), default=None, help="target layers to offload (-1: all; default: from the memory plan)")
     group.add_argument("--draft-gpu-layers", type=setting("draft_gpu_layers"), default=None, help="draft layers to offload (-1: all; default: from the memory plan)")
     group.add_argument("--memory-budget", default=None, help="memory to plan for, e.g. 6GiB (default: detected)")
-    group.add_argument("--threads", type=_threads, default=None, help="CPU threads, at most the cores here (default: all cores, up to 8)")
+    group.add_argument("--threads", type=_threads, default=None, help="CPU threads, at most the cores here (default: all cores, up to 8; "
+                       "chat leaves one core to the app on 4 cores or fewer)")
     group.add_argument("--bit-exact", action="store_true",
                        help="verify only in passes llama.cpp computes bit-identically to one token at a time, so greedy "
                             "output is plain decoding's token for token (default: passes as wide as pay, exact in "
