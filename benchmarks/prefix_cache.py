@@ -56,7 +56,7 @@ def ttft(session, message: str, params) -> tuple[float, dict, list[int]]:
 def chat_benchmark(args, cache: Path) -> dict:
     from edgespec import ChatSession, SamplingParams
     from edgespec.loading import load_engine
-    from edgespec.prefix_cache import DiskPrefixCache
+    from edgespec.prefix_files import DiskPrefixCache
 
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     engine = load_engine(args.model, args.draft, n_ctx=args.n_ctx)
