@@ -118,14 +118,17 @@ def load_engine(
     return engine
 
 
-def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Callable[[str], None] | None = None) -> None:
+def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Callable[[str], None] | None = None,
+                     keep_every_prompt: bool = False) -> None:
     """Keep KV snapshots of the engine's long prompts in the cache dir (at most size bytes, e.g. "2GiB";
-    default: EDGESPEC_PROMPT_CACHE_SIZE, else 2 GiB), and restore the longest one a prompt starts with."""
+    default: EDGESPEC_PROMPT_CACHE_SIZE, else 2 GiB), and restore the longest one a prompt starts with.
+    A prompt's snapshot is kept once it came back (edgespec.prefix_files), or at once with keep_every_prompt."""
     max_bytes = parse_size(size) if isinstance(size, str) else size
     for model in (engine.target, engine.draft):
         if model is not None:
             loaded_model_identity(model)  # now: a file replaced while this process runs is not the model it holds
-    engine.prefix_caches.append(DiskPrefixCache(max_bytes=max_bytes, notice=notice or print_notice))
+    engine.prefix_caches.append(DiskPrefixCache(max_bytes=max_bytes, notice=notice or print_notice,
+                                                keep_every_prompt=keep_every_prompt))
 
 
 # A draft model of the target's family is typically accepted this often (the Qwen2.5-Coder

@@ -7,8 +7,9 @@ tokens and payload, so a corrupt, truncated or foreign file is discarded with a
 notice before llama.cpp ever reads its bytes.  Files are written whole through
 a temporary file and a rename, and a hit refreshes the file's modification
 time: the LRU's clock.  A snapshot is written only of a prefix that came
-before (edgespec.prefix_sightings), and the store is trimmed to its cap when
-opened, so a smaller cap holds from the start.
+before (edgespec.prefix_sightings), unless the store keeps every prompt (the
+chat app's), and the store is trimmed to its cap when opened, so a smaller
+cap holds from the start.
 """
 
 from __future__ import annotations
@@ -61,11 +62,17 @@ def prefix_cache_dir() -> Path:
 
 
 class DiskPrefixCache(PrefixStore):
-    """Snapshot files in the cache dir, least recently used evicted first; see the module's docstring."""
+    """Snapshot files in the cache dir, least recently used evicted first; see the module's docstring.
+
+    keep_every_prompt keeps a long prompt's snapshot the first time it comes, not only once it came back:
+    the chat app's store, whose chats are all kept to be reopened.
+    """
 
     def __init__(self, directory: str | os.PathLike | None = None, max_bytes: int | None = None,
-                 min_tokens: int = DEFAULT_MIN_TOKENS, notice: Callable[[str], None] = print_notice):
+                 min_tokens: int = DEFAULT_MIN_TOKENS, notice: Callable[[str], None] = print_notice,
+                 keep_every_prompt: bool = False):
         super().__init__(max_bytes_from_env() if max_bytes is None else max_bytes, min_tokens)
+        self.keep_every_prompt = keep_every_prompt
         self.directory = Path(directory) if directory is not None else prefix_cache_dir()
         self._notice = notice
         self._said_unwritable = False
@@ -127,10 +134,11 @@ class DiskPrefixCache(PrefixStore):
 
     def _reusable_length(self, key, tokens) -> int:
         try:
-            return self._sightings.seen_then_note(key.model_identity, tokens)
+            seen = self._sightings.seen_then_note(key.model_identity, tokens)
         except OSError as error:
             self._cannot_write(error)
             return 0  # nothing can be kept here
+        return len(tokens) if self.keep_every_prompt else seen
 
     def _write(self, key, tokens, data) -> bool:
         header = _encode_header(key, tokens, data)

@@ -241,6 +241,14 @@ def test_a_chats_next_turn_replaces_its_last_snapshot(tmp_path, tiny_models):
         assert len(list(tmp_path.glob("*" + SUFFIX))) == 1
 
 
+def test_the_chat_apps_store_keeps_a_chat_from_its_first_reply(tmp_path, tiny_models):
+    key = key_for(tiny_models["target"])
+    store = DiskPrefixCache(tmp_path, max_bytes=1 << 30, min_tokens=64, keep_every_prompt=True)
+    assert store.save(key, list(range(300)), state(1000))  # every chat is kept to be reopened
+    assert store.save(key, list(range(300)) + [1] * 10, state(1000))  # its next turn, in its place
+    assert len(list(tmp_path.glob("*" + SUFFIX))) == 1
+
+
 def test_the_sightings_file_stays_bounded(tmp_path):
     sightings = PrefixSightings(tmp_path / "seen", max_records=100)
     for n in range(200):

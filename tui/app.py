@@ -139,7 +139,7 @@ class ChatApp(ChatActions, App):
                 n_threads=self.n_threads, memory_budget=self.config.memory_budget, notice=notice,
                 cost_curve=self.cost_curve, measure_stale_curve=False)
             if self.config.prompt_cache:  # a reopened chat restores its history instead of prefilling it
-                use_prompt_cache(engine, self.config.prompt_cache_size, notice)
+                use_prompt_cache(engine, self.config.prompt_cache_size, notice, keep_every_prompt=True)
         except EdgespecError as error:
             self.call_from_thread(self._load_failed, str(error), notices)
         except Exception as error:  # a bug must not end the app with a traceback

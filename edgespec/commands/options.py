@@ -94,8 +94,15 @@ def _threads(text: str) -> int:
 
 
 def add_prompt_cache_ram_option(group, default: str, help_text: str) -> None:
-    """--prompt-cache-ram SIZE: the RAM for a server's recent prompt snapshots, which the memory plan counts."""
-    group.add_argument("--prompt-cache-ram", type=_size_text, default=default, metavar="SIZE", help=help_text)
+    """--prompt-cache-ram SIZE, in bytes (0 for none): the RAM for a server's recent prompt snapshots,
+    which the memory plan counts."""
+    group.add_argument("--prompt-cache-ram", type=_size_or_zero, default=default, metavar="SIZE", help=help_text)
+
+
+def _size_or_zero(text: str) -> int:
+    from ..units import parse_size
+
+    return 0 if text.strip() == "0" else parse_size(_size_text(text))
 
 
 def _size_text(text: str) -> str:

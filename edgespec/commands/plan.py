@@ -26,12 +26,11 @@ def plan(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..plan_table import format_plan_table
-    from ..units import parse_size
 
     _, _, memory_plan = plan_load(args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
                                   draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget,
                                   kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn,
-                                  parallel=args.parallel, prompt_cache_ram=parse_size(args.prompt_cache_ram))
+                                  parallel=args.parallel, prompt_cache_ram=args.prompt_cache_ram)
     if args.json:
         print(json.dumps(memory_plan.to_dict(), indent=2))
     else:

@@ -52,7 +52,6 @@ def add_serve_parser(subparsers) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     from ..prefix_cache import MemoryPrefixCache
-    from ..units import parse_size
     from ..server.app import ServerConfig, create_app, run_app
 
     _check_options(args)
@@ -62,7 +61,7 @@ def serve(args: argparse.Namespace) -> int:
     config = ServerConfig(_model_name(args.model), defaults, args.api_key, args.queue_size,
                           args.request_timeout, args.max_body_bytes, args.parallel)
     with _listen(args.host, args.port) as sock:
-        ram = parse_size(args.prompt_cache_ram) if args.prompt_cache else 0
+        ram = args.prompt_cache_ram if args.prompt_cache else 0
         engine = engine_from_args(args, parallel=args.parallel, prompt_cache_ram=ram)
         if engine.plan.prompt_cache_ram:
             # one KV cache serves every client: recent conversations' states in RAM keep two clients taking
