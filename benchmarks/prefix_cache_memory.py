@@ -12,6 +12,7 @@ leaves one.
 
 Run:  .venv/bin/python benchmarks/prefix_cache_memory.py [--model M] [--requests 450] [--json FILE]
 Check it quickly: --requests 3 --shared 2 --every 1 --prompt-tokens 300
+See the plateau sooner: --prompt-cache-ram 64MiB --requests 40 --every 5 (SmolLM2: about 7.5 MB a state)
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ WORDS = ("river stone lamp orange window quiet engine paper garden silver marble
 
 
 def unique_prompt(n: int, n_words: int) -> str:
-    """About n_words words (SmolLM2: about 1.3 tokens each) that no other prompt starts with."""
+    """n_words common words (about a token each) that no other prompt starts with."""
     rng = random.Random(n)
     return f"Note {n}: " + " ".join(rng.choice(WORDS) for _ in range(n_words)) + "\nSummary:"
 
@@ -98,17 +99,19 @@ def measure(args, cache: Path, name: str, extra: list[str]) -> dict:
     server = Server(args, extra, cache / f"serve-{name}.log")
     try:
         server.complete("Hello", 1)  # the first request loads what loads lazily; RSS is read after it
-        samples = [{"requests": 0, **rss_kib(server.process.pid)}]
+        samples, prompt_tokens = [{"requests": 0, **rss_kib(server.process.pid)}], []
         for n in range(args.requests):
-            server.complete(unique_prompt(n, args.prompt_tokens * 3 // 4), args.max_tokens)
+            answer = server.complete(unique_prompt(n, args.prompt_tokens), args.max_tokens)
+            prompt_tokens.append(answer["usage"]["prompt_tokens"])
             if (n + 1) % args.every == 0 or n + 1 == args.requests:
                 samples.append({"requests": n + 1, **rss_kib(server.process.pid)})
                 print(f"{name}: {samples[-1]}", file=sys.stderr, flush=True)
         unique_disk = disk_use(cache)
-        document = unique_prompt(10**6, args.prompt_tokens * 3 // 4)
+        document = unique_prompt(10**6, args.prompt_tokens)
         for n in range(args.shared):
             server.complete(f"{document}\nQuestion {n}: what is the first word?", args.max_tokens)
-        return {"rss_kib": samples, "after_unique_prompts": unique_disk, "after_shared_document": disk_use(cache)}
+        return {"rss_kib": samples, "mean_prompt_tokens": sum(prompt_tokens) / max(1, len(prompt_tokens)),
+                "after_unique_prompts": unique_disk, "after_shared_document": disk_use(cache)}
     finally:
         server.stop()
 
@@ -125,16 +128,19 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--every", type=int, default=25, help="read the RSS every N requests")
     parser.add_argument("--start-timeout", type=float, default=300.0)
+    parser.add_argument("--prompt-cache-ram", default="512MiB", help="serve's RAM store (default: %(default)s)")
     parser.add_argument("--only", choices=("with-cache", "without-cache"))
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     cache = Path(tempfile.mkdtemp(prefix="edgespec-cache-memory-"))
     os.environ["EDGESPEC_CACHE_DIR"] = str(cache)
-    figures = {"model": args.model, "requests": args.requests, "prompt_tokens": args.prompt_tokens}
+    figures = {"model": args.model, "requests": args.requests, "prompt_tokens": args.prompt_tokens,
+               "prompt_cache_ram": args.prompt_cache_ram}
     try:
         subprocess.run([*EDGESPEC, "run", "hi", "--model", args.model, "--draft", args.draft, "--max-tokens", "1"],
                        check=True, capture_output=True)  # measure the model's speed once, before either server
-        for name, extra in (("with-cache", []), ("without-cache", ["--no-prompt-cache"])):
+        for name, extra in (("with-cache", ["--prompt-cache-ram", args.prompt_cache_ram]),
+                            ("without-cache", ["--no-prompt-cache"])):
             if args.only in (None, name):
                 figures[name] = measure(args, cache, name, extra)
                 print(json.dumps({name: figures[name]}, indent=1), flush=True)

@@ -77,6 +77,7 @@ class DiskPrefixCache(PrefixStore):
         self._notice = notice
         self._said_unwritable = False
         self._rejected: set[Path] = set()  # discarded, but left in place by a read-only dir: not said again
+        self._reasons_said: set[str] = set()  # after an upgrade every old file has the same one: said once
         self._sightings = PrefixSightings(self.directory / SIGHTINGS_FILE)
         self._make_room(0)
 
@@ -188,7 +189,9 @@ class DiskPrefixCache(PrefixStore):
         return len(_encode_header(key, tokens, data, payload_sha256="0" * 64)) + 4 * len(tokens) + len(data)
 
     def _reject(self, path: Path, why: str) -> None:
-        self._notice(f"discarded the prefix snapshot {Path(path).name}: {why}; its prompt is prefilled instead")
+        if why not in self._reasons_said:
+            self._reasons_said.add(why)
+            self._notice(f"discarded the prefix snapshot {Path(path).name}: {why}; its prompt is prefilled instead")
         self._delete(path)
         if Path(path).exists() or Path(path).is_symlink():
             self._rejected.add(Path(path))

@@ -22,6 +22,7 @@ from edgespec.planner import plan
 from edgespec.prefix_cache import MemoryPrefixCache, SnapshotKey
 from edgespec.prefix_files import SIGHTINGS_FILE, SUFFIX, DiskPrefixCache
 from edgespec.prefix_sightings import BLOCK_TOKENS, RECORD_BYTES, PrefixSightings
+from test_prefix_cache import rewrite_header
 from tinygguf import write_tiny_model
 
 FIXED_COST = (1.0, 1.3, 1.6, 1.9, 2.2)
@@ -157,6 +158,19 @@ def test_a_fifo_where_a_cache_file_should_be_hangs_nothing(tmp_path, tiny_models
     assert finishes(use_the_cache)
     if where == "snapshot":
         assert any("not a regular file" in notice for notice in notices) and not fifo.exists()
+
+
+def test_snapshots_of_an_older_format_are_discarded_with_one_notice_for_all(tmp_path, tiny_models):
+    key, notices = key_for(tiny_models["target"]), []
+    store = DiskPrefixCache(tmp_path, max_bytes=1 << 20, min_tokens=64, notice=notices.append)
+    for n in range(3):
+        store.save(key, [n] * 300, state(100))
+        assert store.save(key, [n] * 300, state(100))
+    for path in tmp_path.glob("*" + SUFFIX):  # as edgespec wrote them when it keyed them by path and mtime
+        path.write_bytes(rewrite_header(path.read_bytes(), format=1))
+    assert store.longest_prefix(key, [0] * 300) is None
+    assert len(notices) == 1 and "snapshot format 1" in notices[0]
+    assert not list(tmp_path.glob("*" + SUFFIX))
 
 
 def test_a_smaller_cap_evicts_when_the_store_opens(tmp_path, tiny_models):
