@@ -19,9 +19,7 @@ def format_plan_table(plan: Plan) -> Table:
         *(f"[yellow]warning:[/] {warning}" for warning in plan.warnings),
     ]
     if plan.prompt_cache_ram:
-        counted = "counted in the plan" if plan.device == "cpu" else "in RAM, outside the GPU budget"
-        caption.insert(1, f"prompt snapshots the server keeps in RAM: up to {format_size(plan.prompt_cache_ram)} "
-                          f"({counted})")
+        caption.insert(1, _prompt_cache_line(plan))
     table = Table(title=f"edgespec plan: {plan.mode} on {device}", title_justify="left",
                   caption="\n".join(caption), caption_justify="left")
     table.add_column("")
@@ -49,3 +47,12 @@ def _layers_text(part: ModelMemory, device: str) -> str:
     if part.gpu_layers == part.n_layer:
         return f"all {part.n_layer}, output on CPU"
     return f"{part.gpu_layers} of {part.n_layer}"
+
+
+def _prompt_cache_line(plan: Plan) -> str:
+    """The server's RAM store of prompt snapshots: its cap, and how many full contexts that holds."""
+    # a snapshot of n tokens is about n tokens of KV cache; the draft model's is kept beside the target's
+    full_context = sum(part.kv_bytes // (plan.parallel if part.role == "target" else 1) for part in plan.parts)
+    where = "counted in the plan" if plan.device == "cpu" else "in RAM, outside the GPU budget"
+    return (f"prompt snapshots the server keeps in RAM: up to {format_size(plan.prompt_cache_ram)}, "
+            f"{plan.prompt_cache_ram // max(1, full_context)} of a full {plan.n_ctx}-token context ({where})")

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from rich.console import Console
 
 from edgespec import SamplingParams
 from edgespec.backend import RUNTIME, LlamaModel, state_bytes
@@ -18,6 +19,7 @@ from edgespec.gguf_info import read_gguf_info
 from edgespec.loading import load_engine
 from edgespec.memory import MemoryBudget
 from edgespec.model_identity import IdentityCache, content_hash, model_identity
+from edgespec.plan_table import format_plan_table
 from edgespec.planner import plan
 from edgespec.prefix_cache import MemoryPrefixCache, SnapshotKey
 from edgespec.prefix_files import SIGHTINGS_FILE, SUFFIX, DiskPrefixCache
@@ -304,6 +306,11 @@ def test_the_plan_counts_the_servers_snapshots_in_ram_and_gives_them_only_what_t
     served = plan(target, None, n_ctx=1024, budget=cpu_budget(1 << 30), gpu_offload=False, prompt_cache_ram=256 * MiB)
     assert served.prompt_cache_ram == 256 * MiB and served.total_bytes == bare.total_bytes + 256 * MiB
     assert served.fits and not served.warnings
+    full_context = served.parts[0].kv_bytes
+    console = Console(width=200, record=True)
+    console.print(format_plan_table(served))
+    text = " ".join(console.export_text().split())  # the caption wraps at the table's width
+    assert f"up to 256.0 MiB, {256 * MiB // full_context} of a full 1024-token context" in text
     tight = bare.total_bytes + 10 * MiB
     squeezed = plan(target, None, n_ctx=1024, budget=cpu_budget(tight), gpu_offload=False, prompt_cache_ram=256 * MiB)
     assert squeezed.prompt_cache_ram == 10 * MiB and squeezed.fits and squeezed.total_bytes == tight
