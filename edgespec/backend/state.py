@@ -13,6 +13,9 @@ from .runtime import forget_log, last_error
 
 # `model` below is a LlamaModel (not imported: the backend's package exports both).
 
+# Private maps count as the process's anonymous memory, as heap would (a shared one counts as shmem).
+_PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
+
 
 def state_buffer(size: int) -> mmap.mmap | bytearray:
     """size writable bytes for a KV state, in an anonymous memory map of their own.
@@ -21,7 +24,7 @@ def state_buffer(size: int) -> mmap.mmap | bytearray:
     that malloc keeps and the next, larger state cannot use: a server's RSS grew hundreds of MB past
     what its store held.  A map goes back to the system whole when its last reference goes.
     """
-    return mmap.mmap(-1, size) if size > 0 else bytearray()
+    return mmap.mmap(-1, size, **_PRIVATE) if size > 0 else bytearray()
 
 
 def state_bytes(model, seq: int = 0) -> mmap.mmap | bytearray:
