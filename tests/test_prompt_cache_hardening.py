@@ -133,9 +133,19 @@ def test_an_identity_is_hashed_once_per_file_version(tmp_path):
 
 def finishes(work, seconds=60) -> bool:
     """Whether work() returns (a hang is the failure; the limit only stops the test from hanging too)."""
-    thread = threading.Thread(target=work, daemon=True)
+    raised = []
+
+    def run():
+        try:
+            work()
+        except BaseException as error:  # re-raised below, in the test's own thread
+            raised.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     thread.join(seconds)
+    if raised:
+        raise raised[0]
     return not thread.is_alive()
 
 
