@@ -194,7 +194,7 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: Memory
     force_* are the user's choices (--gpu-layers, --draft-gpu-layers, --draft ngram|none, or "draft-model"
     for an explicit draft file); -1 means all layers.  kv_type, draft_kv_type (default: kv_type) and
     flash_attn are the KV caches' flags; the target has `parallel` KV caches (batch --parallel).
-    prompt_cache_ram, RAM a server asks for prompt snapshots, gets only what the models leave of a RAM budget.
+    prompt_cache_ram, RAM a server asks for prompt snapshots, gets at most half what the models leave of a RAM budget.
     """
     draft_kv_type = kv_type if draft_kv_type is None else draft_kv_type
     _check_choices(force_mode, draft, kv_type, draft_kv_type)
@@ -297,16 +297,17 @@ def _gpu_target(size, target: GGUFInfo, force_gpu_layers: int | None, available:
 
 
 def _with_prompt_cache(plan: Plan, asked: int) -> Plan:
-    """plan with RAM for a server's prompt snapshots: a cache, so never more than the models leave of a RAM
-    budget (a GPU budget does not cover RAM: the store gets what it asks for, counted apart)."""
+    """plan with RAM for a server's prompt snapshots.  A cache: on a RAM budget it gets at most half of what
+    the models leave, so it never pushes the machine into swap.  A GPU budget does not cover RAM: there the
+    store gets what it asks for, counted apart."""
     if plan.device != "cpu":
         return dataclasses.replace(plan, prompt_cache_ram=asked)
-    granted = min(asked, max(0, plan.budget_bytes - plan.total_bytes))
+    granted = min(asked, max(0, plan.budget_bytes - plan.total_bytes) // 2)
     warnings = plan.warnings
     if granted < asked:
         warnings += (f"prompt snapshots in RAM get {format_size(granted)}, not the {format_size(asked)} asked: "
-                     "that is what the models leave of the budget" + (" (the disk prompt cache still works)"
-                                                                       if granted == 0 else ""),)
+                     "half of what the models leave of the budget" + (" (the disk prompt cache still works)"
+                                                                      if granted == 0 else ""),)
     return dataclasses.replace(plan, prompt_cache_ram=granted, total_bytes=plan.total_bytes + granted,
                                warnings=warnings)
 

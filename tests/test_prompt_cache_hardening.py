@@ -321,10 +321,14 @@ def test_the_plan_counts_the_servers_snapshots_in_ram_and_gives_them_only_what_t
     console.print(format_plan_table(served))
     text = " ".join(console.export_text().split())  # the caption wraps at the table's width
     assert f"up to 256.0 MiB, {256 * MiB // full_context} of a full 1024-token context" in text
-    tight = bare.total_bytes + 10 * MiB
+    tight = bare.total_bytes + 20 * MiB
     squeezed = plan(target, None, n_ctx=1024, budget=cpu_budget(tight), gpu_offload=False, prompt_cache_ram=256 * MiB)
-    assert squeezed.prompt_cache_ram == 10 * MiB and squeezed.fits and squeezed.total_bytes == tight
-    assert any("prompt snapshots in RAM get 10.0 MiB, not the 256.0 MiB asked" in warning for warning in squeezed.warnings)
+    assert squeezed.prompt_cache_ram == 10 * MiB and squeezed.fits  # half of what is left: a cache must not swap
+    assert squeezed.total_bytes == bare.total_bytes + 10 * MiB
+    assert any("prompt snapshots in RAM get 10.0 MiB, not the 256.0 MiB asked" in line for line in squeezed.warnings)
+    full = plan(target, None, n_ctx=1024, budget=cpu_budget(bare.total_bytes), gpu_offload=False,
+                prompt_cache_ram=256 * MiB)
+    assert full.prompt_cache_ram == 0 and full.fits and any("still works" in warning for warning in full.warnings)
     gpu = MemoryBudget("cuda", 1 << 30, 1 << 30, "test")
     on_gpu = plan(target, None, n_ctx=1024, budget=gpu, gpu_offload=True, prompt_cache_ram=256 * MiB)
     bare_gpu = plan(target, None, n_ctx=1024, budget=gpu, gpu_offload=True)

@@ -44,7 +44,7 @@ def add_serve_parser(subparsers) -> None:
                        help="requests the rolling acceptance covers (default: %(default)s)")
     add_prompt_cache_ram_option(group, "512MiB", "RAM for the prompt snapshots of recent requests, so clients "
                                 "taking turns do not prefill each other's history again; the memory plan gives it "
-                                "only what the models leave, and 0 keeps none (default: %(default)s)")
+                                "at most half the RAM the models leave, and 0 keeps none (default: %(default)s)")
     add_engine_options(parser)
     add_sampling_options(parser, max_tokens=1024)
     parser.set_defaults(func=serve)
