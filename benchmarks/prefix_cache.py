@@ -56,11 +56,11 @@ def ttft(session, message: str, params) -> tuple[float, dict, list[int]]:
 def chat_benchmark(args, cache: Path) -> dict:
     from edgespec import ChatSession, SamplingParams
     from edgespec.loading import load_engine
-    from edgespec.prefix_cache import DiskPrefixCache
+    from edgespec.prefix_files import DiskPrefixCache  # kept as the chat app keeps it: every chat, from its first reply
 
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     engine = load_engine(args.model, args.draft, n_ctx=args.n_ctx)
-    engine.prefix_caches.append(DiskPrefixCache(cache / "chat-prefix-cache"))
+    engine.prefix_caches.append(DiskPrefixCache(cache / "chat-prefix-cache", keep_every_prompt=True))
     session = ChatSession(engine, system_prompt="You are a careful senior software engineer.")
     history = text_of_tokens(lambda text: engine.chat_tokens([{"role": "user", "content": text}]), args.chat_tokens)
     first_ttft, first_stats, _ = ttft(session, history + "\n\nReview this module.", params)  # saves the snapshot
@@ -70,7 +70,7 @@ def chat_benchmark(args, cache: Path) -> dict:
     for name, cached in (("reopened_without_cache", False), ("reopened_with_cache", True)):
         engine = load_engine(args.model, args.draft, n_ctx=args.n_ctx)
         if cached:
-            engine.prefix_caches.append(DiskPrefixCache(cache / "chat-prefix-cache"))
+            engine.prefix_caches.append(DiskPrefixCache(cache / "chat-prefix-cache", keep_every_prompt=True))
         seconds, stats, ids = ttft(ChatSession.from_dict(engine, saved), "Now add logging to handle_0.", params)
         rows[name] = {"ttft_seconds": seconds, **_prompt_figures(stats), "token_ids": ids}
         engine.close()

@@ -748,7 +748,7 @@ class Engine:
 
 def _snapshot_key(model: LlamaModel) -> SnapshotKey:
     """What a snapshot of model's KV cache is valid for; its KV setup (K and V types, flash attention) by label."""
-    return SnapshotKey.for_model(model.path, model.kv_cache_label or "f16", model.n_seq, RUNTIME)
+    return SnapshotKey.for_model(model, model.kv_cache_label or "f16", model.n_seq, RUNTIME)
 
 
 class _LazyRows:

@@ -8,8 +8,10 @@ file beside it and a rename.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 
 class AtomicFile:
@@ -52,3 +54,22 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
     with AtomicFile(path) as out:
         out.handle.write(data.encode("utf-8") if isinstance(data, str) else data)
         return out.commit()
+
+
+class NotARegularFile(OSError):
+    """A FIFO, a device or a socket where edgespec expects a file it wrote."""
+
+
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """path opened for reading in binary; NotARegularFile if it is not a regular file.
+
+    Opened non-blocking, then checked: a plain open of a FIFO waits for a writer, which may never come.
+    """
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise NotARegularFile(f"{path} is not a regular file")
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise

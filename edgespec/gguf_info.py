@@ -66,6 +66,9 @@ class GGUFInfo:
     # Scalar and string metadata by key; arrays are left out (see array_lengths).
     metadata: dict = field(default_factory=dict, compare=False, repr=False)
     array_lengths: dict = field(default_factory=dict, compare=False, repr=False)
+    # Where the header ends and each tensor's data lies, in bytes from the file's start: (start, length)
+    data_offset: int = field(default=0, compare=False, repr=False)
+    tensor_spans: tuple = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -167,7 +170,7 @@ def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
         raise ModelFileError(
             _problem(path, f"is truncated: {file_size} bytes but its tensors need {data_end}")
         )
-    return _build_info(path, file_size, fields, tensors)
+    return _build_info(path, file_size, fields, tensors, data_offset)
 
 
 def _problem(path: Path, what: str) -> str:
@@ -216,7 +219,7 @@ def _read_tensor_info(walker: _HeaderWalker) -> _Tensor:
     return _Tensor(name, n_elements, n_elements * type_size // block_size, offset)
 
 
-def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor]) -> GGUFInfo:
+def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor], data_offset: int) -> GGUFInfo:
     arch = fields.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelFileError(_problem(path, "has no general.architecture key, so it is not a model"))
@@ -265,6 +268,8 @@ def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor]
         metadata={k: v for k, v in fields.items() if not isinstance(v, (tuple, _StringArray))},
         array_lengths={k: (v.length if isinstance(v, _StringArray) else len(v))
                        for k, v in fields.items() if isinstance(v, (tuple, _StringArray))},
+        data_offset=data_offset,
+        tensor_spans=tuple((data_offset + t.offset, t.n_bytes) for t in tensors),
     )
 
 

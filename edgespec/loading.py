@@ -19,8 +19,9 @@ from .limits import KV_TYPES, SettingError, checked_kv_type
 from .fetch import resolve_draft, resolve_model
 from .catalog import load_catalog, local_path
 from .notices import print_notice
+from .model_identity import loaded_model_identity
 from .planner import Plan, plan_models
-from .prefix_cache import DiskPrefixCache
+from .prefix_files import DiskPrefixCache
 from .units import parse_size
 
 
@@ -28,12 +29,14 @@ def plan_load(
     target, draft="auto", *, n_ctx: int, n_gpu_layers=None, draft_gpu_layers=None,
     memory_budget=None, pull: bool = True, notice: Callable[[str], None] = print_notice,
     kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False, parallel: int = 1,
+    prompt_cache_ram: int = 0,
 ) -> tuple[Path, Path | None, Plan]:
     """Resolve the model names to files and plan their memory: what load_engine will do.
 
     pull=False never downloads: a missing target is an error, a missing draft means n-grams.
     kv_type, draft_kv_type and flash_attn are load_engine's; parallel counts a target KV cache
-    per sequence decoded together (batch --parallel).
+    per sequence decoded together (batch --parallel); prompt_cache_ram, the RAM a server asks for
+    prompt snapshots (the plan grants what the models leave).
     """
     target_path = resolve_model(target, pull=pull, notice=notice)
     draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, pull, notice)
@@ -44,6 +47,7 @@ def plan_load(
         memory_budget=memory_budget, force_mode=forced_mode,
         force_gpu_layers=n_gpu_layers, force_draft_gpu_layers=draft_gpu_layers,
         kv_type=kv_type, draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel,
+        prompt_cache_ram=prompt_cache_ram,
     )
     for warning in plan.warnings:
         notice(warning)
@@ -71,6 +75,7 @@ def load_engine(
     draft_kv_type: str | None = None,
     flash_attn: bool = False,
     parallel: int = 1,
+    prompt_cache_ram: int = 0,
 ) -> Engine:
     """Load a target and its drafter.
 
@@ -89,13 +94,13 @@ def load_engine(
     kv_type and draft_kv_type (default: kv_type) are the KV cache types of the
     target and the draft (f16, q8_0, q4_0); without flash_attn only the keys
     take them (see kv_cache_notice).  flash_attn cannot go with bit_exact.
-    parallel only plans the memory of that many target KV caches: a Scheduler makes room for them.
+    parallel (target KV caches a Scheduler fills) and prompt_cache_ram (a server's snapshots) only plan memory.
     """
     kv_notice = kv_cache_notice(kv_type, kv_type if draft_kv_type is None else draft_kv_type, flash_attn, bit_exact)
     target_path, draft_path, plan = plan_load(
         target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
-        memory_budget=memory_budget, pull=pull, notice=notice,
-        kv_type=kv_type, draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel,
+        memory_budget=memory_budget, pull=pull, notice=notice, kv_type=kv_type, draft_kv_type=draft_kv_type,
+        flash_attn=flash_attn, parallel=parallel, prompt_cache_ram=prompt_cache_ram,
     )
     if kv_notice:
         notice(kv_notice)
@@ -113,11 +118,17 @@ def load_engine(
     return engine
 
 
-def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Callable[[str], None] | None = None) -> None:
+def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Callable[[str], None] | None = None,
+                     keep_every_prompt: bool = False) -> None:
     """Keep KV snapshots of the engine's long prompts in the cache dir (at most size bytes, e.g. "2GiB";
-    default: EDGESPEC_PROMPT_CACHE_SIZE, else 2 GiB), and restore the longest one a prompt starts with."""
+    default: EDGESPEC_PROMPT_CACHE_SIZE, else 2 GiB), and restore the longest one a prompt starts with.
+    A prompt's snapshot is kept once it came back (edgespec.prefix_files), or at once with keep_every_prompt."""
     max_bytes = parse_size(size) if isinstance(size, str) else size
-    engine.prefix_caches.append(DiskPrefixCache(max_bytes=max_bytes, notice=notice or print_notice))
+    for model in (engine.target, engine.draft):
+        if model is not None:
+            loaded_model_identity(model)  # now: a file replaced while this process runs is not the model it holds
+    engine.prefix_caches.append(DiskPrefixCache(max_bytes=max_bytes, notice=notice or print_notice,
+                                                keep_every_prompt=keep_every_prompt))
 
 
 # A draft model of the target's family is typically accepted this often (the Qwen2.5-Coder

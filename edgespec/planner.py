@@ -18,11 +18,11 @@ forces is kept, with a warning when it exceeds the budget.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from rich.table import Table
 
 from edgespec.gguf_info import GGUFInfo, read_gguf_info
 from edgespec.limits import KV_TYPES, MAX_OUTPUT_ROWS, MODES, N_UBATCH, kv_cache_types
@@ -86,6 +86,9 @@ class Plan:
     draft_kv_type: str = "f16"
     flash_attn: bool = False  # without it only the keys take the KV type (edgespec.limits.kv_cache_types)
     parallel: int = 1  # target sequences decoded together, each with a KV cache of n_ctx tokens
+    # RAM the server's store of recent prompt snapshots may hold (edgespec.prefix_cache.MemoryPrefixCache);
+    # counted in total_bytes when the budget is RAM
+    prompt_cache_ram: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -96,6 +99,7 @@ class Plan:
             "budget_source": self.budget_source, "fits": self.fits, "reason": self.reason,
             "warnings": list(self.warnings), "n_ctx": self.n_ctx, "kv_type": self.kv_type,
             "draft_kv_type": self.draft_kv_type, "flash_attn": self.flash_attn, "parallel": self.parallel,
+            "prompt_cache_ram": self.prompt_cache_ram,
             "kv_cache_types": {part.role: self.cache_types(part.role) for part in self.parts},
         }
 
@@ -184,12 +188,13 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: Memory
          kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False,
          force_gpu_layers: int | None = None, force_draft_gpu_layers: int | None = None,
          force_mode: str | None = None, n_batch: int = DEFAULT_N_BATCH, n_outputs: int = DEFAULT_N_OUTPUTS,
-         parallel: int = 1) -> Plan:
+         parallel: int = 1, prompt_cache_ram: int = 0) -> Plan:
     """Pick GPU layers and the drafting mode for target (+ draft) within budget.
 
     force_* are the user's choices (--gpu-layers, --draft-gpu-layers, --draft ngram|none, or "draft-model"
     for an explicit draft file); -1 means all layers.  kv_type, draft_kv_type (default: kv_type) and
     flash_attn are the KV caches' flags; the target has `parallel` KV caches (batch --parallel).
+    prompt_cache_ram, RAM a server asks for prompt snapshots, gets at most half what the models leave of a RAM budget.
     """
     draft_kv_type = kv_type if draft_kv_type is None else draft_kv_type
     _check_choices(force_mode, draft, kv_type, draft_kv_type)
@@ -218,11 +223,9 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: Memory
     total = sum(part.budget_bytes for part in parts)
     fits = total <= available
     if not fits:
-        # Automatic choices never add a draft that does not fit: an unforced plan misses through the target alone.
-        forced = force_mode == "draft-model" or (
-            on_gpu and (force_gpu_layers is not None or force_draft_gpu_layers is not None))
-        warnings.append(_over_budget(forced, total, available, "GPU memory" if on_gpu else "RAM"))
-    return Plan(
+        forced_layers = on_gpu and (force_gpu_layers is not None or force_draft_gpu_layers is not None)
+        warnings.append(_over_budget(force_mode == "draft-model" or forced_layers, total, available, on_gpu))
+    return _with_prompt_cache(Plan(
         mode=mode,
         device=budget.kind if on_gpu else "cpu",
         target_gpu_layers=target_part.gpu_layers,
@@ -239,7 +242,7 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: Memory
         draft_kv_type=draft_kv_type,
         flash_attn=flash_attn,
         parallel=parallel,
-    )
+    ), prompt_cache_ram)
 
 
 def plan_models(target_path, draft_path=None, *, n_ctx: int, gpu_offload: bool,
@@ -256,45 +259,6 @@ def plan_models(target_path, draft_path=None, *, n_ctx: int, gpu_offload: bool,
         size = memory_budget if isinstance(memory_budget, int) else parse_size(memory_budget)
         budget = budget_override(size, gpu_offload=gpu_offload)
     return plan(target, draft, n_ctx=n_ctx, budget=budget, gpu_offload=gpu_offload, **choices)
-
-
-def format_plan_table(plan: Plan) -> Table:
-    """The plan as a small table for `edgespec plan`: sizes per model, then the budget, the choice and why."""
-    device = {"cuda": "CUDA GPU", "metal": "Metal GPU"}.get(plan.device, "CPU")
-    verdict = "fits" if plan.fits else "[bold red]does not fit[/]"
-    caption = [
-        f"budget {format_size(plan.budget_bytes)} ({plan.budget_source}); "
-        f"plan needs {format_size(plan.total_bytes)}: {verdict}",
-        f"drafting: [bold]{plan.mode}[/]; {plan.reason}",
-        *(f"[yellow]warning:[/] {warning}" for warning in plan.warnings),
-    ]
-    table = Table(title=f"edgespec plan: {plan.mode} on {device}", title_justify="left",
-                  caption="\n".join(caption), caption_justify="left")
-    table.add_column("")
-    for part in plan.parts:
-        table.add_column(f"{part.role}\n{part.model}", justify="right")
-    table.add_row("GPU layers", *(_layers_text(part, plan.device) for part in plan.parts))
-    table.add_row("weights", *(format_size(part.weights_bytes) for part in plan.parts))
-    sequences = f" x {plan.parallel}" if plan.parallel > 1 else ""
-    table.add_row(f"KV cache ({plan.n_ctx} tokens{sequences})", *(format_size(p.kv_bytes) for p in plan.parts))
-    table.add_row("KV cache types", *(plan.cache_types(part.role) for part in plan.parts))
-    table.add_row("compute buffers", *(format_size(part.compute_bytes) for part in plan.parts))
-    if plan.device == "cpu":
-        table.add_row("tokenizer and header", *(format_size(part.runtime_bytes) for part in plan.parts))
-    table.add_row("total", *(format_size(part.budget_bytes) for part in plan.parts), end_section=True)
-    if plan.device != "cpu":
-        table.add_row("[dim]left in RAM[/]", *(f"[dim]{format_size(part.host_bytes)}[/]" for part in plan.parts))
-    return table
-
-
-def _layers_text(part: ModelMemory, device: str) -> str:
-    if device == "cpu":
-        return "CPU"
-    if part.gpu_layers > part.n_layer:
-        return f"all {part.n_layer} + output"
-    if part.gpu_layers == part.n_layer:
-        return f"all {part.n_layer}, output on CPU"
-    return f"{part.gpu_layers} of {part.n_layer}"
 
 
 def _sizer(kv_type: str, draft_kv_type: str, parallel: int, **common):
@@ -332,9 +296,27 @@ def _gpu_target(size, target: GGUFInfo, force_gpu_layers: int | None, available:
     return size(target, "target", gpu_layers=_requested_layers(force_gpu_layers, target))
 
 
-def _over_budget(forced: bool, total: int, available: int, where: str) -> str:
+def _with_prompt_cache(plan: Plan, asked: int) -> Plan:
+    """plan with RAM for a server's prompt snapshots.  A cache: on a RAM budget it gets at most half of what
+    the models leave, so it never pushes the machine into swap.  A GPU budget does not cover RAM: there the
+    store gets what it asks for, counted apart."""
+    if plan.device != "cpu":
+        return dataclasses.replace(plan, prompt_cache_ram=asked)
+    granted = min(asked, max(0, plan.budget_bytes - plan.total_bytes) // 2)
+    warnings = plan.warnings
+    if granted < asked:
+        warnings += (f"prompt snapshots in RAM get {format_size(granted)}, not the {format_size(asked)} asked: "
+                     "half of what the models leave of the budget" + (" (the disk prompt cache still works)"
+                                                                      if granted == 0 else ""),)
+    return dataclasses.replace(plan, prompt_cache_ram=granted, total_bytes=plan.total_bytes + granted,
+                               warnings=warnings)
+
+
+def _over_budget(forced: bool, total: int, available: int, on_gpu: bool) -> str:
+    # Automatic choices never add a draft that does not fit: an unforced plan misses through the target alone.
     return (f"{'the forced plan' if forced else 'the target alone'} needs {format_size(total)} but "
-            f"{format_size(available)} of {where} is available; expect out-of-memory errors or swapping")
+            f"{format_size(available)} of {'GPU memory' if on_gpu else 'RAM'} is available; "
+            "expect out-of-memory errors or swapping")
 
 
 def _choose_draft(size, draft: GGUFInfo | None, target_part: ModelMemory, available: int, *, on_gpu: bool,

@@ -16,9 +16,9 @@ from edgespec.gguf_info import GGUFInfo, read_gguf_info
 from edgespec.memory import MemoryBudget, budget_override
 from edgespec.units import parse_size
 from edgespec.fetch import resolve_model
+from edgespec.plan_table import format_plan_table
 from edgespec.planner import (
     compute_bytes,
-    format_plan_table,
     kv_bytes_per_layer,
     model_memory,
     plan,

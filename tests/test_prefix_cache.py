@@ -14,7 +14,9 @@ import pytest
 from edgespec import ChatSession, SamplingParams
 from edgespec.backend import RUNTIME, LlamaModel, load_state, state_bytes
 from edgespec.loading import load_engine
-from edgespec.prefix_cache import MAGIC, SUFFIX, DiskPrefixCache, MemoryPrefixCache, SnapshotKey
+from edgespec.model_identity import model_identity
+from edgespec.prefix_cache import MemoryPrefixCache, SnapshotKey
+from edgespec.prefix_files import MAGIC, SUFFIX, DiskPrefixCache
 
 FIXED_COST = (1.0, 1.3, 1.6, 1.9, 2.2)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -22,7 +24,7 @@ LONG_TEXT = "the cat sat on the mat and looked at the dog, who sat on the log by
 
 
 def snapshot_key(path, runtime=RUNTIME, n_seq=1) -> SnapshotKey:
-    return SnapshotKey.for_model(path, "f16", n_seq, runtime)
+    return SnapshotKey(model_identity(path), "f16", n_seq, runtime)
 
 
 # -- llama.cpp's state, round trip -------------------------------------------------------------
@@ -73,22 +75,29 @@ def fake_state(n_bytes: int, fill: int = 7):
     return lambda: bytes([fill]) * n_bytes
 
 
+def save_seen(store, key, tokens, payload) -> bool:
+    """Offer tokens to a disk store a second time, as a prompt that came back: the first offer only notes them."""
+    assert not store.save(key, tokens, payload)
+    return store.save(key, tokens, payload)
+
+
 def test_the_disk_cache_keeps_its_cap_by_evicting_the_least_recently_used(tmp_path, tiny_models):
     key = snapshot_key(tiny_models["target"])
     store = DiskPrefixCache(tmp_path, max_bytes=30_000, min_tokens=4)
     prompts = [[n] * 1000 + list(range(10)) for n in (1, 2, 3)]  # 4 KB of tokens + 6 KB of state, about 10 KB each
-    assert store.save(key, prompts[0], fake_state(6000))
-    assert store.save(key, prompts[1], fake_state(6000))
+    assert save_seen(store, key, prompts[0], fake_state(6000))
+    assert save_seen(store, key, prompts[1], fake_state(6000))
     first, second = (store.longest_prefix(key, p) for p in prompts[:2])
     os.utime(first.handle, ns=(1, 1))  # the first is the older one ...
     os.utime(second.handle, ns=(2, 2))
     assert store.read(key, first) is not None  # ... until it is used again
-    assert store.save(key, prompts[2], fake_state(6000))  # three do not fit: one has to go
+    assert save_seen(store, key, prompts[2], fake_state(6000))  # three do not fit: one has to go
     assert sum(p.stat().st_size for p in tmp_path.glob("*" + SUFFIX)) <= 30_000
     assert store.longest_prefix(key, prompts[1]) is None  # the least recently used went
     assert store.longest_prefix(key, prompts[0]).n_common == len(prompts[0])
     assert store.longest_prefix(key, prompts[2]).n_common == len(prompts[2])
-    assert not store.save(key, [5] * 100, fake_state(40_000))  # larger than the cap: never written
+    assert not store.save(key, [5] * 100, fake_state(40_000))  # larger than the cap: never written ...
+    assert not store.save(key, [5] * 100, fake_state(40_000))  # ... nor when it came back
     assert sum(p.stat().st_size for p in tmp_path.glob("*" + SUFFIX)) <= 30_000
 
 
@@ -97,7 +106,7 @@ def test_only_long_and_new_prefixes_are_kept_and_an_extension_replaces_its_prefi
     store = DiskPrefixCache(tmp_path, max_bytes=1 << 20, min_tokens=100)
     document = list(range(300))
     assert not store.save(key, document[:99], fake_state(10))  # too short to be worth a file
-    assert store.save(key, document + [1] * 20, fake_state(10))
+    assert save_seen(store, key, document + [1] * 20, fake_state(10))
     assert not store.save(key, document + [2] * 20, fake_state(10))  # 20 new tokens: prefill them instead
     assert not store.save(key, document, fake_state(10))  # already held by the kept one
     assert store.save(key, document + [1] * 30, fake_state(10))  # extends the kept one, and replaces it
@@ -130,7 +139,7 @@ def test_a_corrupt_snapshot_is_discarded_with_a_notice(tmp_path, tiny_models, da
     notices = []
     store = DiskPrefixCache(tmp_path, max_bytes=1 << 20, min_tokens=10, notice=notices.append)
     tokens = list(range(400))
-    assert store.save(key, tokens, fake_state(5000))
+    assert save_seen(store, key, tokens, fake_state(5000))
     path = next(tmp_path.glob("*" + SUFFIX))
     path.write_bytes(damage(path.read_bytes()))
     found = store.longest_prefix(key, tokens)
@@ -143,8 +152,8 @@ def test_a_snapshot_of_another_build_is_discarded_and_of_another_model_left_alon
     notices = []
     store = DiskPrefixCache(tmp_path, max_bytes=1 << 20, min_tokens=10, notice=notices.append)
     tokens = list(range(400))
-    assert store.save(snapshot_key(tiny_models["target"], runtime="llama-cpp-python 0.0.1"), tokens, fake_state(50))
-    assert store.save(snapshot_key(tiny_models["draft"]), tokens, fake_state(50))
+    assert save_seen(store, snapshot_key(tiny_models["target"], runtime="llama-cpp-python 0.0.1"), tokens, fake_state(50))
+    assert save_seen(store, snapshot_key(tiny_models["draft"]), tokens, fake_state(50))
     assert store.longest_prefix(snapshot_key(tiny_models["target"]), tokens) is None
     assert len(notices) == 1 and "another llama.cpp build (llama-cpp-python 0.0.1" in notices[0]
     assert store.longest_prefix(snapshot_key(tiny_models["draft"]), tokens).n_common == 400
@@ -168,7 +177,7 @@ def test_the_memory_cache_holds_its_cap(tiny_models):
     assert store.longest_prefix(key, [4] * 500).n_common == 500
     assert store.longest_prefix(key, [3] * 500).n_common == 500
     assert store.longest_prefix(key, [2] * 500) is None  # evicted: two fit under the cap
-    assert sum(4 * len(tokens) + len(data) for _, tokens, data in store._kept.values()) <= 10_000
+    assert store.held_bytes <= 10_000
 
 
 # -- the engine, across processes and chats ----------------------------------------------------
@@ -186,6 +195,8 @@ def test_a_new_engine_restores_the_prompt_and_gives_the_same_output(tiny_models,
     first = cached_engine(tiny_models, draft)
     prompt = first.prompt_tokens(LONG_TEXT, raw=True)[:600]
     cold = [*first.stream_tokens(prompt, GREEDY)][-1].result
+    first.forget_cache()
+    [*first.stream_tokens(prompt, GREEDY)]  # it came back: now its snapshot is kept
     first.close()
     second = cached_engine(tiny_models, draft)
     warm = [*second.stream_tokens(prompt, GREEDY)][-1].result
@@ -202,6 +213,8 @@ def test_a_state_llama_cpp_refuses_is_discarded_and_the_prompt_prefilled(tiny_mo
     engine = cached_engine(tiny_models, store=DiskPrefixCache(min_tokens=64, notice=notices.append))
     prompt = engine.prompt_tokens(LONG_TEXT, raw=True)[:400]
     cold = [*engine.stream_tokens(prompt, GREEDY)][-1].result
+    engine.forget_cache()
+    [*engine.stream_tokens(prompt, GREEDY)]  # it came back: now its snapshot is kept
     engine.forget_cache()
     store = engine.prefix_caches[0]
     snapshot = store.longest_prefix(snapshot_key(tiny_models["target"]), prompt)
@@ -221,9 +234,10 @@ def test_a_state_llama_cpp_refuses_is_discarded_and_the_prompt_prefilled(tiny_mo
 def test_a_prompt_sharing_only_a_document_restores_the_document(tiny_models):
     engine = cached_engine(tiny_models)
     document = engine.prompt_tokens(LONG_TEXT, raw=True)[:500]
-    [*engine.stream_tokens(document + [5, 6, 7], GREEDY)]
-    engine.forget_cache()  # as in another process
-    result = [*engine.stream_tokens(document + [8, 9, 10], GREEDY)][-1].result
+    for question in ([5, 6, 7], [8, 9, 10]):  # the second request brings the document back: it is kept
+        [*engine.stream_tokens(document + question, GREEDY)]
+        engine.forget_cache()  # as in another process
+    result = [*engine.stream_tokens(document + [11, 12, 13], GREEDY)][-1].result
     assert result.stats.prompt_tokens_reused == len(document)
     engine.close()
 
@@ -267,12 +281,13 @@ def run_json(tiny_models, prompt, *flags):
     return json.loads(done.stdout)
 
 
-def test_a_second_run_process_reuses_the_prompt_from_disk_unless_told_not_to(tiny_models):
+def test_a_run_process_reuses_from_disk_a_prompt_that_came_before_unless_told_not_to(tiny_models):
     prompt = LONG_TEXT[:800]
-    cold, warm = run_json(tiny_models, prompt), run_json(tiny_models, prompt)
-    assert cold["stats"]["prompt_tokens_reused"] == 0
+    cold, again, warm = (run_json(tiny_models, prompt) for _ in range(3))
+    # the first run only notes the prompt; the second, seeing it come back, keeps its snapshot
+    assert cold["stats"]["prompt_tokens_reused"] == again["stats"]["prompt_tokens_reused"] == 0
     assert warm["stats"]["prompt_tokens_reused"] == warm["stats"]["prompt_tokens"] - 1 > 256
-    assert warm["token_ids"] == cold["token_ids"]
+    assert warm["token_ids"] == again["token_ids"] == cold["token_ids"]
     off = run_json(tiny_models, prompt, "--no-prompt-cache")
     assert off["stats"]["prompt_tokens_reused"] == 0 and off["token_ids"] == cold["token_ids"]
 
@@ -304,14 +319,16 @@ def test_a_cache_with_a_shifted_turn_is_never_saved_as_a_snapshot(tiny_models):
     engine = cached_engine(tiny_models)
     system, dropped, kept = list(range(100, 120)), list(range(120, 200)), list(range(200, 300))  # ids the tiny vocabulary has
     params = SamplingParams(temperature=0.0, max_tokens=4)
-    [*engine.stream_tokens(system + dropped + kept, params)]
+    for _ in range(2):  # the second time it came: kept
+        [*engine.stream_tokens(system + dropped + kept, params)]
     shifted = [*engine.stream_tokens(system + kept + [7], params, shift_dropped_span=True)][-1].result
     assert shifted.stats.prompt_tokens_reused == len(system + kept)  # the shift happened
     store = engine.prefix_caches[0]
     key = snapshot_key(tiny_models["target"])
     assert store.longest_prefix(key, system + kept).n_common == len(system)  # only the fresh one is kept
-    [*engine.stream_tokens(system + [9] * 80, params)]  # rewound below the shifted part: fresh again
-    assert store.longest_prefix(key, system + [9] * 80).n_common == len(system) + 80
+    for _ in range(2):  # rewound below the shifted part: fresh again, and kept the second time
+        [*engine.stream_tokens(system + [9] * 200, params)]
+    assert store.longest_prefix(key, system + [9] * 200).n_common == len(system) + 200
     engine.close()
 
 

@@ -110,7 +110,7 @@ class EngineHost:
                 memory_budget=config.memory_budget, notice=notice, cost_curve=self.cost_curve,
                 measure_stale_curve=False)
             if config.prompt_cache:  # a reopened chat restores its history instead of prefilling it
-                use_prompt_cache(engine, config.prompt_cache_size, notice)
+                use_prompt_cache(engine, config.prompt_cache_size, notice, keep_every_prompt=True)
         except EdgespecError as error:
             self.app.post_message(self.LoadFailed(str(error), notices))
         except Exception as error:  # a bug must not end the app with a traceback

@@ -14,7 +14,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Static, TextArea
 
 from edgespec.gguf_info import read_gguf_info
 from edgespec.limits import SettingError, checked_setting
-from edgespec.planner import format_plan_table
+from edgespec.plan_table import format_plan_table
 from tui import stats as stats_text
 from tui.settings import KINDS, LABELS, SCREEN_SETTINGS, ChatSettings
 

@@ -8,10 +8,10 @@ a KV cache in place (the context shift); state.py is a KV cache as bytes and bac
 
 from .kvcache import common_prefix_length, dropped_span
 from .model import LlamaModel
-from .state import load_state, state_bytes
+from .state import load_state, state_buffer, state_bytes
 from .runtime import RUNTIME, default_threads, supports_gpu_offload, width_independent_kernels
 
 __all__ = [
-    "LlamaModel", "RUNTIME", "common_prefix_length", "dropped_span", "load_state", "state_bytes",
+    "LlamaModel", "RUNTIME", "common_prefix_length", "dropped_span", "load_state", "state_buffer", "state_bytes",
     "default_threads", "supports_gpu_offload", "width_independent_kernels",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 from typing import Sequence
 
 import llama_cpp
@@ -12,19 +13,35 @@ from .runtime import forget_log, last_error
 
 # `model` below is a LlamaModel (not imported: the backend's package exports both).
 
+# Private maps count as the process's anonymous memory, as heap would (a shared one counts as shmem).
+_PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
 
-def state_bytes(model, seq: int = 0) -> bytearray:
-    """Sequence seq's KV cache as llama_state_seq_get_data writes it."""
+
+def state_buffer(size: int) -> mmap.mmap | bytearray:
+    """size writable bytes for a KV state, in an anonymous memory map of their own.
+
+    States are megabytes each and of every size.  Kept on the heap, those a store evicts leave holes
+    that malloc keeps and the next, larger state cannot use: a server's RSS grew hundreds of MB past
+    what its store held.  A map goes back to the system whole when its last reference goes.
+    """
+    return mmap.mmap(-1, size, **_PRIVATE) if size > 0 else bytearray()
+
+
+def state_bytes(model, seq: int = 0) -> mmap.mmap | bytearray:
+    """Sequence seq's KV cache as llama_state_seq_get_data writes it, in a buffer of its own (state_buffer)."""
     size = llama_cpp.llama_state_seq_get_size(model._ctx, seq)
-    data = bytearray(size)
+    data = state_buffer(size)
     written = llama_cpp.llama_state_seq_get_data(model._ctx, (ctypes.c_uint8 * size).from_buffer(data), size, seq)
     if written == 0 and model.cached_of(seq):
         raise DecodeError(f"llama.cpp could not serialise the KV cache of {model.path.name}: {last_error()}")
-    del data[written:]
+    if written < size:
+        shorter = state_buffer(written)
+        shorter[:] = memoryview(data)[:written]
+        data = shorter
     return data
 
 
-def load_state(model, data: bytes | bytearray, tokens: Sequence[int], seq: int = 0) -> bool:
+def load_state(model, data: bytes | bytearray | mmap.mmap, tokens: Sequence[int], seq: int = 0) -> bool:
     """Replace sequence seq's KV cache with data, a state of exactly tokens; False, that cache left empty, if refused.
 
     The caller vouches that data is a snapshot of tokens from this model and build (the prompt

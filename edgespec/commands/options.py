@@ -94,6 +94,18 @@ def _threads(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def add_prompt_cache_ram_option(group, default: str, help_text: str) -> None:
+    """--prompt-cache-ram SIZE, in bytes (0 for none): the RAM for a server's recent prompt snapshots,
+    which the memory plan counts."""
+    group.add_argument("--prompt-cache-ram", type=_size_or_zero, default=default, metavar="SIZE", help=help_text)
+
+
+def _size_or_zero(text: str) -> int:
+    from ..units import parse_size
+
+    return 0 if text.strip() == "0" else parse_size(_size_text(text))
+
+
 def _size_text(text: str) -> str:
     """A byte size as the user wrote it (the chat keeps it so in its config), once it is known to parse."""
     from ..units import InvalidSizeError, parse_size

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..loading import plan_load
-from .options import add_engine_options, setting
+from .options import add_engine_options, add_prompt_cache_ram_option, setting
 
 
 def add_plan_parser(subparsers) -> None:
@@ -16,6 +16,8 @@ def add_plan_parser(subparsers) -> None:
     parser.add_argument("--parallel", type=setting("parallel"), default=1, metavar="N",
                         help="count a target KV cache for each of N sequences decoded together, as "
                              "`edgespec batch --parallel N` has (default: %(default)s)")
+    add_prompt_cache_ram_option(parser, "0", "count the RAM that `edgespec serve --prompt-cache-ram SIZE` keeps "
+                                "for prompt snapshots (default: %(default)s; serve's default is 512MiB)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=plan)
 
@@ -23,12 +25,12 @@ def add_plan_parser(subparsers) -> None:
 def plan(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..planner import format_plan_table
+    from ..plan_table import format_plan_table
 
     _, _, memory_plan = plan_load(args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
                                   draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget,
                                   kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn,
-                                  parallel=args.parallel)
+                                  parallel=args.parallel, prompt_cache_ram=args.prompt_cache_ram)
     if args.json:
         print(json.dumps(memory_plan.to_dict(), indent=2))
     else:

@@ -18,7 +18,8 @@ from pathlib import Path
 from ..errors import EdgespecError
 from ..limits import MAX_PARALLEL
 from ..monitor import DEFAULT_THRESHOLD, DEFAULT_WINDOW, AcceptanceMonitor
-from .options import add_engine_options, add_sampling_options, engine_from_args, sampling_params, setting
+from .options import (add_engine_options, add_prompt_cache_ram_option, add_sampling_options, engine_from_args,
+                      sampling_params, setting)
 
 API_KEY_ENV = "EDGESPEC_API_KEY"
 
@@ -45,6 +46,9 @@ def add_serve_parser(subparsers) -> None:
                        help="warn when the rolling draft acceptance falls below this (default: %(default)s)")
     group.add_argument("--alert-window", type=int, default=DEFAULT_WINDOW,
                        help="requests the rolling acceptance covers (default: %(default)s)")
+    add_prompt_cache_ram_option(group, "512MiB", "RAM for the prompt snapshots of recent requests, so clients "
+                                "taking turns do not prefill each other's history again; the memory plan gives it "
+                                "at most half the RAM the models leave, and 0 keeps none (default: %(default)s)")
     add_engine_options(parser)
     add_sampling_options(parser, max_tokens=1024)
     parser.set_defaults(func=serve)
@@ -64,11 +68,12 @@ def serve(args: argparse.Namespace) -> int:
         config = ServerConfig(_model_name(args.model), defaults, args.api_key, args.queue_size, args.request_timeout,
                               args.max_body_bytes, args.parallel, port=sock.getsockname()[1],
                               host_names=allowed_host_names(args.host), origins=origins)
-        engine = engine_from_args(args, parallel=args.parallel)
-        if args.prompt_cache:
-            # one KV cache serves every client: a few recent conversations' states in RAM keep two clients
-            # taking turns from re-prefilling each other's history (the disk store is the fallback)
-            engine.prefix_caches.insert(0, MemoryPrefixCache())
+        ram = args.prompt_cache_ram if args.prompt_cache else 0
+        engine = engine_from_args(args, parallel=args.parallel, prompt_cache_ram=ram)
+        if engine.plan.prompt_cache_ram:
+            # one KV cache serves every client: recent conversations' states in RAM keep two clients taking
+            # turns from re-prefilling each other's history (the disk store keeps what came twice)
+            engine.prefix_caches.insert(0, MemoryPrefixCache(engine.plan.prompt_cache_ram))
         try:
             app = create_app(engine, config, monitor)
             host, port = sock.getsockname()[:2]
