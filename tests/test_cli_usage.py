@@ -179,7 +179,7 @@ class EndlessText(io.RawIOBase):
 
 def test_an_endless_stream_is_read_no_further_than_the_bound():
     stream = EndlessText()
-    with pytest.raises(EdgespecError, match=r"longer than 16.0 KiB, more than a 256-token context can hold; "
+    with pytest.raises(EdgespecError, match=r"longer than 64.0 KiB, more than a 256-token context can hold; "
                                             r"shorten it, or raise --n-ctx"):
         read_text_bytes(stream, 256 * MAX_PROMPT_BYTES_PER_TOKEN, 256)
     assert stream.served == 256 * MAX_PROMPT_BYTES_PER_TOKEN + 1
@@ -213,7 +213,7 @@ def run_with_stdin_from(shell_source: str, tiny_models, n_ctx: int = 256):
 
 @pytest.mark.parametrize("source, expected", [
     ("head -c 100000000 /dev/zero", "stdin holds binary data, not text: "),
-    ("yes 'a line of text' | head -c 100000000", "the prompt on stdin is longer than 16.0 KiB, more than a "
+    ("yes 'a line of text' | head -c 100000000", "the prompt on stdin is longer than 64.0 KiB, more than a "
                                                  "256-token context can hold"),
     ("printf 'h\\000e\\000l\\000l\\000o\\000 \\000w\\000o\\000r\\000l\\000d\\000'", "UTF-16"),
 ])

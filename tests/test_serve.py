@@ -371,7 +371,7 @@ def test_other_addresses_need_an_api_key(tiny_models, tmp_path):
     script = Path(sys.executable).parent / "edgespec"
     result = subprocess.run([str(script), "serve", "--host", "0.0.0.0", "--model", str(tiny_models["target"])],
                             capture_output=True, text=True, timeout=WAIT_SECONDS, env=server_env(tmp_path))
-    assert result.returncode == 1
+    assert result.returncode == 2, "a usage error, like every other bad flag"
     assert result.stderr.count("\n") == 1 and "--api-key" in result.stderr and "Traceback" not in result.stderr
 
 

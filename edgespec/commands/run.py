@@ -12,10 +12,11 @@ from ..stats import Stats
 from ..units import format_size
 from .options import add_engine_options, add_sampling_options, engine_from_args, sampling_params
 
-# A token is a few bytes of text (about 4 in English; the longest vocabulary entries, runs of spaces or
-# of one symbol, a few dozen), so a prompt of more than this many bytes per token of the context
-# cannot fit in it, whatever it says: reading stops there instead of filling memory.
-MAX_PROMPT_BYTES_PER_TOKEN = 64
+# A token is a few bytes of text: about 4 in English, and at most the longest vocabulary entry, a run
+# of spaces or of one symbol (81 bytes in SmolLM2's vocabulary, 128 in Qwen2.5's). A prompt of more
+# than this many bytes per token of the context cannot fit in it whatever it says, so reading stops
+# there instead of filling memory (1 MiB for a 4096-token context).
+MAX_PROMPT_BYTES_PER_TOKEN = 256
 STDIN_CHUNK_BYTES = 64 * 1024
 # A stray NUL is a byte like any other to the tokenizer, and stays text; this many, and this big a
 # share of what was read, is binary data or UTF-16/32 text.
