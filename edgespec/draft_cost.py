@@ -4,7 +4,9 @@ The share is what `--draft auto` and the per-step choice between drafters weigh,
 whatever else the machine is doing. Timing the draft alone and dividing by a target pass timed at
 another moment (or cached from another day) compares two loads, not two models: on a busy 2-core
 machine that put a 0.5B draft token at 1-5% of a 1.5B target step. So the two models are timed in
-interleaved pairs, each pair under the same load, and the share is the median of the pairs' ratios.
+turns, a few passes each under about the same load, and the share is the median of the turns' ratios.
+Each model's time in a turn is its fastest pass: load only ever slows a pass, and the first pass
+after the other model's shares the cores with that model's threads, still spinning.
 
 A share below what the draft's size allows is discarded, not used: on a CPU a token's pass reads
 every weight once, so a draft's token costs about its file's share of the target's bytes (the
@@ -21,7 +23,8 @@ from typing import Callable, Protocol
 # How far below the draft's share of the target's bytes a measured share may fall and still be
 # believed: small models spend relatively more on overheads, never less, so half is generous.
 SIZE_SHARE_MARGIN = 0.5
-MEASURED_PAIRS = 5
+ROUNDS = 4  # turns of both models; a second set only where the first gives a share too low to be true
+PASSES_PER_TURN = 2
 
 
 class TimedModel(Protocol):
@@ -61,7 +64,7 @@ def measure_draft_share(
     least_share: float,
     estimate: float,
     notice: Callable[[str], None] | None = None,
-    pairs: int = MEASURED_PAIRS,
+    rounds: int = ROUNDS,
 ) -> float:
     """The draft model's cost per token as a share of a one-token target pass.
 
@@ -69,10 +72,10 @@ def measure_draft_share(
     is measured again; if it stays below, the estimate is used instead and notice says so.
     """
     time_target(), time_draft()  # the first passes after loading page the weights in
-    share = _median_ratio(time_target, time_draft, pairs)
+    share = _median_ratio(time_target, time_draft, rounds)
     if share >= least_share:
         return share
-    share = _median_ratio(time_target, time_draft, pairs)
+    share = _median_ratio(time_target, time_draft, rounds)
     if share >= least_share:
         return share
     if notice is not None:
@@ -81,9 +84,9 @@ def measure_draft_share(
     return estimate
 
 
-def _median_ratio(time_target: Callable[[], float], time_draft: Callable[[], float], pairs: int) -> float:
+def _median_ratio(time_target: Callable[[], float], time_draft: Callable[[], float], rounds: int) -> float:
     ratios = []
-    for _ in range(pairs):
-        target_seconds = time_target()
-        ratios.append(time_draft() / target_seconds)
+    for _ in range(rounds):
+        target_seconds = min(time_target() for _ in range(PASSES_PER_TURN))
+        ratios.append(min(time_draft() for _ in range(PASSES_PER_TURN)) / target_seconds)
     return statistics.median(ratios)

@@ -3,13 +3,14 @@ below what its size allows (issue 25, section 5: calibration under load)."""
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from edgespec.draft_cost import (
+    PASSES_PER_TURN,
+    ROUNDS,
     SIZE_SHARE_MARGIN,
     draft_token_share,
     least_plausible_share,
@@ -20,55 +21,68 @@ from edgespec.loading import load_engine
 
 
 class LoadedMachine:
-    """One-token pass times of a target and a draft on a machine whose load changes from pass to
-    pass: a pass costs its model's idle time times the load at that moment."""
+    """One-token pass times of a target and a draft on a loaded machine: a model's pass costs its
+    idle time times the load of the round it is timed in (round 0 is the warm-up pass), as
+    target_load(round) and draft_load(round) say; spikes[(model, call)] overrides one pass."""
 
-    def __init__(self, target_seconds, draft_seconds, loads):
-        self.target_seconds, self.draft_seconds = target_seconds, draft_seconds
-        self.loads = itertools.cycle(loads)
+    def __init__(self, target_seconds, draft_seconds, target_load, draft_load=None, spikes=None):
+        self.seconds = {"target": target_seconds, "draft": draft_seconds}
+        self.loads = {"target": target_load, "draft": draft_load or target_load}
+        self.spikes = dict(spikes or {})
         self.calls = []
 
+    def _time(self, model):
+        call = self.calls.count(model)
+        self.calls.append(model)
+        round_ = 0 if call == 0 else 1 + (call - 1) // PASSES_PER_TURN
+        return self.spikes.get((model, call), self.seconds[model] * self.loads[model](round_))
+
     def time_target(self):
-        self.calls.append("target")
-        return self.target_seconds * next(self.loads)
+        return self._time("target")
 
     def time_draft(self):
-        self.calls.append("draft")
-        return self.draft_seconds * next(self.loads)
+        return self._time("draft")
 
 
-def test_the_share_holds_under_load_that_changes_between_passes():
-    # Load that changes slowly (pairs of passes see about the same): the ratio of each pair holds.
-    machine = LoadedMachine(0.070, 0.031, loads=[1.0, 1.0, 6.0, 6.0, 2.0, 2.0, 9.0, 9.0])
+SHARE = 0.031 / 0.070
+
+
+def test_the_share_holds_under_load_that_changes_between_turns():
+    loads = [1.0, 1.0, 6.0, 2.0, 9.0, 3.0, 1.0, 5.0, 7.0]
+    machine = LoadedMachine(0.070, 0.031, lambda round_: loads[round_])
     share = measure_draft_share(machine.time_target, machine.time_draft, least_share=0.2, estimate=0.44)
-    assert share == pytest.approx(0.031 / 0.070)
-    assert machine.calls[:4] == ["target", "draft", "target", "draft"], "interleaved, warm-up first"
+    assert share == pytest.approx(SHARE)
+    turn = ["target"] * PASSES_PER_TURN + ["draft"] * PASSES_PER_TURN
+    assert machine.calls == ["target", "draft", *turn * ROUNDS], "a warm-up pass each, then turns"
 
 
-def test_a_pair_caught_by_a_burst_of_load_does_not_move_the_median():
-    machine = LoadedMachine(0.070, 0.031, loads=[1.0, 1.0, 1.0, 1.0, 30.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+def test_a_pass_or_a_turn_caught_by_a_burst_of_load_does_not_move_the_share():
+    machine = LoadedMachine(0.070, 0.031, lambda round_: 1.0,
+                            spikes={("draft", 1): 30 * 0.031, ("target", 3): 30 * 0.070, ("target", 4): 30 * 0.070})
     share = measure_draft_share(machine.time_target, machine.time_draft, least_share=0.2, estimate=0.44)
-    assert share == pytest.approx(0.031 / 0.070)
+    assert share == pytest.approx(SHARE)
 
 
 def test_a_share_below_what_the_size_allows_is_measured_again_then_replaced_by_the_size_estimate():
     # Every target pass caught under load, every draft pass idle: 2% of a step, as seen in the issue.
-    machine = LoadedMachine(0.070, 0.031, loads=[20.0, 1.0])
+    machine = LoadedMachine(0.070, 0.031, target_load=lambda round_: 20.0, draft_load=lambda round_: 1.0)
     notices = []
     share = measure_draft_share(machine.time_target, machine.time_draft, least_share=0.22, estimate=0.44,
                                 notice=notices.append)
     assert share == 0.44
-    assert len(machine.calls) == 2 + 2 * 5 * 2, "a warm-up pair, then two rounds of five pairs"
+    assert len(machine.calls) == 2 + 2 * ROUNDS * 2 * PASSES_PER_TURN, "a warm-up pass each, then two sets of turns"
     assert len(notices) == 1 and "less than its size allows" in notices[0] and "44%" in notices[0]
 
 
-def test_a_low_first_round_that_the_second_contradicts_keeps_the_measurement():
-    loads = [1.0, 1.0] + [20.0, 1.0] * 5 + [1.0, 1.0] * 5
-    machine = LoadedMachine(0.070, 0.031, loads=loads)
+def test_a_low_first_set_that_the_second_contradicts_keeps_the_measurement():
+    def target_load(round_):
+        return 20.0 if 1 <= round_ <= ROUNDS else 1.0
+
+    machine = LoadedMachine(0.070, 0.031, target_load=target_load, draft_load=lambda round_: 1.0)
     notices = []
     share = measure_draft_share(machine.time_target, machine.time_draft, least_share=0.22, estimate=0.44,
                                 notice=notices.append)
-    assert share == pytest.approx(0.031 / 0.070) and notices == []
+    assert share == pytest.approx(SHARE) and notices == []
 
 
 @dataclass
