@@ -91,26 +91,30 @@ def measure_curve(
             seconds = _checked(measure(width), width)
             samples.setdefault(width, []).append(seconds)
             spent += seconds
-    medians = _plausible_medians(measure, samples, repeats, notice)
+    medians = _plausible_medians(measure, samples, repeats, budget_seconds, notice)
     measured = sorted(medians)
     dense = np.interp(np.arange(1, measured[-1] + 1), measured, [medians[w] for w in measured])
     return tuple(float(s) for s in dense)
 
 
 def _plausible_medians(measure: Callable[[int], float], samples: dict[int, list[float]], repeats: int,
-                       notice: Callable[[str], None] | None) -> dict[int, float]:
+                       budget_seconds: float, notice: Callable[[str], None] | None) -> dict[int, float]:
     """Each measured width's median seconds, made non-decreasing in width.
 
     A pass over more tokens does at least the work of a narrower one, and load only ever slows a
     pass down; so a width measured dearer than a wider one was slowed, and the wider pass's cost
     is a truer (upper) bound of its own. Beyond CURVE_NOISE such a width is measured `repeats`
-    times more first.
+    times more first (the narrowest first, within budget_seconds more).
     """
     medians = {w: statistics.median(s) for w, s in samples.items()}
     slowed = _slowed_widths(medians)
     if slowed:
+        spent = 0.0
         for width in slowed * repeats:
+            if spent >= budget_seconds:
+                break
             samples[width].append(_checked(measure(width), width))
+            spent += samples[width][-1]
         medians = {w: statistics.median(s) for w, s in samples.items()}
         if _slowed_widths(medians) and notice is not None:
             notice("some target passes measured slower than wider ones, which only a busy machine causes; "

@@ -248,6 +248,14 @@ def test_a_curve_that_still_falls_with_width_is_capped_by_the_wider_passes_and_s
     assert len(notices) == 1 and "slower than wider ones" in notices[0]
 
 
+def test_measuring_again_keeps_to_the_budget():
+    # On a machine so busy that every narrow width measures ten times a wide one, measuring them
+    # all again `repeats` times would take as long again as the whole curve.
+    timing = TimingTable(lambda n: 10.0 if n < 4 else 0.1)
+    measure_curve(timing, max_width=4, repeats=3, budget_seconds=25.0, notice=lambda text: None)
+    assert timing.calls[5:] == [1, 2, 3], "10 + 10 + 10 s: the budget of 25 s is spent"
+
+
 def test_a_flat_curve_within_noise_is_not_measured_again():
     # A GPU-like machine: every width costs about the same, a few percent either way.
     jitter = {1: 1.0, 2: 0.97, 3: 1.02, 4: 0.99}
