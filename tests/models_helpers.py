@@ -106,3 +106,30 @@ class HubServer:
     def __exit__(self, *exc_info) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def run_in_terminal(argv: list[str], columns: int, env: dict[str, str]) -> tuple[int, str]:
+    """Run argv with a pseudo-terminal `columns` wide as stdin, stdout and stderr: what a user sees, as
+    plain text (colours and cursor codes left out)."""
+    import os
+    import pty
+    import re
+    import subprocess
+
+    master, slave = pty.openpty()
+    env = {**env, "COLUMNS": str(columns), "LINES": "50", "TERM": "xterm-256color"}
+    process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(master)
+    code = process.wait(timeout=60)
+    text = output.decode("utf-8", "replace").replace("\r\n", "\n")
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)

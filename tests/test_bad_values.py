@@ -74,8 +74,10 @@ def test_the_engine_api_refuses_threads_beyond_the_cores_too(tiny_models):
     ("--seed", "-1", "seed"),
 ])
 def test_non_finite_sampling_values_and_negative_seeds_get_one_line(tiny_models, flag, value, named):
-    line = one_error_line(run_cli(*tiny_run(tiny_models), flag, value))
-    assert line.startswith("edgespec:") and named in line and value in line
+    done = run_cli(*tiny_run(tiny_models), flag, value)
+    line = one_error_line(done)
+    assert done.returncode == 2, "a usage error, like every other bad flag (issue 25)"
+    assert line.startswith(f"edgespec run: argument {flag}") and named in line and value in line
 
 
 @pytest.mark.parametrize("flag, value, valid", [

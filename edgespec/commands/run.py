@@ -9,7 +9,19 @@ import sys
 
 from ..errors import EdgespecError
 from ..stats import Stats
+from ..units import format_size
 from .options import add_engine_options, add_sampling_options, engine_from_args, sampling_params
+
+# A token is a few bytes of text: about 4 in English, and at most the longest vocabulary entry, a run
+# of spaces or of one symbol (81 bytes in SmolLM2's vocabulary, 128 in Qwen2.5's). A prompt of more
+# than this many bytes per token of the context cannot fit in it whatever it says, so reading stops
+# there instead of filling memory (1 MiB for a 4096-token context).
+MAX_PROMPT_BYTES_PER_TOKEN = 256
+STDIN_CHUNK_BYTES = 64 * 1024
+# A stray NUL is a byte like any other to the tokenizer, and stays text; this many, and this big a
+# share of what was read, is binary data or UTF-16/32 text.
+BINARY_MIN_NULS = 8
+BINARY_NUL_SHARE = 0.01
 
 
 def add_run_parser(subparsers) -> None:
@@ -25,7 +37,7 @@ def add_run_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..engine import Done
 
-    prompt = read_prompt(args.prompt)
+    prompt = read_prompt(args.prompt, args.n_ctx)
     params = sampling_params(args)
     engine = engine_from_args(args)
     result = None
@@ -46,18 +58,38 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_prompt(source: str) -> str:
-    """The prompt given on the command line, or read from stdin for "-", checked to be UTF-8."""
+def read_prompt(source: str, n_ctx: int) -> str:
+    """The prompt given on the command line, or read from stdin for "-", checked to be UTF-8 text that
+    an n_ctx-token context could hold."""
     if source != "-":
         # Python keeps bytes of the arguments that are not UTF-8 as lone surrogates; get them back.
         return utf8_text(os.fsencode(source), "the prompt")
     if sys.stdin is None:
         raise EdgespecError("stdin is closed; pipe the prompt in, or give it as an argument instead of -")
     try:
-        data = sys.stdin.buffer.read()
+        data = read_text_bytes(sys.stdin.buffer, n_ctx * MAX_PROMPT_BYTES_PER_TOKEN, n_ctx)
     except OSError as error:
         raise EdgespecError(f"cannot read the prompt from stdin: {error.strerror or error}") from None
     return utf8_text(data, "stdin")
+
+
+def read_text_bytes(stream, limit: int, n_ctx: int) -> bytes:
+    """At most `limit` bytes of text from stream, read in chunks; EdgespecError as soon as there is
+    more (an endless `yes |` or a huge file) or the bytes read so far look binary (`< /dev/zero`)."""
+    chunks, size, nuls = [], 0, 0
+    while chunk := stream.read(min(STDIN_CHUNK_BYTES, limit + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+        nuls += chunk.count(0)
+        if nuls >= BINARY_MIN_NULS and nuls >= BINARY_NUL_SHARE * size:
+            raise EdgespecError(
+                f"stdin holds binary data, not text: {nuls} NUL bytes in its first {size} bytes; give a text "
+                f"prompt (UTF-16 text: convert it first, e.g. with iconv -f UTF-16 -t UTF-8)")
+        if size > limit:
+            raise EdgespecError(
+                f"the prompt on stdin is longer than {format_size(limit)}, more than a {n_ctx}-token context "
+                f"can hold; shorten it, or raise --n-ctx")
+    return b"".join(chunks)
 
 
 def utf8_text(data: bytes, where: str) -> str:

@@ -15,7 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ..errors import EdgespecError
+from ..errors import EdgespecError, UsageError
 from ..limits import MAX_PARALLEL
 from ..monitor import DEFAULT_THRESHOLD, DEFAULT_WINDOW, AcceptanceMonitor
 from .options import (add_engine_options, add_prompt_cache_ram_option, add_sampling_options, engine_from_args,
@@ -90,35 +90,35 @@ def _check_options(args: argparse.Namespace) -> None:
 
     _check_api_key(args.api_key)
     if not is_loopback(args.host) and not args.api_key:
-        raise EdgespecError(f"refusing to listen on {args.host} without an API key: anyone who reaches it could use "
-                            f"the model; pass --api-key KEY (or set {API_KEY_ENV}), or keep --host 127.0.0.1")
+        raise UsageError(f"refusing to listen on {args.host} without an API key: anyone who reaches it could use "
+                         f"the model; pass --api-key KEY (or set {API_KEY_ENV}), or keep --host 127.0.0.1")
     if not 0 <= args.port <= 65535:
-        raise EdgespecError(f"--port {args.port} is not a port number (use 0-65535)")
+        raise UsageError(f"--port {args.port} is not a port number (use 0-65535)")
     if args.queue_size < 0:
-        raise EdgespecError("--queue-size must be 0 or more")
+        raise UsageError("--queue-size must be 0 or more")
     if args.parallel > 1 and args.bit_exact:
-        raise EdgespecError("--parallel above 1 and --bit-exact do not go together: rows in a shared pass are not "
-                            "bit-identical to plain decoding; drop one of them")
+        raise UsageError("--parallel above 1 and --bit-exact do not go together: rows in a shared pass are not "
+                         "bit-identical to plain decoding; drop one of them")
     if args.request_timeout <= 0:
-        raise EdgespecError("--request-timeout must be a positive number of seconds")
+        raise UsageError("--request-timeout must be a positive number of seconds")
     if args.max_body_bytes < 1024:
-        raise EdgespecError("--max-body-bytes must be at least 1024")
+        raise UsageError("--max-body-bytes must be at least 1024")
     if not 0.0 <= args.alert_acceptance <= 1.0:
-        raise EdgespecError("--alert-acceptance must be between 0 and 1")
+        raise UsageError("--alert-acceptance must be between 0 and 1")
     if args.alert_window < 1:
-        raise EdgespecError("--alert-window must be at least 1 request")
+        raise UsageError("--alert-window must be at least 1 request")
 
 
 def _check_api_key(key: str | None) -> None:
     if key is None:
         return
     if not key.strip():
-        raise EdgespecError(f"the API key (--api-key or ${API_KEY_ENV}) is blank, which protects nothing; give a real "
-                            f"key, or leave both out on 127.0.0.1")
+        raise UsageError(f"the API key (--api-key or ${API_KEY_ENV}) is blank, which protects nothing; give a real "
+                         f"key, or leave both out on 127.0.0.1")
     if not re.fullmatch(r"[\x21-\x7e]+", key):
-        raise EdgespecError(f"the API key (--api-key or ${API_KEY_ENV}) holds spaces or characters other than "
-                            "printable ASCII, which an HTTP header cannot carry as they are; use letters, digits "
-                            "and punctuation only")
+        raise UsageError(f"the API key (--api-key or ${API_KEY_ENV}) holds spaces or characters other than "
+                         "printable ASCII, which an HTTP header cannot carry as they are; use letters, digits "
+                         "and punctuation only")
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -24,7 +24,7 @@ import re
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
-from ..errors import EdgespecError
+from ..errors import UsageError
 from .protocol import ApiError
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -62,7 +62,7 @@ def origin_regex(patterns: list[str]) -> str | None:
         if pattern == "*":
             return ".*"
         if not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s@]+", pattern, re.IGNORECASE):
-            raise EdgespecError(f"--allow-origin {pattern!r} (or in ${ORIGINS_ENV}) is not an origin: give scheme://host"
+            raise UsageError(f"--allow-origin {pattern!r} (or in ${ORIGINS_ENV}) is not an origin: give scheme://host"
                                 "[:port] without a path, e.g. http://localhost:3000, http://localhost:* or *")
         parts.append(_WILDCARD.join(re.escape(piece) for piece in pattern.lower().split("*")))
     return "(?i)(?:" + "|".join(parts) + ")" if parts else None

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from ...errors import EdgespecError
-from ..options import DEFAULT_MODEL, parse_kv_type
+from ..options import DEFAULT_MODEL, parse_kv_type, parse_threads, sampling_value, setting, whole_number
 from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES
 from .exactness import ExactnessError
 from .microbench import COST_CURVE_MAX_TOKENS, DEFAULT_N_CTX, SAMPLING_VOCAB, run_cost_curve, run_sampling_microbench
@@ -61,14 +61,14 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument("--llama-cpp-bin", type=Path, default=None, metavar="DIR",
                         help="folder with llama.cpp's llama-speculative-simple (benchmarks/build_llama_cpp_peer.sh "
                              "prints it): adds the llamacpp-* configurations")
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help=f"runs per prompt and configuration (default: {DEFAULT_REPEATS})")
-    parser.add_argument("--prompts", type=int, default=None, metavar="N", help="use the first N prompts of each suite")
-    parser.add_argument("--temperature", type=float, action="append", default=None,
+    parser.add_argument("--repeats", type=whole_number(1), default=DEFAULT_REPEATS, help=f"runs per prompt and configuration (default: {DEFAULT_REPEATS})")
+    parser.add_argument("--prompts", type=whole_number(1), default=None, metavar="N", help="use the first N prompts of each suite")
+    parser.add_argument("--temperature", type=sampling_value("temperature", float), action="append", default=None,
                         help="sampling temperature; repeat the flag for several (default: 0 and 0.7)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the first repeat; repeat i uses seed+i (default: {DEFAULT_SEED})")
-    parser.add_argument("--max-tokens", type=int, default=None, help="override every prompt's max_tokens")
-    parser.add_argument("--n-ctx", type=int, default=DEFAULT_N_CTX, help=f"context length (default: {DEFAULT_N_CTX})")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for every configuration (default: as the engine)")
+    parser.add_argument("--seed", type=sampling_value("seed", int), default=DEFAULT_SEED, help=f"seed of the first repeat; repeat i uses seed+i (default: {DEFAULT_SEED})")
+    parser.add_argument("--max-tokens", type=sampling_value("max_tokens", int), default=None, help="override every prompt's max_tokens")
+    parser.add_argument("--n-ctx", type=setting("n_ctx"), default=DEFAULT_N_CTX, help=f"context length (default: {DEFAULT_N_CTX})")
+    parser.add_argument("--threads", type=parse_threads, default=None, help="CPU threads for every configuration (default: as the engine)")
     parser.add_argument("--kv-type", type=parse_kv_type, default="f16",
                         help="the KV cache type of the target and the draft, f16|q8_0|q4_0, keys only (default: f16); llama.cpp's peers keep f16")
     parser.add_argument("--workloads", type=Path, default=WORKLOADS_DIR, help="folder of <suite>.jsonl files")

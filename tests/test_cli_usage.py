@@ -1,0 +1,225 @@
+"""The command line under misuse (issue 25, section 5): one exit code for usage errors on every
+command, a directory given as a model, and a prompt on stdin that is endless or binary."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import subprocess
+import sys
+
+import pytest
+
+from edgespec.commands import build_parser, main
+from edgespec.commands.run import MAX_PROMPT_BYTES_PER_TOKEN, read_text_bytes
+from edgespec.errors import EdgespecError
+from edgespec.fetch import ModelUnavailableError, resolve_model
+
+EDGESPEC = [sys.executable, "-m", "edgespec"]
+BATCH_LINE = ('{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+              '"body": {"messages": [{"role": "user", "content": "hi"}]}}\n')
+
+# A bad value of every flag that takes one, per command (flag, value, what the error line names).
+ENGINE_FLAGS = [
+    ("--draft-tokens", "99", "--draft-tokens"), ("--n-ctx", "100", "--n-ctx"), ("--gpu-layers", "-5", "--gpu-layers"),
+    ("--draft-gpu-layers", "-2", "--draft-gpu-layers"), ("--memory-budget", "lots", "--memory-budget"),
+    ("--threads", "100000", "--threads"), ("--prompt-cache-size", "0", "--prompt-cache-size"),
+    ("--kv-type", "q5", "--kv-type"), ("--draft-kv-type", "q5", "--draft-kv-type"),
+]
+SAMPLING_FLAGS = [
+    ("--max-tokens", "0", "--max-tokens"), ("--temperature", "-1", "--temperature"), ("-t", "nan", "--temperature"),
+    ("--top-k", "-1", "--top-k"), ("--top-p", "0", "--top-p"), ("--top-p", "1.5", "--top-p"),
+    ("--min-p", "1", "--min-p"), ("--min-p", "inf", "--min-p"), ("--max-tokens", "x", "--max-tokens"),
+]
+BAD_FLAGS = {
+    "run": ENGINE_FLAGS + SAMPLING_FLAGS + [("--seed", "-1", "--seed"), ("--seed", str(2**64), "--seed")],
+    "chat": ENGINE_FLAGS + SAMPLING_FLAGS,
+    "batch": ENGINE_FLAGS + SAMPLING_FLAGS + [("--seed", "-1", "--seed"), ("--concurrency", "0", "--concurrency"),
+                                              ("--parallel", "0", "--parallel")],
+    "serve": ENGINE_FLAGS + SAMPLING_FLAGS + [
+        ("--seed", "-1", "--seed"), ("--port", "70000", "--port"), ("--queue-size", "-1", "--queue-size"),
+        ("--parallel", "99", "--parallel"), ("--request-timeout", "0", "--request-timeout"),
+        ("--max-body-bytes", "10", "--max-body-bytes"), ("--alert-acceptance", "2", "--alert-acceptance"),
+        ("--alert-window", "0", "--alert-window"), ("--host", "0.0.0.0", "--api-key"),
+    ],
+    "plan": ENGINE_FLAGS + [("--ctx", "100", "--ctx"), ("--parallel", "0", "--parallel")],
+    "bench": [
+        ("--repeats", "0", "--repeats"), ("--prompts", "0", "--prompts"), ("--temperature", "-1", "--temperature"),
+        ("--seed", "-1", "--seed"), ("--max-tokens", "0", "--max-tokens"), ("--n-ctx", "5", "--n-ctx"),
+        ("--threads", "100000", "--threads"), ("--kv-type", "q5", "--kv-type"), ("--suites", "bogus", "bogus"),
+        ("--configs", "bogus", "bogus"),
+    ],
+}
+# Flags whose value is any text (a name, a path, a URL, a key): nothing to refuse at parse time.
+FREE_TEXT = {"--model", "--draft", "--stop", "--host", "--api-key", "--endpoint", "--output", "--summary",
+             "--llama-cpp-bin", "--workloads", "--json", "--plot", "--name", "--suites", "--configs"}
+
+
+def value_flags(parser: argparse.ArgumentParser) -> set[str]:
+    """The long flags that take a value, of one command's parser."""
+    return {max(action.option_strings, key=len) for action in parser._actions
+            if action.option_strings and action.nargs != 0 and not isinstance(action, argparse._HelpAction)}
+
+
+def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(subparsers.choices)
+
+
+def test_every_flag_that_takes_a_value_has_a_bad_value_below():
+    for command, parser in subcommand_parsers().items():
+        if command == "models":
+            continue  # its one value flag, import --name, is free text
+        covered = {named for _, _, named in BAD_FLAGS[command]} | {flag for flag, _, _ in BAD_FLAGS[command]}
+        missing = value_flags(parser) - covered - FREE_TEXT
+        assert not missing, f"edgespec {command}: add a bad value of {sorted(missing)} to BAD_FLAGS"
+
+
+def command_line(command: str, flag: str, value: str, tmp_path) -> list[str]:
+    """A command line that is fine but for flag=value; a model that does not exist, so that a bad value
+    the parser let through ends at once (exit 1, naming the model) instead of loading anything."""
+    missing_model = ["--model", str(tmp_path / "missing.gguf")]
+    head = {
+        "run": ["run", "hello", *missing_model],
+        "chat": ["chat", *missing_model],
+        "batch": ["batch", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), *missing_model],
+        "serve": ["serve", "--port", "0", *missing_model],
+        "plan": ["plan", *missing_model],
+        "bench": ["bench", *missing_model, "--prompts", "1"],
+    }[command]
+    return [*head, flag, value]
+
+
+def exit_code_and_error(argv: list[str], capsys) -> tuple[int, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's own usage errors
+        code = exit_.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, flag, value, named",
+                         [(command, *bad) for command, flags in BAD_FLAGS.items() for bad in flags])
+def test_a_bad_flag_is_a_usage_error_with_exit_code_2_on_every_command(command, flag, value, named, tmp_path,
+                                                                        capsys, monkeypatch):
+    import tui.app
+
+    def no_app(*args, **kwargs):
+        raise AssertionError("the chat app would start: the bad flag went through")
+
+    monkeypatch.setattr(tui.app, "run_chat", no_app)
+    monkeypatch.delenv("EDGESPEC_API_KEY", raising=False)
+    (tmp_path / "in.jsonl").write_text(BATCH_LINE)
+    code, err = exit_code_and_error(command_line(command, flag, value, tmp_path), capsys)
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err and named in lines[0], err
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["run", "hello", "--flash-attn", "--bit-exact"], "--flash-attn"),
+    (["serve", "--port", "0", "--parallel", "2", "--bit-exact"], "--parallel"),
+])
+def test_flags_that_cannot_go_together_exit_2_too(argv, named, tmp_path, capsys):
+    code, err = exit_code_and_error([*argv, "--model", str(tmp_path / "missing.gguf")], capsys)
+    assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------- a directory as a model
+
+
+@pytest.mark.parametrize("command", ["run", "batch", "serve", "plan", "bench"])
+@pytest.mark.parametrize("role", ["--model", "--draft"])
+def test_a_directory_given_as_a_model_is_called_a_directory(command, role, tiny_models, tmp_path, capsys):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    models = ["--model", str(folder)] if role == "--model" else ["--model", str(tiny_models["target"]),
+                                                                   "--draft", str(folder)]
+    head = {
+        "run": ["run", "hello"], "plan": ["plan"], "serve": ["serve", "--port", "0"], "bench": ["bench"],
+        "batch": ["batch", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl")],
+    }[command]
+    (tmp_path / "in.jsonl").write_text(BATCH_LINE)
+    code, err = exit_code_and_error([*head, *models, "--threads", "1"], capsys)
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert f"{folder} is a directory, not a model file; pass the .gguf file inside it" in err
+    assert "does not exist" not in err
+
+
+def test_a_directory_named_like_a_catalog_model_does_not_hide_the_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "store"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "qwen2.5-coder-0.5b-instruct").mkdir()
+    with pytest.raises(ModelUnavailableError, match="not downloaded"):
+        resolve_model("qwen2.5-coder-0.5b-instruct", pull=False)
+
+
+def test_a_plain_directory_name_without_a_slash_is_a_directory_too(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "weights").mkdir()
+    with pytest.raises(EdgespecError, match="weights is a directory"):
+        resolve_model("weights", pull=False)
+
+
+# ---------------------------------------------------------------- the prompt on stdin
+
+
+class EndlessText(io.RawIOBase):
+    """A stream that never ends (like `yes`), counting what was read from it."""
+
+    def __init__(self, byte=b"y"):
+        self.byte, self.served = byte, 0
+
+    def read(self, size=-1):
+        assert size is not None and size >= 0, "an unbounded read of an endless stream"
+        self.served += size
+        return self.byte * size
+
+
+def test_an_endless_stream_is_read_no_further_than_the_bound():
+    stream = EndlessText()
+    with pytest.raises(EdgespecError, match=r"longer than 64.0 KiB, more than a 256-token context can hold; "
+                                            r"shorten it, or raise --n-ctx"):
+        read_text_bytes(stream, 256 * MAX_PROMPT_BYTES_PER_TOKEN, 256)
+    assert stream.served == 256 * MAX_PROMPT_BYTES_PER_TOKEN + 1
+
+
+def test_a_prompt_up_to_the_bound_is_read_whole():
+    data = b"word " * 5000
+    assert read_text_bytes(io.BytesIO(data), len(data), 256) == data
+
+
+def test_nul_bytes_stop_the_reading_at_once():
+    stream = EndlessText(b"\0")
+    with pytest.raises(EdgespecError, match="stdin holds binary data, not text"):
+        read_text_bytes(stream, 10**9, 4096)
+    assert stream.served <= 64 * 1024, "one chunk told it"
+
+
+def run_with_stdin_from(shell_source: str, tiny_models, n_ctx: int = 256):
+    """`edgespec run -` fed by a shell pipeline, bounded by `head -c` should the reading not stop."""
+    command = [*EDGESPEC, "run", "-", "--raw", "--model", str(tiny_models["target"]), "--draft", "none",
+               "--n-ctx", str(n_ctx), "--threads", "1", "--max-tokens", "2"]
+    feeder = subprocess.Popen(["sh", "-c", shell_source], stdout=subprocess.PIPE)
+    try:
+        done = subprocess.run(command, stdin=feeder.stdout, capture_output=True, text=True, timeout=120)
+    finally:
+        feeder.stdout.close()
+        feeder.kill()
+        feeder.wait()
+    return done
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("head -c 100000000 /dev/zero", "stdin holds binary data, not text: "),
+    ("yes 'a line of text' | head -c 100000000", "the prompt on stdin is longer than 64.0 KiB, more than a "
+                                                 "256-token context can hold"),
+    ("printf 'h\\000e\\000l\\000l\\000o\\000 \\000w\\000o\\000r\\000l\\000d\\000'", "UTF-16"),
+])
+def test_endless_or_binary_stdin_gets_one_line_and_exit_1(source, expected, tiny_models):
+    done = run_with_stdin_from(source, tiny_models)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edgespec: ") and expected in lines[0], done.stderr
+    assert done.stdout == ""
