@@ -13,6 +13,8 @@ from typing import Callable, Sequence
 from .backend import LlamaModel, supports_gpu_offload, width_independent_kernels
 from .costs import CostModel
 from .drafters import check_vocab_compatible
+from .learned import LearnedAcceptance
+from .ngram_pool import NgramPool
 from .engine import Engine
 from .errors import EdgespecError
 from .limits import KV_TYPES, SettingError, checked_kv_type
@@ -71,6 +73,8 @@ def load_engine(
     draft_kv_type: str | None = None,
     flash_attn: bool = False,
     parallel: int = 1,
+    learned_priors: str = "learn",
+    cross_request_pool: bool = True,
 ) -> Engine:
     """Load a target and its drafter.
 
@@ -90,6 +94,10 @@ def load_engine(
     target and the draft (f16, q8_0, q4_0); without flash_attn only the keys
     take them (see kv_cache_notice).  flash_attn cannot go with bit_exact.
     parallel only plans the memory of that many target KV caches: a Scheduler makes room for them.
+    learned_priors: "learn" starts the draft-length controllers from what this model's drafters were
+    accepted at here before and adds every finished generation to it (learned.py), "read" only
+    starts from it, "cold" uses the neutral built-in priors.  cross_request_pool: n-gram drafts may
+    come from this engine's earlier prompts and outputs (ngram_pool.py).
     """
     kv_notice = kv_cache_notice(kv_type, kv_type if draft_kv_type is None else draft_kv_type, flash_attn, bit_exact)
     target_path, draft_path, plan = plan_load(
@@ -106,6 +114,9 @@ def load_engine(
     mode = "combined" if plan.mode == "draft-model" else plan.mode
     engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact)
     engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
+    if learned_priors != "cold":
+        engine.learned = LearnedAcceptance(target_path, writable=learned_priors == "learn")
+    engine.pool = NgramPool() if cross_request_pool else None
     if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
         notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {_why_narrower(engine)}")
     if draft_model is not None:

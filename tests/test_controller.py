@@ -3,7 +3,8 @@ import itertools
 import numpy as np
 import pytest
 
-from edgespec.controller import DraftLengthController
+from edgespec.acceptance import HindsightAcceptance, VerifiedAcceptance
+from edgespec.controller import DraftLengthController, SpeedGuard
 from edgespec.costs import CostModel
 
 K_MAX = 15
@@ -41,11 +42,23 @@ def brute_force_rates(curve, draft_cost, alphas, limit):
     return rates
 
 
+def verified(cost, k_max=K_MAX, fixed_k=None, *, decay=0.95, prior_acceptance=0.6, **kwargs):
+    """A controller whose estimate learns from verification only, as a draft model's does."""
+    estimate = VerifiedAcceptance(k_max, decay=decay, prior_acceptance=prior_acceptance)
+    return DraftLengthController(cost, k_max, fixed_k, estimate=estimate, **kwargs)
+
+
+def hindsight(cost, k_max=K_MAX, *, decay=0.9, prior_acceptance=0.5, caution=1.0):
+    """A controller whose estimate learns in hindsight, as an n-gram drafter's does."""
+    estimate = HindsightAcceptance(k_max, decay=decay, prior_acceptance=prior_acceptance, caution=caution)
+    return DraftLengthController(cost, k_max, estimate=estimate)
+
+
 def choose(ctl, signal=0):
-    """The controller's k, and whether it was a probe."""
-    probes_before = ctl.stats["probe_steps"]
+    """The controller's k, and whether it was a probe (a draft chosen where the estimates say k = 0)."""
+    planned = ctl.best(signal)[0]
     k = ctl.choose(signal)
-    return k, ctl.stats["probe_steps"] > probes_before
+    return k, k > 0 and planned == 0
 
 
 def run(ctl, outcome, steps, signal=0):
@@ -106,10 +119,11 @@ def test_cost_model_rejects_empty_pass():
 def test_choice_is_the_brute_force_optimum(curve_name, alpha, draft_cost):
     curve = CURVES[curve_name]
     cost = CostModel(curve, draft_seconds_per_token=draft_cost)
-    ctl = DraftLengthController(cost, K_MAX, prior_acceptance=alpha, decay=1.0)
+    ctl = verified(cost, K_MAX, prior_acceptance=alpha, decay=1.0)
     rng = np.random.default_rng(7)
     for _ in range(400):
         ctl.update(K_MAX, chain_outcome(rng, alpha, K_MAX))
+    ctl.guard = SpeedGuard(cost)  # forget how the forced 15-token drafts fared: this is about the estimates
     alphas = ctl.acceptance()
     assert alphas[0] == pytest.approx(alpha, abs=0.05)
 
@@ -123,7 +137,7 @@ def test_choice_follows_the_curve_not_a_fixed_rule():
     # Near-perfect acceptance: the CPU curve's cheap 16-token pass makes k=15 best, the GPU's
     # flat curve makes the longest draft best, a linear curve gains nothing over plain decoding.
     def chosen(curve):
-        ctl = DraftLengthController(CostModel(curve), K_MAX, decay=1.0)
+        ctl = verified(CostModel(curve), K_MAX, decay=1.0)
         for _ in range(200):
             ctl.update(K_MAX, K_MAX)
         return ctl.choose()
@@ -134,7 +148,7 @@ def test_choice_follows_the_curve_not_a_fixed_rule():
 
 
 def test_untrained_drafter_starts_from_the_prior():
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, prior_acceptance=0.6)
+    ctl = verified(CostModel(CURVES["cpu"]), K_MAX, prior_acceptance=0.6)
     alphas = ctl.acceptance()
     assert alphas[0] == pytest.approx(0.6)
     assert np.all(np.diff(alphas) <= 0)  # unseen positions are never assumed better
@@ -147,20 +161,19 @@ def test_untrained_drafter_starts_from_the_prior():
 
 @pytest.mark.parametrize("curve_name, draft_cost", [("cpu", 0.0), ("cpu", 0.2), ("gpu", 0.15)])
 def test_always_wrong_drafter_settles_at_k0_and_stays_near_baseline(curve_name, draft_cost):
-    ctl = DraftLengthController(CostModel(CURVES[curve_name], draft_cost), K_MAX)
+    ctl = verified(CostModel(CURVES[curve_name], draft_cost), K_MAX)
     ks, probes, tokens, seconds = run(ctl, always_wrong, 2000)
 
     settled = next(i for i in range(len(ks)) if all(k == 0 or p for k, p in zip(ks[i:], probes[i:])))
     assert settled <= 5
     baseline_seconds = tokens * ctl.cost.target(1)
     assert seconds <= 1.03 * baseline_seconds
-    stats = ctl.stats
-    assert stats["k0_steps"] + stats["probe_steps"] >= 2000 - settled
-    assert 0 < stats["probe_steps"] < 0.1 * 2000
+    assert sum(k == 0 or p for k, p in zip(ks, probes)) >= 2000 - settled
+    assert 0 < sum(probes) < 0.1 * 2000
 
 
 def test_recovers_through_probes_when_the_drafter_turns_right():
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
+    ctl = verified(CostModel(CURVES["cpu"]), K_MAX)
     run(ctl, always_wrong, 500)
     ks, probes, _, _ = run(ctl, always_right, 300)
 
@@ -173,7 +186,7 @@ def test_recovers_through_probes_when_the_drafter_turns_right():
 
 def test_probe_schedule_is_deterministic():
     def trace():
-        ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
+        ctl = verified(CostModel(CURVES["cpu"]), K_MAX)
         return run(ctl, always_wrong, 300)[1]
 
     assert trace() == trace()
@@ -184,7 +197,7 @@ def test_probe_schedule_is_deterministic():
 
 def test_drafters_keep_separate_estimates():
     # the engine keeps one controller per drafter
-    ngram, draft = (DraftLengthController(CostModel(CURVES["cpu"]), K_MAX) for _ in range(2))
+    ngram, draft = (verified(CostModel(CURVES["cpu"]), K_MAX) for _ in range(2))
     run(ngram, always_wrong, 50)
     run(draft, always_right, 50)
     assert ngram.acceptance()[0] < 0.1
@@ -194,18 +207,18 @@ def test_drafters_keep_separate_estimates():
     assert draft.choose() >= 2  # more than a probe drafts
 
 
-def test_ngram_match_lengths_keep_separate_estimates():
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
+def test_signal_classes_keep_separate_estimates():
+    ctl = verified(CostModel(CURVES["cpu"]), K_MAX)
     for _ in range(100):
         run(ctl, always_wrong, 1, signal=1)
-        run(ctl, always_right, 1, signal=6)
+        run(ctl, always_right, 1, signal=3)
     k, probe = choose(ctl, signal=1)
     assert k == 0 or probe
-    assert ctl.choose(signal=4) >= 2  # 4 and 6 share the "4 or longer" bucket
+    assert ctl.choose(signal=3) >= 2
 
 
 def test_estimates_decay_towards_recent_outcomes():
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, decay=0.9)
+    ctl = verified(CostModel(CURVES["cpu"]), K_MAX, decay=0.9)
     for _ in range(100):
         ctl.update(4, 4)
     for _ in range(30):
@@ -217,29 +230,24 @@ def test_estimates_decay_towards_recent_outcomes():
 
 
 def test_available_caps_k():
-    ctl = DraftLengthController(CostModel(CURVES["gpu"]), K_MAX)
+    ctl = verified(CostModel(CURVES["gpu"]), K_MAX)
     for _ in range(50):
         ctl.update(K_MAX, K_MAX)
     assert ctl.choose(available=3) == 3
     assert ctl.choose(available=0) == 0
     assert ctl.choose(available=-2) == 0
-    stats = ctl.stats
-    assert stats["unavailable_steps"] == 2
-    assert stats["k0_steps"] == 0
 
 
-def test_fixed_k_ignores_estimates_but_keeps_stats():
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), 8, fixed_k=4)
+def test_fixed_k_ignores_estimates():
+    ctl = verified(CostModel(CURVES["cpu"]), 8, fixed_k=4)
     ks, _, _, _ = run(ctl, always_wrong, 20)
     assert ks == [4] * 20
     assert ctl.choose(available=2) == 2
-    assert ctl.stats["mean_k"] == pytest.approx((20 * 4 + 2) / 21)
-    assert ctl.stats["k0_steps"] == 0
-    assert ctl.p_min(1) == 0.0
+    assert ctl.stop_thresholds() == (0.0, 0.0)
 
 
 def test_fixed_k_zero_never_drafts():
-    ctl = DraftLengthController(CostModel(CURVES["gpu"]), 8, fixed_k=0)
+    ctl = verified(CostModel(CURVES["gpu"]), 8, fixed_k=0)
     ks, _, _, _ = run(ctl, always_right, 10)
     assert ks == [0] * 10
 
@@ -251,18 +259,19 @@ def test_fixed_k_zero_never_drafts():
         {"k_max": 4, "fixed_k": 5},
         {"k_max": 4, "p_min": 1.5},
         {"k_max": 4, "decay": 0.0},
+        {"k_max": 4, "prior_acceptance": 1.5},
         {"k_max": 4, "probe_budget": 0.0},
         {"k_max": 4, "probe_k": 5},
     ],
 )
 def test_rejects_bad_settings(kwargs):
     with pytest.raises(ValueError):
-        DraftLengthController(CostModel(CURVES["cpu"]), **kwargs)
+        verified(CostModel(CURVES["cpu"]), **kwargs)
 
 
 @pytest.mark.parametrize("proposed, accepted", [(2, 3), (2, -1), (-1, -1)])
 def test_update_rejects_impossible_outcomes(proposed, accepted):
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), 4)
+    ctl = verified(CostModel(CURVES["cpu"]), 4)
     with pytest.raises(ValueError):
         ctl.update(proposed, accepted)
 
@@ -272,7 +281,7 @@ def test_update_rejects_impossible_outcomes(proposed, accepted):
 
 def test_tuned_p_min_is_the_break_even_of_the_first_token():
     curve = CURVES["cpu"]
-    ctl = DraftLengthController(CostModel(curve), K_MAX, prior_acceptance=0.8, decay=1.0)
+    ctl = verified(CostModel(curve), K_MAX, prior_acceptance=0.8, decay=1.0)
     for _ in range(20):
         ctl.update(1, 1)
         ctl.update(1, 1)
@@ -282,28 +291,29 @@ def test_tuned_p_min_is_the_break_even_of_the_first_token():
     alpha = ctl.acceptance()[0]
     best_rate = (1 + alpha) / curve[1]
     # Drafting the token costs T(2) - T(1) and returns q tokens: worth it above this q.
-    assert ctl.p_min(1) == pytest.approx(best_rate * (curve[1] - curve[0]))
-    assert ctl.p_min(2) == 1.0
+    assert ctl.stop_thresholds()[0] == pytest.approx(best_rate * (curve[1] - curve[0]))
+    assert len(ctl.stop_thresholds()) == 1  # never past the chosen k
 
 
 @pytest.mark.parametrize("curve_name", ["cpu", "gpu"])  # on the linear curve k is always 0
 @pytest.mark.parametrize("draft_cost", [0.0, 0.1])
 def test_tuned_p_min_never_exceeds_the_estimated_acceptance(curve_name, draft_cost):
-    ctl = DraftLengthController(CostModel(CURVES[curve_name], draft_cost), K_MAX)
+    ctl = verified(CostModel(CURVES[curve_name], draft_cost), K_MAX)
     rng = np.random.default_rng(3)
     for _ in range(300):
         ctl.update(K_MAX, chain_outcome(rng, 0.9, K_MAX))
+    ctl.guard = SpeedGuard(ctl.cost)  # forget how the forced 15-token drafts fared: this is about the estimates
     k = ctl.choose()
     alphas = ctl.acceptance()
     assert k > 0
     for position in range(1, k + 1):
-        assert 0.0 <= ctl.p_min(position) <= alphas[position - 1] + 1e-12
+        assert 0.0 <= ctl.stop_thresholds()[position - 1] <= alphas[position - 1] + 1e-12
 
 
 def test_fixed_p_min_replaces_the_tuned_value_but_not_for_probes():
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, p_min=0.75)
+    ctl = verified(CostModel(CURVES["cpu"]), K_MAX, p_min=0.75)
     assert ctl.choose() == 1
-    assert ctl.p_min(1) == 0.75
+    assert ctl.stop_thresholds() == (0.75,)
     ctl.update(1, 0)
     for _ in range(200):
         k, probe = choose(ctl)
@@ -312,35 +322,27 @@ def test_fixed_p_min_replaces_the_tuned_value_but_not_for_probes():
         assert k == 0
         ctl.update(0, 0)
     assert k == 1
-    assert ctl.p_min(1) == 0.0
-
-
-def test_reset_stats_keeps_what_was_learned():
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX)
-    run(ctl, always_wrong, 30)
-    assert ctl.stats["k0_steps"] > 0
-    ctl.reset_stats()
-    assert ctl.stats == {"steps": 0, "mean_k": 0.0, "k0_steps": 0, "probe_steps": 0, "unavailable_steps": 0}
-    assert ctl.acceptance()[0] < 0.3
+    assert ctl.stop_thresholds() == (0.0,)
 
 
 # -- learning in hindsight (n-gram drafters) ---------------------------------------------------
 
 
 def hindsight_run(ctl, text, guess, start=1):
-    """Decode `text` through a hindsight controller; guess(context) is the drafter's full proposal.
+    """Decode `text` through a controller as the engine does; guess(context) is the drafter's full proposal.
 
     Verification at T = 0 keeps the drafts that match the text. Returns the chosen ks."""
     context, ks = list(text[:start]), []
     while len(context) < len(text):
-        ctl.settle(context)
         proposal = guess(context)
-        ctl.foresee(context, proposal, signal=8 if proposal else 0)
-        k = ctl.choose(8 if proposal else 0, len(text) - len(context) - 1)
+        signal = 8 if proposal else 0
+        ctl.watch(context, signal, lambda: proposal)
+        k = ctl.choose(signal, len(text) - len(context) - 1)
         truth = text[len(context) : len(context) + k + 1]
         accepted = 0
         while accepted < min(k, len(proposal)) and proposal[accepted] == truth[accepted]:
             accepted += 1
+        ctl.update(k, accepted, signal)
         context.extend(truth[: accepted + 1])
         ks.append(k)
     return ks
@@ -350,57 +352,54 @@ def test_hindsight_learns_from_steps_that_drafted_nothing():
     # The first guesses are wrong, then the drafter starts copying perfectly.  A controller that
     # only learns from what it drafts has backed off to k = 0 and waits for probes; one that
     # checks every step's proposal against the text sees the change within a few steps.
-    text = list(range(300))
+    text = list(range(400))
     guess = lambda context: [0] * 15 if len(context) < 60 else text[len(context) : len(context) + 15]
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, hindsight=True, decay=0.9)
+    ctl = hindsight(CostModel(CURVES["cpu"]), K_MAX, decay=0.9)
     ks = hindsight_run(ctl, text, guess)
-    # only the first step drafts, on the prior; then no wrong guess is drafted, and nothing probes
-    assert all(k == 0 for k in ks[1:59])
-    assert ctl.stats["probe_steps"] == 0
+    assert all(k == 0 for k in ks[:59])  # no wrong guess is drafted, not even on the prior, and nothing probes
     assert max(ks[59:80]) == 15  # the curve's cheap 16-token pass
 
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, decay=0.9)  # learns from verification only
-    context, ks = [0], []
-    while len(context) < len(text):
-        proposal, k = guess(context), ctl.choose(8, len(text) - len(context) - 1)
-        truth = text[len(context) : len(context) + k + 1]
-        accepted = 0
-        while accepted < k and proposal[accepted] == truth[accepted]:
-            accepted += 1
-        ctl.update(k, accepted, 8)
-        context.extend(truth[: accepted + 1])
-        ks.append(k)
+    ctl = verified(CostModel(CURVES["cpu"]), K_MAX, decay=0.9)  # learns from verification only
+    ks = hindsight_run(ctl, text, guess)
     assert max(ks[59:80]) < 15
 
 
 def test_hindsight_counts_each_position_once_and_stops_at_the_first_miss():
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), 4, hindsight=True, decay=1.0, prior_acceptance=0.5)
+    estimate = HindsightAcceptance(4, decay=1.0)
     context = [1, 2, 3]
-    ctl.foresee(context, [4, 5, 9, 7], signal=8)
+    estimate.watch(context, 8, lambda: [4, 5, 9, 7])
     context += [4]
-    ctl.settle(context)
+    estimate.settle(context)
     context += [5, 6, 7]  # 6 where 9 was guessed: position 3 missed, position 4 never reached
-    ctl.settle(context)
-    ctl.settle(context)  # settling again changes nothing
-    bucket = ctl._bucketed[4]
-    assert list(bucket.tries) == [1, 1, 1, 0] and list(bucket.hits) == [1, 1, 0, 0]
+    estimate.settle(context)
+    estimate.settle(context)  # settling again changes nothing
+    hits, tries = estimate.export()[8]
+    assert tries == [1, 1, 1, 0] and hits == [1, 1, 0, 0]
+    assert estimate.export() == {}  # an export hands out what was seen since the last one
 
 
 def test_hindsight_forgets_proposals_made_on_another_text():
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), 4, hindsight=True, decay=1.0)
-    ctl.foresee([1, 2], [3, 4], signal=8)
-    ctl.settle([1, 2, 9, 9])  # a new list: a new generation, not the continuation of [1, 2]
-    assert 4 not in ctl._bucketed or ctl._bucketed[4].tries.sum() == 0
+    estimate = HindsightAcceptance(4, decay=1.0)
+    estimate.watch([1, 2], 8, lambda: [3, 4])
+    estimate.settle([1, 2, 9, 9])  # a new list: a new generation, not the continuation of [1, 2]
+    assert estimate.export() == {}
 
 
-def test_longer_matches_lean_on_shorter_ones_until_they_have_data():
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), 4, decay=1.0, prior_acceptance=0.5)
+def test_a_verified_learner_learns_nothing_from_watching():
+    estimate = VerifiedAcceptance(4, decay=1.0)
+    before = estimate.mean(8)
+    estimate.watch([1, 2], 8, lambda: pytest.fail("a verified learner never asks for the proposal"))
+    assert np.array_equal(estimate.mean(8), before)
+
+
+def test_an_unseen_signal_leans_on_the_pooled_estimate_until_it_has_data():
+    ctl = verified(CostModel(CURVES["cpu"]), 4, decay=1.0, prior_acceptance=0.5)
     for _ in range(50):
-        ctl.update(4, 4, signal=2)  # matches of 2-3 tokens: always right
-    assert ctl.acceptance(20)[0] > 0.95  # 16-31 tokens, never seen: no worse than 2-3
+        ctl.update(4, 4, signal=2)  # always right
+    assert ctl.acceptance(5)[0] > 0.9  # never seen: as the pooled estimate
     for _ in range(50):
-        ctl.update(4, 0, signal=20)
-    assert ctl.acceptance(20)[0] < 0.05  # once seen, its own data wins
+        ctl.update(4, 0, signal=5)
+    assert ctl.acceptance(5)[0] < 0.05  # once seen, its own data wins
     assert ctl.acceptance(2)[0] > 0.95
 
 
@@ -408,20 +407,20 @@ def test_a_drafter_that_could_not_pay_at_high_acceptance_is_never_probed():
     # A draft model whose token costs 43% of a target step on this CPU's curve, cheap 16-token pass
     # included: even 90% acceptance loses to plain decoding, so probing it only costs time.
     curve = [1.0, 1.62, 2.12, 2.53, 3.11, 3.68, 5.17, 6.66, 6.99, 7.31, 7.63, 7.96, 7.95, 7.94, 7.93, 7.92]
-    dear = DraftLengthController(CostModel(curve, 0.43), 15)
-    cheap = DraftLengthController(CostModel(curve, 0.05), 15)
-    for ctl in (dear, cheap):
-        run(ctl, always_wrong, 300)
-    assert dear.stats["probe_steps"] == 0 and dear.stats["mean_k"] == 0.0
-    assert cheap.stats["probe_steps"] > 0
+    dear = verified(CostModel(curve, 0.43), 15)
+    cheap = verified(CostModel(curve, 0.05), 15)
+    dear_ks, _, _, _ = run(dear, always_wrong, 300)
+    cheap_ks, _, _, _ = run(cheap, always_wrong, 300)
+    assert sum(dear_ks) == 0
+    assert sum(cheap_ks) > 0
 
 
 def test_steps_without_a_proposal_leave_the_estimates_alone():
     # A long reply with no n-gram match used to decay the counts every step, until after some
     # 7000 steps they underflowed to 0/0 and the controller stopped drafting for good.
-    ctl = DraftLengthController(CostModel(CURVES["cpu"]), K_MAX, hindsight=True, decay=0.9)
+    ctl = hindsight(CostModel(CURVES["cpu"]), K_MAX, decay=0.9)
     before = ctl.acceptance(8)
     context = [1, 2, 3]
     for _ in range(8000):
-        ctl.foresee(context, [], signal=0)
+        ctl.watch(context, 0, list)
     assert np.array_equal(ctl.acceptance(8), before)

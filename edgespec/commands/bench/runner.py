@@ -48,6 +48,7 @@ def run_bench(
     overhead: bool = False,
     llama_cpp_bin: str | Path | None = None,
     kv_type: str = "f16",
+    learned_priors: bool = False,
 ) -> dict:
     """Run the bench and return everything as one JSON-ready dict (meta, configs, runs, summary).
 
@@ -55,7 +56,9 @@ def run_bench(
     went, per phase of the loop (engine.PhaseClock), and the result gains an
     "overhead" summary.  llama_cpp_bin (a folder holding llama-speculative-simple)
     adds llama.cpp's own speculation as peers.  kv_type: the models' KV cache type (keys
-    only).  Raises ExactnessError at the first temperature-0 mismatch of an edgespec mode with the baseline.
+    only).  learned_priors: every run starts from this model's learned priors (read, never
+added to) instead of the neutral built-in ones; the meta's "priors" says which.  No run drafts
+from another's text: the cross-request pool is off.  Raises ExactnessError at the first temperature-0 mismatch of an edgespec mode with the baseline.
     """
     if repeats < 1:
         raise BenchError("--repeats must be at least 1")
@@ -65,7 +68,8 @@ def run_bench(
     n_threads = n_threads or default_threads()
     _check_before_loading(configs, llama_cpp_bin)
     started, load_at_start = time.time(), load_average()
-    engine = load_engine(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
+    engine = load_engine(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type,
+                         learned_priors="read" if learned_priors else "cold", cross_request_pool=False)
     try:
         plan = resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft is not None,
                                configs is not None, has_peer=llama_cpp_bin is not None)
@@ -79,7 +83,7 @@ def run_bench(
                  runner.rss_scope, peer)
     results = {
         # other work on the machine distorts every figure; a quiet machine shows ~0 next to its core count
-        "meta": {**meta, "kv_type": kv_type, "load_average_start": load_at_start, "load_average_end": load_average(),
+        "meta": {**meta, "kv_type": kv_type, "priors": "learned" if learned_priors else "cold", "load_average_start": load_at_start, "load_average_end": load_average(),
                  **_kernel_facts(engine)},
         "configs": [{"name": c.name, "drafter": c.drafter, "draft_tokens": c.draft_tokens, "bit_exact": c.bit_exact}
                     for c in plan],
