@@ -91,7 +91,8 @@ class _Server:
     async def _complete(self, request: Request, chat: bool) -> Response:
         self._authorize(request)
         parsed = parse_request(await self._json_body(request), chat, self.config.defaults)
-        job = Job(parsed, asyncio.get_running_loop(), self.config.request_timeout)
+        job = Job(parsed, asyncio.get_running_loop(), self.config.request_timeout,
+                  client=request.headers.get("authorization", ""))
         try:
             self.worker.submit(job)
         except QueueFull:

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..prediction import prediction_text
 from ..sampling import SamplingParams
 from ..stats import Stats
 
@@ -38,7 +39,7 @@ _INERT_VALUES = {
     "parallel_tool_calls": (False,),
 }
 _SAMPLING_FIELDS = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop"}
-_COMMON_FIELDS = {"model", "stream", "stream_options", "user"} | _SAMPLING_FIELDS | set(_INERT_VALUES)
+_COMMON_FIELDS = {"model", "stream", "stream_options", "user", "prediction"} | _SAMPLING_FIELDS | set(_INERT_VALUES)
 CHAT_FIELDS = _COMMON_FIELDS | {"messages"}
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt"}
 
@@ -68,6 +69,7 @@ class CompletionRequest:
     prompt: str = ""  # completions only
     stream: bool = False
     include_usage: bool = False
+    prediction: str = ""  # the text the answer is expected to mostly repeat: a draft source, never trusted
 
 
 def parse_request(body: Any, chat: bool, defaults: SamplingParams) -> CompletionRequest:
@@ -82,9 +84,15 @@ def parse_request(body: Any, chat: bool, defaults: SamplingParams) -> Completion
     stream = _boolean(body, "stream")
     include_usage = _stream_options(body, stream)
     params = _sampling(body, defaults)
+    try:
+        prediction = prediction_text(body.get("prediction"))
+    except ValueError as error:
+        raise bad_param("prediction", str(error)) from None
     if chat:
-        return CompletionRequest(True, params, messages=_messages(body), stream=stream, include_usage=include_usage)
-    return CompletionRequest(False, params, prompt=_prompt(body), stream=stream, include_usage=include_usage)
+        return CompletionRequest(True, params, messages=_messages(body), stream=stream, include_usage=include_usage,
+                                 prediction=prediction)
+    return CompletionRequest(False, params, prompt=_prompt(body), stream=stream, include_usage=include_usage,
+                             prediction=prediction)
 
 
 def _boolean(body: dict, field: str) -> bool:
@@ -204,6 +212,8 @@ def usage(stats: Stats) -> dict:
         "completion_tokens": stats.tokens_generated,
         "total_tokens": stats.prompt_tokens + stats.tokens_generated,
         "prompt_tokens_details": {"cached_tokens": stats.prompt_tokens_reused},
+        "completion_tokens_details": {"accepted_prediction_tokens": stats.accepted_prediction_tokens,
+                                      "rejected_prediction_tokens": stats.rejected_prediction_tokens},
         "speculative": {
             "mode": stats.mode,
             "draft_tokens": stats.draft_tokens_proposed,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import EdgespecError
+from ...prediction import prediction_text
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -35,6 +36,7 @@ class BatchRequest:
     messages: tuple[dict, ...] = ()  # chat requests
     prompt: str = ""  # completion requests
     overrides: tuple[tuple[str, object], ...] = ()  # SamplingParams fields set by the body
+    prediction: str = ""  # the body's predicted output (OpenAI's Predicted Outputs): a draft source
     fingerprint: str = dataclasses.field(default="", compare=False)  # see request_fingerprint
     body: dict | None = dataclasses.field(default=None, compare=False)  # IN's body as it is; None for a plain line
 
@@ -129,9 +131,15 @@ def _openai_request(value: dict, custom_id: str, line_no: int) -> BatchRequest:
     if not isinstance(body, dict):
         raise _LineError("invalid_field", '"body" must be a JSON object')
     overrides = tuple(_sampling_overrides(body).items())
+    try:
+        prediction = prediction_text(body.get("prediction"))
+    except ValueError as error:
+        raise _LineError("invalid_field", f"body.{error}") from None
     if url == CHAT_URL:
-        return BatchRequest(custom_id, line_no, url, messages=_parse_messages(body), overrides=overrides, body=body)
-    return BatchRequest(custom_id, line_no, url, prompt=_parse_prompt(body), overrides=overrides, body=body)
+        return BatchRequest(custom_id, line_no, url, messages=_parse_messages(body), overrides=overrides, body=body,
+                            prediction=prediction)
+    return BatchRequest(custom_id, line_no, url, prompt=_parse_prompt(body), overrides=overrides, body=body,
+                        prediction=prediction)
 
 
 def _expect_string(obj: dict, field: str) -> str:
