@@ -116,10 +116,13 @@ def learned_from_others(rows: list[dict], cost: CostModel):
     return learned
 
 
-def report(rows: list[dict], results: dict[str, Replay]) -> dict:
+def report(rows: list[dict], results: dict[str, Replay], per_prompt: bool = False) -> dict:
     by_suite = defaultdict(list)
     for row in rows:
         by_suite[row["suite"]].append(results[row["id"]])
+        if per_prompt:
+            r = results[row["id"]]
+            print(f"  {row['id']:18s} {r.speedup:5.3f}x  accepted {r.accepted}/{r.proposed}  widths {dict(sorted(r.widths.items()))}")
     summary = {}
     for suite, replays in by_suite.items():
         plain, drafted = sum(r.plain for r in replays), sum(r.drafted for r in replays)
@@ -138,13 +141,14 @@ def main() -> int:
                         help="tune: the first two prompts of each kind; check: the others")
     parser.add_argument("--learned", action="store_true", help="start each prompt from the others' learned prior")
     parser.add_argument("--json", type=Path, help="write the per-kind figures here")
+    parser.add_argument("--per-prompt", action="store_true", help="also show each prompt's figures")
     args = parser.parse_args()
     rows = [json.loads(line) for path in args.replies for line in path.read_text().splitlines() if line.strip()]
     if args.split != "all":
         rows = [row for row in rows if (int(row["id"].rsplit("-", 1)[1]) <= 2) == (args.split == "tune")]
     cost = CostModel(interpolated_curve())
     learned = learned_from_others(rows, cost) if args.learned else None
-    summary = report(rows, simulate(rows, cost, learned))
+    summary = report(rows, simulate(rows, cost, learned), args.per_prompt)
     if args.json:
         args.json.write_text(json.dumps({"curve": cost.forward_seconds, "split": args.split,
                                          "learned": args.learned, "kinds": summary}, indent=2) + "\n")

@@ -42,6 +42,8 @@ DEPTH_SHRINK = 0.98
 # A learned prior (from earlier runs of this model) counts as at most this many observations per
 # position: enough to skip the first steps of learning, never enough to outvote this text.
 LEARNED_WEIGHT = 3.0
+# How many observations a drafted and rejected position counts as, in hindsight learning (see record).
+REJECTION_WEIGHT = 2.0
 # Standard errors taken off a mean before the controller plans with it (hindsight learners).
 CAUTION = 1.0
 # A hindsight learner observes every step, so it can afford a shorter memory than one that learns
@@ -245,4 +247,9 @@ class HindsightAcceptance(_Estimates):
         self._foreseen.append(_Foreseen(len(context), list(tokens[: self.k_max]), signal))
 
     def record(self, proposed: int, accepted: int, signal: int = 0) -> None:
-        """Nothing to learn from verification: the foreseen proposal held the drafted tokens already."""
+        """A drafted position that was rejected cost a pass as wide as the draft: it counts REJECTION_WEIGHT
+        times at once (its foreseen proposal counts it once more when settled), so the signal that
+        proposed it pays for a long draft's price at the next step, not after a streak of them."""
+        if accepted < min(proposed, self.k_max):
+            for counts in (self._pooled, self._counts(signal)):
+                counts.tries[accepted] += REJECTION_WEIGHT - 1.0

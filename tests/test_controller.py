@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from edgespec.acceptance import HindsightAcceptance, VerifiedAcceptance
-from edgespec.controller import DraftLengthController, SpeedGuard
+from edgespec.controller import DraftLengthController, SpeedGuard, controller_for
 from edgespec.costs import CostModel
+from edgespec.drafters import NgramDrafter
 
 K_MAX = 15
 
@@ -357,11 +358,11 @@ def test_hindsight_learns_from_steps_that_drafted_nothing():
     ctl = hindsight(CostModel(CURVES["cpu"]), K_MAX, decay=0.9)
     ks = hindsight_run(ctl, text, guess)
     assert all(k == 0 for k in ks[:59])  # no wrong guess is drafted, not even on the prior, and nothing probes
-    assert max(ks[59:80]) == 15  # the curve's cheap 16-token pass
+    assert max(ks[59:90]) == 15  # the curve's cheap 16-token pass, once evidence at every depth is in
 
     ctl = verified(CostModel(CURVES["cpu"]), K_MAX, decay=0.9)  # learns from verification only
     ks = hindsight_run(ctl, text, guess)
-    assert max(ks[59:80]) < 15
+    assert max(ks[59:90]) < 15
 
 
 def test_hindsight_counts_each_position_once_and_stops_at_the_first_miss():
@@ -424,3 +425,100 @@ def test_steps_without_a_proposal_leave_the_estimates_alone():
     for _ in range(8000):
         ctl.watch(context, 0, list)
     assert np.array_equal(ctl.acceptance(8), before)
+
+
+# -- n-gram drafting at issue 27's cost curve: never slower, and what copies win is kept ----------------
+
+# T(n) / T(1) of Qwen2.5-Coder-1.5B on a 2-core AVX-512 EPYC, widths between the measured ones interpolated.
+EPYC = CostModel([1.0, 1.58, 2.23, 2.67, 3.1325, 3.565, 3.9975, 4.4, 4.5, 4.6, 4.7, 4.8, 4.9, 5.0, 5.1, 5.2])
+
+
+def replay(prompt, reply, controller=None):
+    """Decode `reply` after `prompt` with the real n-gram drafter and controller, as the engine drives them,
+    each draft kept up to its first token that differs from the reply (T = 0).  Returns the predicted
+    speedup over plain decoding on the EPYC curve, and the draft length of each step."""
+    controller = controller or controller_for("ngram", EPYC, K_MAX)
+    drafter, context, position, seconds, ks = NgramDrafter(), list(prompt), 0, 0.0, []
+    while position < len(reply):
+        hint = drafter.peek(context)
+        cap = min(K_MAX, len(reply) - position - 1) if hint.available is None else 0
+        controller.watch(context, hint.signal, lambda: drafter.propose(context, K_MAX).tokens if hint.available != 0 else [])
+        k = controller.choose(hint.signal, cap) if cap > 0 else 0
+        tokens = drafter.propose(context, k).tokens if k else []
+        accepted = 0
+        while accepted < len(tokens) and tokens[accepted] == reply[position + accepted]:
+            accepted += 1
+        if cap > 0:
+            controller.update(len(tokens), accepted, hint.signal)
+        context += reply[position: position + accepted + 1]
+        position += accepted + 1
+        seconds += EPYC.target(len(tokens) + 1)
+        ks.append(k)
+    return len(reply) * EPYC.target(1) / seconds, ks
+
+
+def json_records(rng, count):
+    """Records whose keys repeat and whose values never do: long matches keep predicting the previous record."""
+    keys = [[501, 502, 503], [504, 505], [506, 507, 508, 509]]
+    tokens = []
+    for _ in range(count):
+        tokens.append(600)
+        for key in keys:
+            tokens += key + [510] + list(rng.integers(1000, 5000, size=4)) + [511]
+        tokens.append(601)
+    return [int(t) for t in tokens]
+
+
+def test_no_wide_pass_is_chosen_from_the_neutral_priors_alone():
+    controller = controller_for("ngram", EPYC, K_MAX)
+    for signal in range(16):
+        assert controller.choose(signal, K_MAX) == 0
+
+
+def test_a_rejected_long_draft_costs_its_signal_at_once():
+    rng = np.random.default_rng(5)
+    block = [int(t) for t in rng.integers(1000, 5000, size=200)]
+    controller = controller_for("ngram", EPYC, K_MAX)
+    _, ks = replay(block, block[:120], controller)  # a copy: long drafts earned
+    assert max(ks) == K_MAX
+    context = block + block[:120]  # a new text, as the same copy goes on
+    drafter = NgramDrafter()
+    signal = drafter.peek(context).signal
+    for _ in range(3):  # the copy goes on, drafting K_MAX tokens a step
+        controller.watch(context, signal, lambda: drafter.propose(context, K_MAX).tokens)
+        assert controller.choose(signal, K_MAX) == K_MAX
+        context.extend(block[len(context) - 200: len(context) - 200 + K_MAX + 1])
+        controller.update(K_MAX, K_MAX, signal)
+    controller.watch(context, signal, lambda: drafter.propose(context, K_MAX).tokens)
+    assert controller.choose(signal, K_MAX) == K_MAX
+    before = controller.acceptance(signal)
+    context.extend([block[len(context) - 200], 7])  # the copy ends at the second drafted token
+    controller.update(K_MAX, 1, signal)
+    controller.watch(context, signal, list)  # the next step scores the rejected draft
+    after = controller.acceptance(signal)
+    assert after[1] < 0.7 * before[1]  # one miss after a long perfect copy: the estimate drops by a third at once
+    assert np.prod(after) < 0.7 * np.prod(before)  # and with it what a 16-row pass is expected to keep
+
+
+def test_text_with_nothing_to_copy_is_never_slower_than_plain_decoding():
+    rng = np.random.default_rng(11)
+    prompt = [int(t) for t in rng.integers(0, 300, size=80)]
+    for seed in range(5):
+        reply = [int(t) for t in np.random.default_rng(seed).integers(0, 300, size=200)]  # 1-2 token matches, all wrong
+        speedup, _ = replay(prompt, reply)
+        assert speedup >= 0.99
+
+
+def test_repeating_keys_with_new_values_are_never_slower_than_plain_decoding():
+    for seed in range(5):
+        speedup, ks = replay([1, 2, 3], json_records(np.random.default_rng(seed), 12)[:200])
+        assert speedup >= 0.98
+        assert max(ks) < K_MAX  # the previous record's values are never worth a 16-row pass
+
+
+def test_a_copy_keeps_its_gain():
+    rng = np.random.default_rng(3)
+    source = [int(t) for t in rng.integers(1000, 5000, size=300)]
+    edited = source[:100] + [7, 8, 9] + source[100:200]  # a copy with one edit
+    speedup, _ = replay([1] + source, edited)
+    assert speedup >= 2.0
