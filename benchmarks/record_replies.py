@@ -21,6 +21,7 @@ from edgespec.engine import result_of
 from edgespec.loading import load_engine
 from edgespec.sampling import SamplingParams
 
+EPYC_CURVE = (1.0, 1.58, 2.23, 2.67, 3.1325, 3.565, 3.9975, 4.4, 4.5, 4.6, 4.7, 4.8, 4.9, 5.0, 5.1, 5.2)
 HELDOUT_DIR = Path(__file__).parent / "workloads-heldout"
 HELDOUT_SUITES = ("explain", "extract", "code-edit", "refactor", "summary-quote", "chat", "story")
 
@@ -33,11 +34,16 @@ def main() -> int:
     parser.add_argument("--workloads", type=Path, default=HELDOUT_DIR, help="folder of <suite>.jsonl files")
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--n-ctx", type=int, default=4096)
+    parser.add_argument("--draft", choices=("none", "ngram"), default="none",
+                        help="ngram: record faster with n-gram drafting (the same tokens at T = 0, but where the "
+                             "target's two best tokens tie within the kernels' drift between pass widths)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (1 on a busy machine: ggml's threads spin-wait)")
     args = parser.parse_args()
-    prompts = load_workloads(args.suites.split(","), directory=args.workloads)
-    # plain decoding needs no cost curve: a one-width one skips measuring this machine
-    engine = load_engine(args.model, "none", n_ctx=args.n_ctx, pull=False, cost_curve=(1.0,), n_threads=args.threads,
+    # the first prompt of every kind, then the second ...: an interrupted recording still covers every kind
+    prompts = sorted(load_workloads(args.suites.split(","), directory=args.workloads),
+                     key=lambda prompt: (prompt.id.rsplit("-", 1)[-1], prompt.suite))
+    # a fixed cost curve (issue 27's EPYC one) skips measuring this machine
+    engine = load_engine(args.model, args.draft, n_ctx=args.n_ctx, pull=False, cost_curve=EPYC_CURVE, n_threads=args.threads,
                          learned_priors="cold", cross_request_pool=False)
     done = _already_recorded(args.out)
     with args.out.open("a", encoding="utf-8") as out:
@@ -46,7 +52,7 @@ def main() -> int:
                 continue
             prompt_ids = engine.prompt_tokens(prompt.prompt)
             result = result_of(engine.stream_tokens(prompt_ids, SamplingParams(temperature=0.0, max_tokens=args.max_tokens)))
-            row = {"suite": prompt.suite, "id": prompt.id, "model": engine.target_path.name,
+            row = {"suite": prompt.suite, "id": prompt.id, "model": engine.target_path.name, "draft": args.draft,
                    "prompt_ids": prompt_ids, "reply_ids": result.token_ids, "finish_reason": result.finish_reason}
             out.write(json.dumps(row) + "\n")
             out.flush()
