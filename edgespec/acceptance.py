@@ -48,7 +48,7 @@ REJECTION_WEIGHT = 2.0
 CAUTION = 1.0
 # A hindsight learner observes every step, so it can afford a shorter memory than one that learns
 # from verification only: it notices within a few tokens that a copy has begun or ended.
-HINDSIGHT_DECAY = 0.9
+HINDSIGHT_DECAY = 0.95
 VERIFIED_DECAY = 0.95
 
 
