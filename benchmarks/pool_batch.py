@@ -78,7 +78,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     requests = [r for r in read_requests(args.batch) if isinstance(r, BatchRequest)][: args.requests]
-    engine = load_engine(args.model, "ngram", n_threads=args.threads, learned_priors="cold", pull=False)
+    engine = load_engine(args.model, "ngram", n_threads=args.threads, pull=False)  # cold: no learned priors
     rows = []
     try:
         for repeat in range(args.repeats):

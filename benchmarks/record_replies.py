@@ -43,8 +43,7 @@ def main() -> int:
     prompts = sorted(load_workloads(args.suites.split(","), directory=args.workloads),
                      key=lambda prompt: (prompt.id.rsplit("-", 1)[-1], prompt.suite))
     # a fixed cost curve (issue 27's EPYC one) skips measuring this machine
-    engine = load_engine(args.model, args.draft, n_ctx=args.n_ctx, pull=False, cost_curve=EPYC_CURVE, n_threads=args.threads,
-                         learned_priors="cold", cross_request_pool=False)
+    engine = load_engine(args.model, args.draft, n_ctx=args.n_ctx, pull=False, cost_curve=EPYC_CURVE, n_threads=args.threads)
     done = _already_recorded(args.out)
     with args.out.open("a", encoding="utf-8") as out:
         for prompt in prompts:

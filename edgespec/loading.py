@@ -73,8 +73,6 @@ def load_engine(
     draft_kv_type: str | None = None,
     flash_attn: bool = False,
     parallel: int = 1,
-    learned_priors: str = "learn",
-    cross_request_pool: bool = True,
 ) -> Engine:
     """Load a target and its drafter.
 
@@ -94,10 +92,7 @@ def load_engine(
     target and the draft (f16, q8_0, q4_0); without flash_attn only the keys
     take them (see kv_cache_notice).  flash_attn cannot go with bit_exact.
     parallel only plans the memory of that many target KV caches: a Scheduler makes room for them.
-    learned_priors: "learn" starts the draft-length controllers from what this model's drafters were
-    accepted at here before and adds every finished generation to it (learned.py), "read" only
-    starts from it, "cold" uses the neutral built-in priors.  cross_request_pool: n-gram drafts may
-    come from this engine's earlier prompts and outputs (ngram_pool.py).
+    The engine starts cold (neutral priors, no cross-request pool): see use_learning.
     """
     kv_notice = kv_cache_notice(kv_type, kv_type if draft_kv_type is None else draft_kv_type, flash_attn, bit_exact)
     target_path, draft_path, plan = plan_load(
@@ -114,14 +109,23 @@ def load_engine(
     mode = "combined" if plan.mode == "draft-model" else plan.mode
     engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact)
     engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
-    if learned_priors != "cold":
-        engine.learned = LearnedAcceptance(target_path, writable=learned_priors == "learn")
-    engine.pool = NgramPool() if cross_request_pool else None
     if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
         notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {_why_narrower(engine)}")
     if draft_model is not None:
         notice(_settle_draft_model(engine, keep=draft != "auto"))
     return engine
+
+
+def use_learning(engine: Engine, priors: str = "learn", pool: bool = True) -> None:
+    """Let the engine draw on what came before it.
+
+    priors: "learn" starts the draft-length controllers from what this model's drafters were
+    accepted at on this machine before, and adds every finished generation to it (learned.py);
+    "read" only starts from it; "cold" keeps the neutral built-in priors.  pool: n-gram drafts may
+    also come from this engine's earlier prompts and outputs (ngram_pool.py).
+    """
+    engine.learned = LearnedAcceptance(engine.target_path, writable=priors == "learn") if priors != "cold" else None
+    engine.pool = NgramPool() if pool else None
 
 
 def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Callable[[str], None] | None = None) -> None:

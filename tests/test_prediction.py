@@ -8,7 +8,7 @@ import pytest
 
 from edgespec import SamplingParams
 from edgespec.commands.batch.requests import BatchRequest, InvalidRequest, parse_line
-from edgespec.loading import load_engine
+from edgespec.loading import load_engine, use_learning
 from edgespec.ngram_pool import NgramPool
 from edgespec.prediction import MAX_PREDICTION_CHARS, prediction_text
 from edgespec.server.worker import MAX_CLIENT_POOLS, EngineWorker, Job
@@ -56,8 +56,7 @@ def test_batch_bodies_take_a_prediction():
 
 @pytest.fixture(scope="module")
 def engine(tiny_models):
-    engine = load_engine(tiny_models["target"], "ngram", n_ctx=512, draft_tokens=4, cost_curve=FIXED_COST,
-                         cross_request_pool=False)
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=512, draft_tokens=4, cost_curve=FIXED_COST)
     yield engine
     engine.close()
 
@@ -74,8 +73,8 @@ def test_a_prediction_is_verified_token_by_token(engine):
 
 
 def test_the_pool_offers_an_earlier_generation_and_changes_nothing_else(tiny_models):
-    engine = load_engine(tiny_models["target"], "ngram", n_ctx=512, draft_tokens=4, cost_curve=FIXED_COST,
-                         cross_request_pool=True)
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=512, draft_tokens=4, cost_curve=FIXED_COST)
+    use_learning(engine, "cold", pool=True)
     try:
         first = engine.generate(PROMPT, GREEDY, raw=True)
         assert engine.pool.tokens >= len(first.token_ids)
