@@ -49,7 +49,7 @@ def test_a_learned_prior_counts_for_little_against_the_text_at_hand(model_file, 
     context = list(range(100))
     for step in range(8):  # the drafter's guesses for this text are always wrong
         controller.watch(context, 4, lambda: [-1] * 15)
-        context = context + [step]
+        context.append(step)
     assert controller.choose(4) == 0
 
 
@@ -87,3 +87,44 @@ def test_forget_all_deletes_the_file(tmp_path, model_file):
     LearnedAcceptance(model_file, path).learn("ngram", copying_counts())
     assert forget_all(path) == path and not path.exists()
     forget_all(path)  # nothing to delete is fine
+
+
+# -- through the engine and the command line --------------------------------------------------
+
+
+def test_a_finished_generation_teaches_the_next_engine(tiny_models):
+    from edgespec import SamplingParams
+    from edgespec.loading import load_engine, use_learning
+
+    curve = tuple(CURVE.forward_seconds[:5])
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=512, cost_curve=curve)
+    use_learning(engine)
+    try:
+        engine.generate("hello world, hello world, hello", SamplingParams(temperature=0.0, max_tokens=40), raw=True)
+    finally:
+        engine.close()
+    store = LearnedAcceptance(tiny_models["target"])
+    learned = store.prior("ngram")
+    assert learned and any(sum(tries) > 0 for _, tries in learned.values())
+
+    cold = load_engine(tiny_models["target"], "ngram", n_ctx=512, cost_curve=curve)
+    use_learning(cold, "read")
+    try:
+        cold.generate("the cat", SamplingParams(temperature=0.0, max_tokens=4), raw=True)
+    finally:
+        cold.close()
+    assert store.prior("ngram") == learned  # a read-only engine adds nothing
+
+
+def test_forget_learning_from_the_command_line(tiny_models, capsys):
+    from edgespec.commands import main
+
+    store = LearnedAcceptance(tiny_models["target"])
+    store.learn("ngram", copying_counts())
+    assert main(["models", "forget-learning", str(tiny_models["target"])]) == 0
+    assert store.prior("ngram") is None and "forgot" in capsys.readouterr().out
+    assert main(["models", "forget-learning", str(tiny_models["target"])]) == 0
+    assert "nothing learned" in capsys.readouterr().out
+    store.learn("ngram", copying_counts())
+    assert main(["models", "forget-learning"]) == 0
+    assert not store.path.exists()
