@@ -557,7 +557,8 @@ class Engine:
                 clock.steps += 1
             yield step
         self.save_prefixes()
-        yield self.finish(generation)
+        yield generation.done()
+        self.remember(generation)  # after the Done: the caller has its answer while this bookkeeping runs
 
     def begin(self, context: list[int], params: SamplingParams, lane: Lane, seq: int = 0,
               prediction: Sequence[int] | None = None, pool: NgramPool | None = None) -> Generation:
@@ -579,14 +580,13 @@ class Engine:
         return Generation(context, params, lane, counters, np.random.default_rng(params.seed),
                           TextAssembler(params.stop), seq, pool=pool)
 
-    def finish(self, generation: Generation) -> Done:
-        """End a generation: what its controllers learned goes to the learned priors, its output to the pool."""
+    def remember(self, generation: Generation) -> None:
+        """After a generation: what its controllers learned goes to the learned priors, its output to the pool."""
         if self.learned is not None:
             for (name, _), controller in generation.lane.controllers.items():
                 self.learned.learn(name, controller.estimate.export())
         if generation.pool is not None:
             generation.pool.add(generation.generated)
-        return generation.done()
 
     def room(self, generation: Generation) -> int:
         """Tokens the generation's context has left; ends the generation ("context") when none."""

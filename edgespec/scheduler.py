@@ -191,7 +191,8 @@ class Scheduler:
             room = engine.room(generation)
             if generation.finished:
                 engine.save_prefixes(generation.seq)
-                yield key, engine.finish(generation)
+                yield key, generation.done()
+                engine.remember(generation)
             else:
                 running.append((key, generation, engine.draft_choice(generation, room)))
         if not running:
@@ -219,4 +220,5 @@ class Scheduler:
                 continue
             if generation.finished:
                 engine.save_prefixes(generation.seq)
-                yield key, engine.finish(generation)
+                yield key, generation.done()
+                engine.remember(generation)

@@ -314,6 +314,7 @@ def test_a_client_gone_while_queued_leaves_the_queue(server):
 
 
 def test_metrics_move_with_each_request(server):
+    wait_until(lambda: not server.health()["busy"], "the generations of earlier tests to end")
     before = server.metrics()
     reply = server.client().chat.completions.create(model="tiny", messages=USER, max_tokens=20, temperature=0)
     after = server.metrics()
