@@ -45,7 +45,7 @@ LEARNED_WEIGHT = 3.0
 # How many observations a drafted and rejected position counts as, in hindsight learning (see record).
 REJECTION_WEIGHT = 2.0
 # Standard errors taken off a mean before the controller plans with it (hindsight learners).
-CAUTION = 1.0
+CAUTION = 0.75
 # A hindsight learner observes every step, so it can afford a shorter memory than one that learns
 # from verification only: it notices within a few tokens that a copy has begun or ended.
 HINDSIGHT_DECAY = 0.95
