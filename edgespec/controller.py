@@ -45,31 +45,32 @@ GUARD_PRIOR_STEPS = 3.0
 class SpeedGuard:
     """The realized speedup of the recent drafted steps over plain decoding, from their passes' times.
 
-    Each step reports its width, the tokens it produced and the seconds its pass took (or, with a
-    fixed cost curve, what the curve says).  A plain step would have taken T(1) times the machine's
-    present load, the load being measured against the curve over every step, so a machine that is
-    slower than when it was calibrated does not look like drafting that loses.
+    Each step reports its width, the tokens it produced and the seconds its target pass took (or, with
+    a fixed cost curve, what the curve says); a draft model's own time is not counted here, only in
+    the plans.  A plain step would have taken T(1) times the machine's present load, measured on the
+    recent plain steps (1.0 before there are any), so a machine slower than when it was calibrated
+    does not look like drafting that loses.
     """
 
     def __init__(self, cost: CostModel, decay: float = GUARD_DECAY) -> None:
         self.cost, self.decay = cost, decay
         self._tokens = 0.0  # tokens the drafted steps produced, decayed
         self._plain_steps = 0.0  # plain steps their time would have bought, decayed
-        self._load_sum = 0.0
-        self._load_weight = 0.0
+        self._plain_load = 0.0  # the plain steps' seconds over T(1), summed and decayed
+        self._plain_count = 0.0
 
     def observe(self, width: int, tokens: int, seconds: float) -> None:
         self._tokens *= self.decay
         self._plain_steps *= self.decay
-        self._load_sum *= self.decay
-        self._load_weight *= self.decay
-        expected = self.cost.target(width) + self.cost.draft(width - 1)
-        self._load_sum += seconds / expected
-        self._load_weight += 1.0
-        if width > 1:
-            plain_step = self.cost.target(1) * self._load_sum / self._load_weight
-            self._tokens += tokens
-            self._plain_steps += seconds / plain_step
+        self._plain_load *= self.decay
+        self._plain_count *= self.decay
+        if width == 1:
+            self._plain_load += seconds / self.cost.target(1)
+            self._plain_count += 1.0
+            return
+        plain_step = self.cost.target(1) * (self._plain_load + 1.0) / (self._plain_count + 1.0)
+        self._tokens += tokens
+        self._plain_steps += seconds / plain_step
 
     def gain(self) -> float:
         """Tokens per plain step's time of the recent drafted steps, leaning on 1.0 while they are few."""
@@ -236,7 +237,7 @@ class DraftLengthController:
         probing, self._probing = self._probing == signal, None
         width = proposed + 1
         if seconds is None:
-            seconds = self.cost.target(width) + self.cost.draft(proposed)
+            seconds = self.cost.target(width)
         self.guard.observe(width, accepted + 1, seconds)
         self.estimate.record(proposed, accepted, signal)
         if probing and proposed and accepted == proposed:

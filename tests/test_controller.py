@@ -522,3 +522,49 @@ def test_a_copy_keeps_its_gain():
     edited = source[:100] + [7, 8, 9] + source[100:200]  # a copy with one edit
     speedup, _ = replay([1] + source, edited)
     assert speedup >= 2.0
+
+
+# -- the speed guard ---------------------------------------------------------------------------
+
+
+def trained_on_copies(cost=EPYC):
+    """A controller whose estimates say that every draft is kept: it drafts K_MAX tokens."""
+    controller = verified(cost, K_MAX, decay=1.0)
+    for _ in range(200):
+        controller.update(K_MAX, K_MAX)
+    controller.guard = SpeedGuard(cost)
+    return controller
+
+
+def test_the_speed_guard_backs_off_while_drafted_steps_lose_and_recovers():
+    controller = verified(EPYC, K_MAX, decay=1.0, prior_acceptance=0.8)
+    rng = np.random.default_rng(2)
+    for _ in range(400):  # estimates of 0.8 per position, on much evidence
+        controller.update(K_MAX, chain_outcome(rng, 0.8, K_MAX))
+    controller.guard = SpeedGuard(EPYC)
+    k = controller.choose()
+    assert k > 0
+    for _ in range(20):  # the drafts now fail: each drafted pass gives one token for T(k + 1)
+        controller.update(0, 0)
+        controller.update(k, 0)
+    assert controller.guard.gain() < 0.75
+    assert controller.choose() == 0  # the estimates, slow to move, still promise a gain; the guard does not
+    for _ in range(60):  # plain steps only: the verdict fades with the steps that caused it
+        controller.update(0, 0)
+    assert controller.choose() == k
+
+
+def test_a_slower_machine_is_not_drafting_that_loses():
+    controller = trained_on_copies()
+    for _ in range(30):  # every pass, plain or wide, takes 3x what the curve says
+        controller.update(0, 0, seconds=3 * EPYC.target(1))
+        controller.update(K_MAX, K_MAX, seconds=3 * EPYC.target(K_MAX + 1))
+    assert controller.guard.gain() > 2.0
+    assert controller.choose() == K_MAX
+
+
+def test_with_a_fixed_curve_the_guard_sees_what_the_curve_says():
+    controller = trained_on_copies()
+    for _ in range(30):
+        controller.update(K_MAX, 2)  # 3 tokens for a 16-row pass: 3 / 5.2 of plain decoding's speed
+    assert 3 / 5.2 < controller.guard.gain() < 0.7  # its prior of 1.0 fades as drafted steps come
