@@ -41,7 +41,7 @@ BORROW_WEIGHT = 1.0
 DEPTH_SHRINK = 0.98
 # A learned prior (from earlier runs of this model) counts as at most this many observations per
 # position: enough to skip the first steps of learning, never enough to outvote this text.
-LEARNED_WEIGHT = 3.0
+LEARNED_WEIGHT = 2.0
 # How many observations a drafted and rejected position counts as, in hindsight learning (see record).
 REJECTION_WEIGHT = 2.0
 # Standard errors taken off a mean before the controller plans with it (hindsight learners).
