@@ -23,13 +23,14 @@ import numpy as np
 
 from .backend import LlamaModel, common_prefix_length
 from .errors import VocabMismatchError
+from .ngram_pool import NgramPool, TokenIndex
 from .limits import MODES  # noqa: F401  (the modes these drafters implement; the chat app reads them here)
 from .sampling import SamplingParams, sample, to_probs
 
 
 @dataclass(frozen=True)
 class Hint:
-    signal: int = 0  # drafter-specific confidence, e.g. the n-gram match length
+    signal: int = 0  # the drafter's class of its guess, e.g. where an n-gram matched and how long (ngram_signal)
     available: int | None = None  # the most tokens it can propose now (None: no limit)
 
 
@@ -37,6 +38,7 @@ class Hint:
 class Proposal:
     tokens: list[int]
     probs: list[np.ndarray] | None = None  # q rows, one per token; None for one-hot proposals
+    source: str = ""  # where the tokens were found, for drafters with several sources ("context", "prediction", "pool")
 
 
 NO_PROPOSAL = Proposal([])
@@ -68,6 +70,21 @@ class NoDrafter:
         return NO_PROPOSAL
 
 
+# An n-gram drafter's signal is the class of its match: where it was found and how long it is.  The
+# controller keeps an acceptance estimate per class.  Lengths 1, 2-3, 4-7, 8-15 and 16+ get classes of
+# their own (longer matches are accepted more often, and at every depth, not only the first); 0 means
+# no match.
+LENGTH_CLASSES = 5
+SOURCES = ("context", "prediction", "pool")
+
+
+def ngram_signal(source: str, match_length: int) -> int:
+    """The signal class of a match of this length in this source (0: no match)."""
+    if match_length <= 0:
+        return 0
+    return SOURCES.index(source) * LENGTH_CLASSES + min(int(match_length).bit_length(), LENGTH_CLASSES)
+
+
 class NgramDrafter:
     """Prompt lookup: continue the most recent earlier occurrence of the context's tail.
 
@@ -75,6 +92,11 @@ class NgramDrafter:
     most recent occurrence.  It grows with the context, one position per
     accepted token, and is rebuilt only when the context is rewritten (a new
     conversation, an edited turn).
+
+    A generation may give it two more sources (ngram_pool.py): a prediction of
+    the output, looked up like the context (the longer match wins, the
+    prediction on a tie), and a pool of other texts of this process, looked
+    up when neither has a match of the pool's shortest indexed length.
     """
 
     name = "ngram"
@@ -85,26 +107,50 @@ class NgramDrafter:
         self._indexed: list[int] = []  # the context list last indexed (the caller's own object)
         self._n_indexed = 0  # how many of its tokens the index covers
         self._next_after: dict[tuple[int, ...], int] = {}
+        self.prediction: TokenIndex | None = None
+        self.pool: NgramPool | None = None
+
+    def use_sources(self, prediction: TokenIndex | None = None, pool: NgramPool | None = None) -> None:
+        """Look up these beyond the context from now on (None: not at all), e.g. for one generation."""
+        self.prediction, self.pool = prediction, pool
 
     def peek(self, context: list[int]) -> Hint:
-        match = self._lookup(context)
+        match = self._lookup(context, 0)
         if match is None:
             return Hint(0, 0)
-        n, _ = match
-        return Hint(n, None)
+        source, n, _ = match
+        return Hint(ngram_signal(source, n), None)
 
     def propose(self, context, k, params=None, rng=None, stop_below=()) -> Proposal:
-        match = self._lookup(context)
-        if match is None or k <= 0:
+        match = self._lookup(context, k) if k > 0 else None
+        if match is None:
             return NO_PROPOSAL
-        n, start = match
-        period = len(context) - start
-        # Past the end of the context, assume the text keeps repeating with the
-        # period the match implies: that is what a loop or a copy looks like.
-        tokens = [context[start + i % period] for i in range(k)]
-        return Proposal(tokens, None)
+        source, _, tokens = match
+        return Proposal(tokens, None, source)
 
-    def _lookup(self, context: list[int]) -> tuple[int, int] | None:
+    def _lookup(self, context: list[int], k: int) -> tuple[str, int, list[int]] | None:
+        """(source, match length, the k tokens it proposes) of the best match, or None."""
+        best = None
+        found = self._context_match(context)
+        if found is not None:
+            n, start = found
+            period = len(context) - start
+            # Past the end of the context, assume the text keeps repeating with the
+            # period the match implies: that is what a loop or a copy looks like.
+            best = ("context", n, lambda: [context[start + i % period] for i in range(k)])
+        found = self.prediction.lookup(context) if self.prediction is not None else None
+        if found is not None and (best is None or found[0] >= best[1]):
+            n, start = found
+            best = ("prediction", n, lambda: self.prediction.tokens[start: start + k])
+        if self.pool is not None and (best is None or best[1] < min(self.pool.lengths)):
+            pooled = self.pool.lookup(context, max(k, 1))
+            if pooled is not None and pooled[1] and (best is None or pooled[0] > best[1]):
+                best = ("pool", pooled[0], lambda: pooled[1][:k])
+        if best is None:
+            return None
+        return best[0], best[1], best[2]()
+
+    def _context_match(self, context: list[int]) -> tuple[int, int] | None:
         self._sync(context)
         for n in range(min(self.n_max, len(context) - 1), self.n_min - 1, -1):
             start = self._next_after.get(tuple(context[-n:]))

@@ -20,12 +20,14 @@ import numpy as np
 
 from .backend import RUNTIME, LlamaModel, common_prefix_length, dropped_span, load_state, state_bytes
 from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
-from .controller import HINDSIGHT_DECAY, NGRAM_PRIOR_BY_BUCKET, DraftLengthController
+from .controller import DraftLengthController, controller_for
 from .costs import CostModel, best_speedup
 from .draft_cost import draft_token_share
 from .chat_template import ChatTemplate
 from .drafters import DraftModelDrafter, Drafter, Hint, NgramDrafter, NoDrafter
+from .learned import LearnedAcceptance
 from .limits import MAX_DRAFT_TOKENS
+from .ngram_pool import NgramPool, TokenIndex
 from .errors import ContextOverflowError, CorruptModelError, EdgespecError
 from .notices import print_notice
 from .sampling import SamplingParams, SparseProbs, to_probs
@@ -96,6 +98,9 @@ class _Counters:
     widest_pass: int = 0
     accepted_by_drafter: dict = field(default_factory=dict)  # accepted draft tokens per drafter name
     pass_widths: dict = field(default_factory=dict)  # verification passes per width
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+    plain_step_seconds: float = 0.0
 
     def snapshot(self) -> Stats:
         return Stats.from_counts(**dataclasses.asdict(self))
@@ -129,6 +134,7 @@ class Generation:
     seq: int = 0
     generated: list[int] = field(default_factory=list)
     decode_start: float = 0.0
+    pool: NgramPool | None = None  # where its prompt and output go for other generations' drafts
 
     @property
     def finished(self) -> bool:
@@ -157,6 +163,7 @@ class Draft:
     choice: DraftChoice
     tokens: list[int]
     probs: object = None  # the draft model's distributions, for rejection sampling; None for n-grams
+    source: str = ""  # where the drafter found the tokens ("context", "prediction", "pool")
 
 
 
@@ -187,6 +194,8 @@ class Engine:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
             self._drafters["combined"] = self._drafters["draft-model"]  # picks per step between it and n-grams
         self._lane = Lane(self._drafters)
+        self.learned: LearnedAcceptance | None = None  # where controllers start from and learn into; None: cold
+        self.pool: NgramPool | None = None  # other generations' texts for n-gram drafts; None: none
         self.configure(mode=mode, bit_exact=bit_exact)  # refuses bit_exact over flash attention
         self.chat_template = ChatTemplate(
             target.metadata("tokenizer.chat_template"),
@@ -336,11 +345,8 @@ class Engine:
         controllers = (lane or self._lane).controllers
         controller = controllers.get((name, fixed))
         if controller is None:
-            # n-gram proposals are free to make, so their controller learns from every step in hindsight
-            learning = ({"hindsight": True, "decay": HINDSIGHT_DECAY, "prior_by_bucket": NGRAM_PRIOR_BY_BUCKET}
-                        if name == "ngram" else {})
-            controller = controllers[(name, fixed)] = DraftLengthController(
-                cost, self._widest - 1, fixed, **learning)
+            learned = self.learned.prior(name) if self.learned is not None else None
+            controller = controllers[(name, fixed)] = controller_for(name, cost, self._widest - 1, fixed, learned)
         return controller
 
     def draft_model_gain(self, acceptance: float) -> float:
@@ -466,15 +472,24 @@ class Engine:
 
     # -- generation ----------------------------------------------------------
 
-    def generate(self, prompt: str, params: SamplingParams, raw: bool = False, cancel=None) -> GenerationResult:
-        return result_of(self.stream(prompt, params, raw=raw, cancel=cancel))
+    def generate(self, prompt: str, params: SamplingParams, raw: bool = False, cancel=None,
+                 prediction: str | None = None) -> GenerationResult:
+        return result_of(self.stream(prompt, params, raw=raw, cancel=cancel, prediction=prediction))
 
-    def stream(self, prompt: str, params: SamplingParams, raw: bool = False, cancel=None) -> Iterator[Step | Done]:
-        return self.stream_tokens(self.prompt_tokens(prompt, raw), params, cancel=cancel)
+    def stream(self, prompt: str, params: SamplingParams, raw: bool = False, cancel=None,
+               prediction: str | None = None) -> Iterator[Step | Done]:
+        """prediction: text the output is expected to mostly repeat (OpenAI's Predicted Outputs), e.g. the
+        file being edited: a draft source, every token of it verified."""
+        return self.stream_tokens(self.prompt_tokens(prompt, raw), params, cancel=cancel,
+                                  prediction=self.prediction_tokens(prediction))
+
+    def prediction_tokens(self, prediction: str | None) -> list[int] | None:
+        """A predicted output as tokens, its text never read as control tokens; None for none."""
+        return self.target.tokenize(prediction, add_special=False) if prediction else None
 
     def stream_tokens(
         self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None,
-        shift_dropped_span: bool = False,
+        shift_dropped_span: bool = False, prediction: Sequence[int] | None = None, pool: NgramPool | None = None,
     ) -> Iterator[Step | Done]:
         """Generate after prompt_ids; yields one Step per verification and a final Done.
 
@@ -492,7 +507,7 @@ class Engine:
         with self._lock:
             self._shift_allowed = shift_dropped_span
             try:
-                yield from self._generate(list(prompt_ids), params, cancel)
+                yield from self._generate(list(prompt_ids), params, cancel, prediction, pool)
             except NonFiniteLogits:
                 raise self.corrupt_model_error() from None
 
@@ -502,8 +517,8 @@ class Engine:
         return CorruptModelError(f"{path.name} computed NaN or infinite logits, so the model file {path} is likely "
                                  "corrupt (download it again, or convert it afresh)")
 
-    def _generate(self, context: list[int], params: SamplingParams, cancel) -> Iterator[Step | Done]:
-        generation = self.begin(context, params, self._lane)
+    def _generate(self, context: list[int], params: SamplingParams, cancel, prediction, pool) -> Iterator[Step | Done]:
+        generation = self.begin(context, params, self._lane, prediction=prediction, pool=pool)
         start = time.perf_counter()
         generation.counters.prompt_tokens_reused = self._prefill(context)
         generation.counters.prefill_seconds = time.perf_counter() - start
@@ -529,28 +544,50 @@ class Engine:
             logits = self.target.decode([context[-1], *draft.tokens], n_logits=len(draft.tokens) + 1, copy=False)
             if clock:
                 clock.lap("logits")
+            seconds = None  # a given cost curve prices the pass: choices stay independent of timing
             if self._step_watch is not None:
-                self._step_watch.observe(len(draft.tokens) + 1, time.perf_counter() - started)
+                seconds = time.perf_counter() - started
+                self._step_watch.observe(len(draft.tokens) + 1, seconds)
             if clock:
                 clock.lap("controller")
             if self.draft is not None:
                 generation.counters.draft_forward_passes = self.draft.forward_passes - draft_passes_before
-            step = self.conclude_step(generation, draft, logits)
+            step = self.conclude_step(generation, draft, logits, seconds)
             if clock:
                 clock.lap("stats")
                 clock.steps += 1
             yield step
         self.save_prefixes()
         yield generation.done()
+        self.remember(generation)  # after the Done: the caller has its answer while this bookkeeping runs
 
-    def begin(self, context: list[int], params: SamplingParams, lane: Lane, seq: int = 0) -> Generation:
-        """A generation after context (whose cache the caller fills), drafting with lane's drafters, in sequence seq."""
+    def begin(self, context: list[int], params: SamplingParams, lane: Lane, seq: int = 0,
+              prediction: Sequence[int] | None = None, pool: NgramPool | None = None) -> Generation:
+        """A generation after context (whose cache the caller fills), drafting with lane's drafters, in sequence seq.
+
+        prediction: tokens the output is expected to mostly repeat, a draft source (every token is
+        verified); pool: the pool of other texts its n-gram drafts may come from (None: the engine's).
+        """
         if self.cost is None:
             self.calibrate()
         counters = _Counters(self.mode, self.plan.reason if self.plan else None, prompt_tokens=len(context),
-                             bit_exact=self.bit_exact)
+                             bit_exact=self.bit_exact, plain_step_seconds=self.plain_step_seconds or 0.0)
+        pool = pool if pool is not None else self.pool
+        ngram = lane.drafters.get("ngram")
+        if isinstance(ngram, NgramDrafter):
+            ngram.use_sources(TokenIndex(prediction) if prediction else None, pool)
+        if pool is not None:
+            pool.add(context)
         return Generation(context, params, lane, counters, np.random.default_rng(params.seed),
-                          TextAssembler(params.stop), seq)
+                          TextAssembler(params.stop), seq, pool=pool)
+
+    def remember(self, generation: Generation) -> None:
+        """After a generation: what its controllers learned goes to the learned priors, its output to the pool."""
+        if self.learned is not None:
+            for (name, _), controller in generation.lane.controllers.items():
+                self.learned.learn(name, controller.estimate.export())
+        if generation.pool is not None:
+            generation.pool.add(generation.generated)
 
     def room(self, generation: Generation) -> int:
         """Tokens the generation's context has left; ends the generation ("context") when none."""
@@ -574,11 +611,13 @@ class Engine:
                     if k > 0 else None)
         if self.phase_clock:
             self.phase_clock.lap("propose")
-        return Draft(choice, proposal.tokens if proposal else [], proposal.probs if proposal else None)
+        if proposal is None:
+            return Draft(choice, [])
+        return Draft(choice, proposal.tokens, proposal.probs, proposal.source)
 
-    def conclude_step(self, generation: Generation, draft: Draft, logits: np.ndarray) -> Step:
+    def conclude_step(self, generation: Generation, draft: Draft, logits: np.ndarray, seconds: float | None = None) -> Step:
         """Verify the draft against the target's logits rows for [last token, *draft], keep the accepted part
-        in the generation's cache, and emit the step's tokens."""
+        in the generation's cache, and emit the step's tokens; seconds: what the pass took (None: unmeasured)."""
         clock = self.phase_clock
         verdict = verify(_LazyRows(logits, generation.params), draft.tokens, draft.probs, generation.rng)
         accepted = draft.tokens[: verdict.n_accepted]
@@ -589,8 +628,8 @@ class Engine:
         if clock:
             clock.lap("rewind")
         controller = draft.choice.controller
-        if controller is not None and not controller.hindsight:
-            controller.update(len(draft.tokens), len(accepted), draft.choice.hint.signal)
+        if controller is not None:
+            controller.update(len(draft.tokens), len(accepted), draft.choice.hint.signal, seconds)
         if clock:
             clock.lap("controller")
         self._count_step(generation.counters, draft, len(accepted))
@@ -606,6 +645,9 @@ class Engine:
         counters.k0_steps += not draft.tokens
         counters.widest_pass = max(counters.widest_pass, width)
         counters.pass_widths[width] = counters.pass_widths.get(width, 0) + 1
+        if draft.source == "prediction":
+            counters.accepted_prediction_tokens += n_accepted
+            counters.rejected_prediction_tokens += len(draft.tokens) - n_accepted
         if n_accepted:
             name = draft.choice.drafter.name
             counters.accepted_by_drafter[name] = counters.accepted_by_drafter.get(name, 0) + n_accepted
@@ -730,11 +772,10 @@ class Engine:
             hint = drafter.peek(context)
             cap = limit if hint.available is None else min(limit, hint.available)
             controller = self._controller(name, lane)
-            if controller is not None and controller.hindsight:
-                controller.settle(context)
-                foreseen = (drafter.propose(context, controller.k_max, generation.params, generation.rng).tokens
-                            if hint.available != 0 else [])
-                controller.foresee(context, foreseen, hint.signal)
+            if controller is not None:
+                controller.watch(context, hint.signal, lambda: (
+                    drafter.propose(context, controller.k_max, generation.params, generation.rng).tokens
+                    if hint.available != 0 else []))
             if controller is not None and cap > 0:
                 options.append((drafter, hint, cap, controller))
         if not options:

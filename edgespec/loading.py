@@ -13,6 +13,8 @@ from typing import Callable, Sequence
 from .backend import LlamaModel, supports_gpu_offload, width_independent_kernels
 from .costs import CostModel
 from .drafters import check_vocab_compatible
+from .learned import LearnedAcceptance
+from .ngram_pool import NgramPool
 from .engine import Engine
 from .errors import EdgespecError
 from .limits import KV_TYPES, SettingError, checked_kv_type
@@ -95,6 +97,7 @@ def load_engine(
     target and the draft (f16, q8_0, q4_0); without flash_attn only the keys
     take them (see kv_cache_notice).  flash_attn cannot go with bit_exact.
     parallel (target KV caches a Scheduler fills) and prompt_cache_ram (a server's snapshots) only plan memory.
+    The engine starts cold (neutral priors, no cross-request pool): see use_learning.
     """
     kv_notice = kv_cache_notice(kv_type, kv_type if draft_kv_type is None else draft_kv_type, flash_attn, bit_exact)
     target_path, draft_path, plan = plan_load(
@@ -116,6 +119,18 @@ def load_engine(
     if draft_model is not None:
         notice(_settle_draft_model(engine, keep=draft != "auto"))
     return engine
+
+
+def use_learning(engine: Engine, priors: str = "learn", pool: bool = True) -> None:
+    """Let the engine draw on what came before it.
+
+    priors: "learn" starts the draft-length controllers from what this model's drafters were
+    accepted at on this machine before, and adds every finished generation to it (learned.py);
+    "read" only starts from it; "cold" keeps the neutral built-in priors.  pool: n-gram drafts may
+    also come from this engine's earlier prompts and outputs (ngram_pool.py).
+    """
+    engine.learned = LearnedAcceptance(engine.target_path, writable=priors == "learn") if priors != "cold" else None
+    engine.pool = NgramPool() if pool else None
 
 
 def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Callable[[str], None] | None = None,

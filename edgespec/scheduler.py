@@ -35,6 +35,7 @@ from .drafters import NgramDrafter, NoDrafter
 from .engine import Done, DraftChoice, Engine, Generation, Lane, NonFiniteLogits, Step
 from .errors import ContextOverflowError, EdgespecError
 from .limits import MAX_OUTPUT_ROWS, checked_setting
+from .ngram_pool import NgramPool
 from .sampling import SamplingParams
 
 # A prompt that shares at least this many more tokens with another sequence's cache than with its
@@ -49,6 +50,8 @@ class Job:
     prompt_ids: list[int]
     params: SamplingParams
     cancel: threading.Event | None = None  # set: the job ends after its current step
+    prediction: Sequence[int] | None = None  # tokens the output is expected to mostly repeat (a draft source)
+    pool: NgramPool | None = None  # the pool of other texts its drafts may come from (None: the engine's)
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,7 @@ class Scheduler:
             return Failed(ContextOverflowError(
                 f"the prompt has {len(ids)} tokens but the context holds {engine.n_ctx} (raise --n-ctx or shorten the prompt)"))
         lane = Lane({"none": NoDrafter(), "ngram": NgramDrafter()}, mode=self.mode)
-        generation = engine.begin(ids, job.params, lane, seq)
+        generation = engine.begin(ids, job.params, lane, seq, prediction=job.prediction, pool=job.pool)
         generation.counters.mode = self.mode
         started = time.perf_counter()
         self._reuse_prefix(ids, seq)
@@ -189,6 +192,7 @@ class Scheduler:
             if generation.finished:
                 engine.save_prefixes(generation.seq)
                 yield key, generation.done()
+                engine.remember(generation)
             else:
                 running.append((key, generation, engine.draft_choice(generation, room)))
         if not running:
@@ -217,3 +221,4 @@ class Scheduler:
             if generation.finished:
                 engine.save_prefixes(generation.seq)
                 yield key, generation.done()
+                engine.remember(generation)

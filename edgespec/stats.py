@@ -16,6 +16,14 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else 0.0
 
 
+def end_to_end_speedup(prefill_seconds: float, decode_seconds: float, plain_decode_seconds: float) -> float:
+    """(prefill + plain decode) / (prefill + decode): a reply's real speedup, as prefill is not sped up;
+    0.0 when plain decoding's time is unknown."""
+    if plain_decode_seconds <= 0.0:
+        return 0.0
+    return _ratio(prefill_seconds + plain_decode_seconds, prefill_seconds + decode_seconds)
+
+
 @dataclass(frozen=True)
 class Stats:
     mode: str
@@ -65,6 +73,16 @@ class Stats:
     """Accepted draft tokens per drafter ("ngram", "draft-model"): who proposed what the target kept."""
     pass_widths: dict[int, int] = dataclasses.field(default_factory=dict)
     """Verification passes per width (k + 1 tokens): how much of the cost curve the controller used."""
+    accepted_prediction_tokens: int = 0
+    """Drafted tokens taken from the request's predicted output that the verifier accepted."""
+    rejected_prediction_tokens: int = 0
+    """Drafted tokens taken from the predicted output that the verifier rejected."""
+    decode_speedup: float = 0.0
+    """Plain decoding's estimated time for these tokens (tokens_generated one-token passes, as measured
+    at calibration) over decode_seconds; 0.0 when unknown (a given cost curve, nothing generated)."""
+    end_to_end_speedup: float = 0.0
+    """(prefill_seconds + plain decoding's estimated time) / (prefill_seconds + decode_seconds): the wait
+    the user saw shrink, prefill included, which speculation cannot speed up; 0.0 when unknown."""
 
     @classmethod
     def from_counts(cls, *, mode: str, plan_reason: str | None, prompt_tokens: int, prompt_tokens_reused: int,
@@ -72,7 +90,8 @@ class Stats:
                     target_forward_passes: int, draft_forward_passes: int, steps: int, k0_steps: int,
                     prefill_seconds: float, decode_seconds: float, finish_reason: str | None,
                     bit_exact: bool = False, widest_pass: int = 0, accepted_by_drafter: dict | None = None,
-                    pass_widths: dict | None = None) -> Stats:
+                    pass_widths: dict | None = None, accepted_prediction_tokens: int = 0,
+                    rejected_prediction_tokens: int = 0, plain_step_seconds: float = 0.0) -> Stats:
         """The snapshot of the engine's running counts, with every ratio computed from them."""
         return cls(
             mode=mode, plan_reason=plan_reason, prompt_tokens=prompt_tokens,
@@ -88,6 +107,10 @@ class Stats:
             decode_tokens_per_second=_ratio(tokens_generated, decode_seconds), finish_reason=finish_reason,
             bit_exact=bit_exact, widest_pass=widest_pass, accepted_by_drafter=dict(accepted_by_drafter or {}),
             pass_widths=dict(sorted((pass_widths or {}).items())),
+            accepted_prediction_tokens=accepted_prediction_tokens, rejected_prediction_tokens=rejected_prediction_tokens,
+            decode_speedup=_ratio(tokens_generated * plain_step_seconds, decode_seconds),
+            end_to_end_speedup=end_to_end_speedup(prefill_seconds, decode_seconds,
+                                                  tokens_generated * plain_step_seconds),
         )
 
     @classmethod

@@ -15,6 +15,8 @@ JSON_KEYS = [
     "decode_seconds", "decode_tokens_per_second", "finish_reason",
     # added with wide verification and the combined drafter
     "bit_exact", "widest_pass", "accepted_by_drafter", "pass_widths",
+    # added with predicted outputs and the end-to-end figure
+    "accepted_prediction_tokens", "rejected_prediction_tokens", "decode_speedup", "end_to_end_speedup",
 ]
 
 
@@ -28,6 +30,17 @@ def test_ratios_are_computed_from_the_counts_and_the_json_keeps_its_keys():
     assert stats.target_passes_per_token == 0.4 and stats.mean_draft_tokens == 2.0
     assert stats.decode_tokens_per_second == 10.0
     assert Stats.from_dict({**stats.as_dict(), "message_index": 3}) == stats
+    assert stats.decode_speedup == stats.end_to_end_speedup == 0.0  # plain decoding's speed unknown
+
+
+def test_end_to_end_speedup_counts_the_prefill_that_drafting_cannot_shorten():
+    # 20 tokens in 2 s after a 1 s prefill, where a plain step takes 0.25 s: plain decoding would take 5 s
+    stats = Stats.from_counts(mode="ngram", plan_reason=None, prompt_tokens=10, prompt_tokens_reused=0,
+                              tokens_generated=20, draft_tokens_proposed=16, draft_tokens_accepted=12,
+                              target_forward_passes=8, draft_forward_passes=0, steps=8, k0_steps=2,
+                              prefill_seconds=1.0, decode_seconds=2.0, finish_reason="stop", plain_step_seconds=0.25)
+    assert stats.decode_speedup == pytest.approx(2.5)
+    assert stats.end_to_end_speedup == pytest.approx(6.0 / 3.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.steps = 9
 

@@ -90,6 +90,14 @@ def test_reply_footer_gives_speedup_only_once_plain_speed_is_known():
     assert "baseline" in reply_footer(plain, (16.0, "measured"))
 
 
+def test_reply_footer_gives_the_end_to_end_speedup_beside_the_decode_one():
+    # 120 tokens in 3 s after a 1.5 s prefill; plain decoding at 16 tok/s would have taken 7.5 s to decode
+    timed = replace(STATS, prefill_seconds=1.5, decode_seconds=3.0)
+    footer = reply_footer(timed, (16.0, "measured"))
+    assert "2.50× vs plain 16.0 tok/s (measured) · 2.00× end to end" in footer
+    assert "end to end" not in reply_footer(timed, (0.3, "measured"))  # no speedup, no end-to-end one
+
+
 def test_reply_footer_shows_no_speedup_the_evidence_cannot_support():
     # 0.4 target passes per token: a step costs at least one pass, so at most 2.5x (plus slack)
     contended = reply_footer(STATS, (0.3, "measured"))  # a plain speed taken on a busy machine

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.text import Text
 
-from edgespec.stats import Stats
+from edgespec.stats import Stats, end_to_end_speedup
 
 MODE_LABELS = {"combined": "n-gram + draft model", "draft-model": "draft model", "ngram": "n-gram", "none": "no drafting"}
 
@@ -173,4 +173,7 @@ def reply_footer(stats: Stats, plain: tuple[float, str] | None) -> str:
         ratio = _plausible_speedup(stats, plain_speed)
         parts.append(f"{ratio:.2f}× vs plain {plain_speed:.1f} tok/s ({source})" if ratio is not None else
                      f"speedup n/a (plain {plain_speed:.1f} tok/s ({source}) does not fit this reply)")
+        if ratio is not None and stats.decode_seconds > 0:  # the wait the user saw, prefill included, which drafting cannot shorten
+            whole = end_to_end_speedup(stats.prefill_seconds, stats.decode_seconds, tokens / plain_speed)
+            parts.append(f"{whole:.2f}× end to end")
     return " · ".join(parts)

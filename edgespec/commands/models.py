@@ -1,4 +1,4 @@
-"""`edgespec models list|pull|path|import`: the catalog from the command line."""
+"""`edgespec models list|pull|path|import|forget-learning`: the catalog from the command line."""
 
 from __future__ import annotations
 
@@ -34,6 +34,11 @@ def add_models_parser(subparsers) -> None:
     importing.add_argument("file", help="path to a .gguf file")
     importing.add_argument("--name", help="catalog name to use (default: from the file name)")
     importing.set_defaults(func=_import)
+
+    forgetting = commands.add_parser(
+        "forget-learning", help="drop what a model's drafters learned on this machine (new runs start from neutral priors)")
+    forgetting.add_argument("name", nargs="?", help="catalog model name or GGUF path (default: every model)")
+    forgetting.set_defaults(func=_forget_learning)
 
 
 # The columns of each table, most important first: a terminal too narrow for all of them drops them
@@ -147,4 +152,17 @@ def _import(args: argparse.Namespace) -> int:
     entry = import_model(args.file, name=args.name)
     print(f"imported {entry.name}: {entry.architecture} {entry.quantization}, "
           f"{format_size(entry.size)}, {entry.sources[0].path}")
+    return 0
+
+
+def _forget_learning(args: argparse.Namespace) -> int:
+    from edgespec.learned import LearnedAcceptance, forget_all
+
+    if args.name is None:
+        where = forget_all()
+        print(f"forgot what every model learned ({where})")
+        return 0
+    store = LearnedAcceptance(resolve_model(args.name, pull=False))
+    forgot = store.forget()
+    print(f"forgot what {args.name} learned ({store.path})" if forgot else f"nothing learned for {args.name} yet ({store.path})")
     return 0

@@ -171,7 +171,7 @@ def sampling_params(args: argparse.Namespace):
 
 def engine_from_args(args: argparse.Namespace, **overrides):
     """The Engine the flags of add_engine_options describe (overrides: e.g. notice=...)."""
-    from ..loading import kv_cache_notice, load_engine, use_prompt_cache
+    from ..loading import kv_cache_notice, load_engine, use_learning, use_prompt_cache
 
     try:  # flags that cannot go together are a usage error, found before anything loads
         kv_cache_notice(args.kv_type, args.draft_kv_type or args.kv_type, args.flash_attn, args.bit_exact)
@@ -183,6 +183,7 @@ def engine_from_args(args: argparse.Namespace, **overrides):
         n_threads=args.threads, memory_budget=args.memory_budget, bit_exact=args.bit_exact,
         kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn, **overrides,
     )
+    use_learning(engine)  # run, chat, batch and serve learn from, and add to, what came before
     if getattr(args, "prompt_cache", False):  # commands without the flag keep no snapshots
         use_prompt_cache(engine, args.prompt_cache_size, overrides.get("notice"))
     return engine

@@ -113,7 +113,8 @@ class _Server:
         except _ClientGone:
             return Response(status_code=499)
         parsed = parse_request(body, chat, self.config.defaults)
-        job = Job(parsed, asyncio.get_running_loop(), self.config.request_timeout)
+        job = Job(parsed, asyncio.get_running_loop(), self.config.request_timeout,
+                  client=request.headers.get("authorization", ""))
         try:
             self.worker.submit(job)
         except QueueFull:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..prediction import prediction_text
 from ..sampling import SamplingParams
 from ..stats import Stats
 
@@ -45,7 +46,7 @@ _SAMPLING_FIELDS = {"max_tokens", "max_completion_tokens", "temperature", "top_p
 # Fields that cannot change the output, with the JSON type each must have: accepted and left unused.
 # (metadata and store are for OpenAI's dashboard, service_tier its pricing, user its abuse checks.)
 _UNUSED_FIELDS = {"model": str, "user": str, "metadata": dict, "store": bool, "service_tier": str}
-_COMMON_FIELDS = {"stream", "stream_options"} | set(_UNUSED_FIELDS) | _SAMPLING_FIELDS | set(_INERT_VALUES)
+_COMMON_FIELDS = {"stream", "stream_options", "prediction"} | set(_UNUSED_FIELDS) | _SAMPLING_FIELDS | set(_INERT_VALUES)
 CHAT_FIELDS = _COMMON_FIELDS | {"messages"}
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt"}
 _JSON_TYPE_NAMES = {str: "a string", dict: "an object", bool: "true or false"}
@@ -78,6 +79,7 @@ class RequestBody:
     prompt: str = ""  # completions only
     stream: bool = False
     include_usage: bool = False
+    prediction: str = ""  # OpenAI's Predicted Outputs: text the answer is expected to mostly repeat
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class CompletionRequest:
     prompt: str = ""  # completions only
     stream: bool = False
     include_usage: bool = False
+    prediction: str = ""  # the text the answer is expected to mostly repeat: a draft source, never trusted
 
 
 def parse_request(body: Any, chat: bool, defaults: SamplingParams) -> CompletionRequest:
@@ -97,7 +100,8 @@ def parse_request(body: Any, chat: bool, defaults: SamplingParams) -> Completion
         params = replace(defaults, **dict(checked.sampling))
     except ValueError as error:  # the limits SamplingParams checks beyond the ranges checked here
         raise ApiError(400, f"bad sampling setting: {error}") from None
-    return CompletionRequest(chat, params, checked.messages, checked.prompt, checked.stream, checked.include_usage)
+    return CompletionRequest(chat, params, checked.messages, checked.prompt, checked.stream, checked.include_usage,
+                             checked.prediction)
 
 
 def check_body(body: Any, chat: bool) -> RequestBody:
@@ -119,9 +123,15 @@ def check_body(body: Any, chat: bool) -> RequestBody:
     stream = _boolean(body, "stream")
     include_usage = _stream_options(body, stream)
     sampling = tuple(_sampling(body).items())
+    try:
+        prediction = prediction_text(body.get("prediction"))
+    except ValueError as error:
+        raise bad_param("prediction", str(error)) from None
     if chat:
-        return RequestBody(True, sampling, messages=_messages(body), stream=stream, include_usage=include_usage)
-    return RequestBody(False, sampling, prompt=_prompt(body), stream=stream, include_usage=include_usage)
+        return RequestBody(True, sampling, messages=_messages(body), stream=stream, include_usage=include_usage,
+                           prediction=prediction)
+    return RequestBody(False, sampling, prompt=_prompt(body), stream=stream, include_usage=include_usage,
+                       prediction=prediction)
 
 
 def _boolean(body: dict, field: str) -> bool:
@@ -262,6 +272,8 @@ def usage(stats: Stats) -> dict:
         "completion_tokens": stats.tokens_generated,
         "total_tokens": stats.prompt_tokens + stats.tokens_generated,
         "prompt_tokens_details": {"cached_tokens": stats.prompt_tokens_reused},
+        "completion_tokens_details": {"accepted_prediction_tokens": stats.accepted_prediction_tokens,
+                                      "rejected_prediction_tokens": stats.rejected_prediction_tokens},
         "speculative": {
             "mode": stats.mode,
             "draft_tokens": stats.draft_tokens_proposed,

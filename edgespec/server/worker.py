@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import logging
 import threading
 import time
@@ -24,8 +25,12 @@ from typing import Callable
 
 from ..engine import Done, Engine, GenerationResult
 from ..errors import ContextOverflowError, EdgespecError
+from ..ngram_pool import NgramPool
 from ..scheduler import Failed, Job as ScheduledJob, Scheduler
 from .protocol import ApiError, CompletionRequest
+
+# Clients (API keys) whose recent texts the server keeps for n-gram drafts, each in a pool of its own.
+MAX_CLIENT_POOLS = 8
 
 log = logging.getLogger("edgespec.serve")
 
@@ -37,8 +42,10 @@ class QueueFull(Exception):
 class Job:
     """One request's generation; its events arrive on `events` in the event loop's thread."""
 
-    def __init__(self, request: CompletionRequest, loop: asyncio.AbstractEventLoop, time_limit: float):
+    def __init__(self, request: CompletionRequest, loop: asyncio.AbstractEventLoop, time_limit: float,
+                 client: str = ""):
         self.request = request
+        self.client = client  # the credentials it came with: its drafts never come from another client's texts
         self.cancel = threading.Event()
         self.events: asyncio.Queue = asyncio.Queue()
         self.deadline = time.monotonic() + time_limit
@@ -78,6 +85,7 @@ class EngineWorker:
         self._closed = False
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._serve, name="edgespec-engine", daemon=True)
+        self._pools: dict[str, NgramPool] = {}  # per client, least recently used first
 
     def start(self) -> None:
         self._thread.start()
@@ -148,7 +156,8 @@ class EngineWorker:
             job.deliver(job.stopped_by)
             return
         try:
-            for event in self.engine.stream_tokens(self._prompt_ids(job.request), job.request.params, cancel=job.cancel):
+            for event in self.engine.stream_tokens(self._prompt_ids(job.request), job.request.params, cancel=job.cancel,
+                                                   prediction=self._prediction_ids(job.request), pool=self._pool(job)):
                 if isinstance(event, Done):
                     self._on_finished(job, event.result)
                 job.deliver(event)
@@ -192,7 +201,8 @@ class EngineWorker:
             job.check_deadline()
             try:
                 if not job.cancel.is_set():
-                    return ScheduledJob(job, self._prompt_ids(job.request), job.request.params, job.cancel)
+                    return ScheduledJob(job, self._prompt_ids(job.request), job.request.params, job.cancel,
+                                        prediction=self._prediction_ids(job.request), pool=self._pool(job))
                 if job.stopped_by is not None:
                     job.deliver(job.stopped_by)
             except Exception as error:
@@ -209,6 +219,22 @@ class EngineWorker:
             return ApiError(400, str(error))
         log.error("request failed inside the engine: %s: %s", type(error).__name__, error)
         return ApiError(500, f"internal error: {type(error).__name__}", type="server_error")
+
+    def _prediction_ids(self, request: CompletionRequest) -> list[int] | None:
+        return self.engine.prediction_tokens(request.prediction)
+
+    def _pool(self, job: Job) -> NgramPool | None:
+        """The pool of earlier requests' texts for this job's client (API key): never shared between
+        clients; the least recently used is dropped past MAX_CLIENT_POOLS.  None when the engine keeps no pool."""
+        if self.engine.pool is None:
+            return None
+        client = hashlib.sha256(job.client.encode("utf-8", "replace")).hexdigest()
+        with self._wake:
+            pool = self._pools.pop(client, None) or NgramPool()
+            self._pools[client] = pool
+            while len(self._pools) > MAX_CLIENT_POOLS:
+                del self._pools[next(iter(self._pools))]
+        return pool
 
     def _prompt_ids(self, request: CompletionRequest) -> list[int]:
         if request.chat:

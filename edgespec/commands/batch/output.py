@@ -272,6 +272,8 @@ def success_record(request: BatchRequest, result, model_name: str) -> dict:
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens_details": {"accepted_prediction_tokens": result.stats.accepted_prediction_tokens,
+                                          "rejected_prediction_tokens": result.stats.rejected_prediction_tokens},
         },
         "stats": stats,
     }

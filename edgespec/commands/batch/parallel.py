@@ -101,7 +101,7 @@ def _job(engine, request: BatchRequest, base_params) -> Job | dict:
         return failed("context_length_exceeded", err)
     except (EdgespecError, ValueError) as err:
         return failed("generation_failed", err)
-    return Job(request.custom_id, ids, params)
+    return Job(request.custom_id, ids, params, prediction=engine.prediction_tokens(request.prediction))
 
 
 def _summed(in_flight: dict[str, Stats]) -> _InFlight | None:

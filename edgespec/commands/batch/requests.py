@@ -37,6 +37,7 @@ class BatchRequest:
     messages: tuple[dict, ...] = ()  # chat requests (from a body: once for_the_engine checked it)
     prompt: str = ""  # completion requests (likewise)
     overrides: tuple[tuple[str, object], ...] = ()  # SamplingParams fields set by the body (likewise)
+    prediction: str = ""  # the body's predicted output (OpenAI's Predicted Outputs): a draft source (likewise)
     fingerprint: str = dataclasses.field(default="", compare=False)  # see request_fingerprint
     body: dict | None = dataclasses.field(default=None, compare=False)  # IN's body as it is; None for a plain line
 
@@ -170,7 +171,8 @@ def for_the_engine(entry: BatchRequest | InvalidRequest) -> BatchRequest | Inval
     if checked.chat and checked.messages[-1]["role"] != "user":  # a chat session answers a user's turn
         return InvalidRequest(entry.custom_id, entry.line, "invalid_value",
                               f'line {entry.line}: the last message must have role "user"', entry.fingerprint)
-    return dataclasses.replace(entry, messages=checked.messages, prompt=checked.prompt, overrides=checked.sampling)
+    return dataclasses.replace(entry, messages=checked.messages, prompt=checked.prompt, overrides=checked.sampling,
+                               prediction=checked.prediction)
 
 
 def check_unique_ids(entries: list[BatchRequest | InvalidRequest]) -> None:

@@ -212,7 +212,13 @@ def _run_request(engine, request, base_params, model_name, interrupt, tally, on_
 def _events(engine, request: BatchRequest, params, interrupt: Interrupt) -> Iterator:
     """The generation's events; once interrupted it stops after the current step."""
     if request.url == COMPLETIONS_URL:
-        yield from engine.stream(request.prompt, params, raw=True, cancel=interrupt.requested)
+        yield from engine.stream(request.prompt, params, raw=True, cancel=interrupt.requested,
+                                 prediction=request.prediction or None)
+        return
+    if request.prediction:  # the session's stream takes no prediction: its prompt, then the engine's
+        ids = chat_session(engine, request.messages, with_last=True).reply_prompt(params)
+        yield from engine.stream_tokens(ids, params, cancel=interrupt.requested,
+                                        prediction=engine.prediction_tokens(request.prediction))
         return
     session = chat_session(engine, request.messages)
     for event in session.stream(request.messages[-1]["content"], params):

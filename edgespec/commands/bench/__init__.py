@@ -71,6 +71,9 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument("--threads", type=parse_threads, default=None, help="CPU threads for every configuration (default: as the engine)")
     parser.add_argument("--kv-type", type=parse_kv_type, default="f16",
                         help="the KV cache type of the target and the draft, f16|q8_0|q4_0, keys only (default: f16); llama.cpp's peers keep f16")
+    parser.add_argument("--learned-priors", action="store_true",
+                        help="start every run from what this model's drafters learned here before (edgespec models "
+                             "forget-learning resets it) instead of the neutral built-in priors; the results say which")
     parser.add_argument("--workloads", type=Path, default=WORKLOADS_DIR, help="folder of <suite>.jsonl files")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write every run and the summary as JSON")
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG", help="plot speedups (or the cost curve); needs edgespec[bench]")
@@ -122,6 +125,7 @@ def _bench_command(args) -> int:
             overhead=args.overhead,
             llama_cpp_bin=args.llama_cpp_bin,
             kv_type=args.kv_type,
+            learned_priors=args.learned_priors,
         )
         print_tables(results)
         if args.overhead:

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 
 from ...sampling import SamplingParams
 from ...backend import default_threads
-from ...loading import load_engine
+from ...loading import load_engine, use_learning
 from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, BenchConfig, resolve_configs, rotated
 from .exactness import check_exactness
 from .microbench import DEFAULT_N_CTX, load_average, machine_description, package_version
@@ -48,6 +48,7 @@ def run_bench(
     overhead: bool = False,
     llama_cpp_bin: str | Path | None = None,
     kv_type: str = "f16",
+    learned_priors: bool = False,
 ) -> dict:
     """Run the bench and return everything as one JSON-ready dict (meta, configs, runs, summary).
 
@@ -55,7 +56,7 @@ def run_bench(
     went, per phase of the loop (engine.PhaseClock), and the result gains an
     "overhead" summary.  llama_cpp_bin (a folder holding llama-speculative-simple)
     adds llama.cpp's own speculation as peers.  kv_type: the models' KV cache type (keys
-    only).  Raises ExactnessError at the first temperature-0 mismatch of an edgespec mode with the baseline.
+    only).  learned_priors: runs start from this model's learned priors (read only), not cold.  Raises ExactnessError at the first temperature-0 mismatch of an edgespec mode with the baseline.
     """
     if repeats < 1:
         raise BenchError("--repeats must be at least 1")
@@ -65,7 +66,7 @@ def run_bench(
     n_threads = n_threads or default_threads()
     _check_before_loading(configs, llama_cpp_bin)
     started, load_at_start = time.time(), load_average()
-    engine = load_engine(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
+    engine = _bench_engine(model, draft, n_ctx, n_threads, kv_type, learned_priors)
     try:
         plan = resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft is not None,
                                configs is not None, has_peer=llama_cpp_bin is not None)
@@ -79,10 +80,9 @@ def run_bench(
                  runner.rss_scope, peer)
     results = {
         # other work on the machine distorts every figure; a quiet machine shows ~0 next to its core count
-        "meta": {**meta, "kv_type": kv_type, "load_average_start": load_at_start, "load_average_end": load_average(),
-                 **_kernel_facts(engine)},
-        "configs": [{"name": c.name, "drafter": c.drafter, "draft_tokens": c.draft_tokens, "bit_exact": c.bit_exact}
-                    for c in plan],
+        "meta": {**meta, "kv_type": kv_type, "priors": "learned" if learned_priors else "cold",
+                 "load_average_start": load_at_start, "load_average_end": load_average(), **_kernel_facts(engine)},
+        "configs": [_config_row(config) for config in plan],
         "runs": runs,
         "near_ties": runner.near_ties,
         "summary": summarize(runs, plan),
@@ -90,6 +90,19 @@ def run_bench(
     if overhead:
         results["overhead"] = summarize_overhead(runs, plan, engine.plain_step_seconds)
     return results
+
+
+def _bench_engine(model, draft, n_ctx: int, n_threads: int, kv_type: str, learned_priors: bool):
+    """The engine every configuration runs on: cold unless learned_priors (then read, never added to), and
+    without the cross-request pool, so that no run drafts from another's text."""
+    engine = load_engine(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
+    use_learning(engine, "read" if learned_priors else "cold", pool=False)
+    return engine
+
+
+def _config_row(config) -> dict:
+    return {"name": config.name, "drafter": config.drafter, "draft_tokens": config.draft_tokens,
+            "bit_exact": config.bit_exact}
 
 
 def _check_before_loading(configs: Iterable[str] | None, llama_cpp_bin) -> None:

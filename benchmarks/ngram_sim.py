@@ -1,0 +1,159 @@
+"""Predict n-gram drafting's speed against plain decoding without timing anything.
+
+At T = 0 a drafted step's outcome is fixed by the reply plain decoding gives: the draft is kept up to
+its first token that differs from the reply, and the target adds the next one.  So a recorded reply
+(benchmarks/record_replies.py) can be replayed through the real NgramDrafter and draft-length
+controller, step by step as the engine drives them, with each pass priced by a fixed cost curve; the
+predicted speedup is plain decoding's time (one T(1) per token) over the replay's.
+
+Run:
+    .venv/bin/python benchmarks/ngram_sim.py benchmarks/workloads-heldout/replies-*.jsonl
+    .venv/bin/python benchmarks/ngram_sim.py REPLIES --split tune    # prompts 1-2 of each kind
+    .venv/bin/python benchmarks/ngram_sim.py REPLIES --split check   # prompts 3-4
+    .venv/bin/python benchmarks/ngram_sim.py REPLIES --learned       # each prompt starts from the
+                                                                     # learned prior of all others
+The default curve is the one measured on an AVX-512 EPYC for Qwen2.5-Coder-1.5B (issue 27).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from edgespec.controller import controller_for  # noqa: E402
+from edgespec.costs import CostModel  # noqa: E402
+from edgespec.drafters import NgramDrafter  # noqa: E402
+from edgespec.learned import merge_counts  # noqa: E402
+
+# T(n) / T(1) at the measured widths; the widths between are interpolated linearly.
+EPYC_CURVE_POINTS = {1: 1.0, 2: 1.58, 3: 2.23, 4: 2.67, 8: 4.4, 16: 5.2}
+END = -1  # the end-of-generation token: no n-gram ever proposes it
+
+
+def interpolated_curve(points: dict[int, float] = EPYC_CURVE_POINTS) -> list[float]:
+    widths = sorted(points)
+    return [float(np.interp(n, widths, [points[w] for w in widths])) for n in range(1, widths[-1] + 1)]
+
+
+@dataclass
+class Replay:
+    """One reply replayed: its plain time, its drafted time (both in T(1) units) and what the steps did."""
+
+    plain: float = 0.0
+    drafted: float = 0.0
+    proposed: int = 0
+    accepted: int = 0
+    widths: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float:
+        return self.plain / self.drafted if self.drafted else 1.0
+
+
+def replay(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: CostModel, controller,
+           drafter: NgramDrafter, max_tokens: int) -> Replay:
+    """Decode the recorded reply again as the engine would, with drafts checked against it."""
+    truth = list(reply_ids) + ([END] if stopped else [])
+    context, position, k_max, result = list(prompt_ids), 0, controller.k_max, Replay()
+    while position < len(truth):
+        limit = min(max_tokens - position - 1, k_max)
+        hint = drafter.peek(context)
+        cap = limit if hint.available is None else min(limit, hint.available)
+        foreseen = (lambda: drafter.propose(context, k_max).tokens) if hint.available != 0 else list
+        controller.watch(context, hint.signal, foreseen)
+        k = controller.choose(hint.signal, cap) if cap > 0 else 0
+        tokens = drafter.propose(context, k).tokens if k > 0 else []
+        accepted = 0
+        while accepted < len(tokens) and position + accepted < len(truth) and tokens[accepted] == truth[position + accepted]:
+            accepted += 1
+        if cap > 0:
+            controller.update(len(tokens), accepted, hint.signal)
+        result.drafted += cost.target(len(tokens) + 1)
+        result.proposed += len(tokens)
+        result.accepted += accepted
+        result.widths[len(tokens) + 1] = result.widths.get(len(tokens) + 1, 0) + 1
+        emitted = truth[position: position + accepted + 1]
+        context.extend(emitted)
+        position += len(emitted)
+    result.plain = len(truth) * cost.target(1)
+    return result
+
+
+def simulate(rows: list[dict], cost: CostModel, learned: dict | None = None, max_tokens: int = 200) -> dict[str, Replay]:
+    """Each row replayed by a fresh drafter and controller (a new process), starting from learned or neutral priors."""
+    results = {}
+    for row in rows:
+        controller = controller_for("ngram", cost, len(cost.forward_seconds) - 1,
+                                    learned=learned(row) if learned else None)
+        results[row["id"]] = replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
+                                    cost, controller, NgramDrafter(), max_tokens)
+    return results
+
+
+def learned_from_others(rows: list[dict], cost: CostModel):
+    """For each row, the learned prior that every other row's replay leaves behind (what a machine
+    that ran the other prompts before would start this one from)."""
+    exported = {}
+    for row in rows:
+        controller = controller_for("ngram", cost, len(cost.forward_seconds) - 1)
+        replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop", cost, controller, NgramDrafter(), 200)
+        exported[row["id"]] = controller.estimate.export()
+
+    def learned(row):
+        merged = {}
+        for other, counts in exported.items():
+            if other != row["id"]:
+                merged = merge_counts(merged, counts)
+        return merged
+    return learned
+
+
+def report(rows: list[dict], results: dict[str, Replay], per_prompt: bool = False) -> dict:
+    by_suite = defaultdict(list)
+    for row in rows:
+        by_suite[row["suite"]].append(results[row["id"]])
+        if per_prompt:
+            r = results[row["id"]]
+            print(f"  {row['id']:18s} {r.speedup:5.3f}x  accepted {r.accepted}/{r.proposed}  widths {dict(sorted(r.widths.items()))}")
+    summary = {}
+    for suite, replays in by_suite.items():
+        plain, drafted = sum(r.plain for r in replays), sum(r.drafted for r in replays)
+        proposed, accepted = sum(r.proposed for r in replays), sum(r.accepted for r in replays)
+        summary[suite] = {"speedup": plain / drafted, "worst_prompt": min(r.speedup for r in replays),
+                          "acceptance": accepted / proposed if proposed else 0.0, "prompts": len(replays)}
+        print(f"{suite:14s} {plain / drafted:5.3f}x  worst prompt {summary[suite]['worst_prompt']:5.3f}x  "
+              f"acceptance {summary[suite]['acceptance']:4.0%} of {proposed}")
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("replies", type=Path, nargs="+", help="JSONL files from record_replies.py")
+    parser.add_argument("--split", choices=("all", "tune", "check"), default="all",
+                        help="tune: the first two prompts of each kind; check: the others")
+    parser.add_argument("--learned", action="store_true", help="start each prompt from the others' learned prior")
+    parser.add_argument("--json", type=Path, help="write the per-kind figures here")
+    parser.add_argument("--per-prompt", action="store_true", help="also show each prompt's figures")
+    args = parser.parse_args()
+    rows = [json.loads(line) for path in args.replies for line in path.read_text().splitlines() if line.strip()]
+    if args.split != "all":
+        rows = [row for row in rows if (int(row["id"].rsplit("-", 1)[1]) <= 2) == (args.split == "tune")]
+    cost = CostModel(interpolated_curve())
+    learned = learned_from_others(rows, cost) if args.learned else None
+    summary = report(rows, simulate(rows, cost, learned), args.per_prompt)
+    if args.json:
+        args.json.write_text(json.dumps({"curve": cost.forward_seconds, "split": args.split,
+                                         "learned": args.learned, "kinds": summary}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

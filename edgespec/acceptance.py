@@ -1,0 +1,255 @@
+"""How often a drafter's guesses are accepted, per draft position: what the draft-length controller plans with.
+
+Each estimate is a decayed count of accepted and tried draft positions, kept per signal class (a
+drafter's own label for how good a guess looks, such as an n-gram match of 8-15 tokens in the
+context) and pooled over all classes.  A class leans on the pooled estimate until it has data of its
+own, and a position with little data leans on the one before it, shrunk a little.
+
+Two learners fill the counts:
+
+- `VerifiedAcceptance` learns from verification only: what was drafted and how much was kept.  A
+  draft model's guesses cost passes, so this is all there is to learn from (the controller probes
+  it now and then when it stops drafting).
+- `HindsightAcceptance` learns from every step: a drafter whose proposals cost nothing (n-grams)
+  shows it, each step, the whole proposal it could make (`watch`), scored position by position
+  against the tokens that follow, also at steps where nothing was drafted.
+
+A plan is made on a cautious estimate: the mean less `caution` standard errors of the counts behind
+it.  A drafted position that has been seen rarely counts for little, so a wide pass, whose price is
+paid whether its tail is kept or not, is chosen only on evidence that its tail is kept.
+
+`export()` hands out what a learner saw since the last export, undecayed, per class; the learned
+prior store (learned.py) keeps it per model, and a new learner can start from it (`learned`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+# The starting guess of the pooled estimate for position 1, and how many observations it counts as:
+# neutral (a coin flip) and weak, so this model's own outcomes here win within a few steps.
+NEUTRAL_ACCEPTANCE = 0.5
+PRIOR_WEIGHT = 2.0
+# How many observations a class's (or a position's) own estimate needs before it outweighs what it
+# leans on: the pooled estimate for a class, the position before it for a position.
+BORROW_WEIGHT = 1.0
+# A position with little data is assumed somewhat worse than the one before it, so long drafts are
+# earned by observed acceptance rather than extrapolated from a lucky streak at position 1.
+DEPTH_SHRINK = 0.98
+# A learned prior (from earlier runs of this model) counts as at most this many observations per
+# position: enough to skip the first steps of learning, never enough to outvote this text.
+LEARNED_WEIGHT = 2.0
+# How many observations a drafted and rejected position counts as, in hindsight learning (see record).
+REJECTION_WEIGHT = 2.0
+# Standard errors taken off a mean before the controller plans with it (hindsight learners).
+CAUTION = 0.75
+# A hindsight learner observes every step, so it can afford a shorter memory than one that learns
+# from verification only: it notices within a few tokens that a copy has begun or ended.
+HINDSIGHT_DECAY = 0.95
+VERIFIED_DECAY = 0.95
+
+
+class DecayedCounts:
+    """Accepted and tried counts per draft position, each multiplied by a decay per observation."""
+
+    def __init__(self, k_max: int) -> None:
+        self.hits = np.zeros(k_max)
+        self.tries = np.zeros(k_max)
+
+    def decay(self, factor: float) -> None:
+        self.hits *= factor
+        self.tries *= factor
+
+    def observe_position(self, position: int, accepted: bool) -> None:
+        """One draft position (0-based) reached, and whether it was accepted."""
+        if position < len(self.tries):
+            self.tries[position] += 1.0
+            self.hits[position] += accepted
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """A verified draft: the first `accepted` of `proposed` positions kept."""
+        depth = len(self.tries)
+        accepted = min(accepted, depth)
+        self.hits[:accepted] += 1.0
+        self.tries[:accepted] += 1.0
+        # The first rejected position was tried too; positions after it were never reached.
+        if accepted < min(proposed, depth):
+            self.tries[accepted] += 1.0
+
+
+@dataclass
+class _Foreseen:
+    """A foreseen proposal: tokens guessed for context[start:], checked up to `checked`."""
+
+    start: int
+    tokens: list[int]
+    signal: int
+    checked: int = 0
+
+    def settle(self, context: list[int], observe: Callable[[int, int, bool], None]) -> bool:
+        """Count the newly known positions; True while some are still unknown."""
+        while self.checked < len(self.tokens) and self.start + self.checked < len(context):
+            accepted = context[self.start + self.checked] == self.tokens[self.checked]
+            observe(self.signal, self.checked, accepted)
+            self.checked += 1
+            if not accepted:
+                return False  # later positions would never have been reached
+        return self.checked < len(self.tokens)
+
+
+class _Estimates:
+    """The counts and the estimates made from them; the learners below decide what they observe."""
+
+    learns_without_drafting = False
+
+    def __init__(self, k_max: int, *, decay: float, prior_acceptance: float = NEUTRAL_ACCEPTANCE,
+                 caution: float = 0.0, learned: Mapping[int, tuple[Sequence[float], Sequence[float]]] | None = None):
+        if k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {k_max}")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if not 0.0 <= prior_acceptance <= 1.0:
+            raise ValueError(f"prior_acceptance must be in [0, 1], got {prior_acceptance}")
+        if caution < 0.0:
+            raise ValueError(f"caution must be >= 0, got {caution}")
+        self.k_max, self.decay, self.caution = k_max, decay, caution
+        # The starting guess for position 1 is stored as pseudo-counts that decay like real
+        # ones, so a drafter that is always wrong drives its estimate all the way to 0.
+        self._pooled = DecayedCounts(k_max)
+        self._pooled.hits[0], self._pooled.tries[0] = PRIOR_WEIGHT * prior_acceptance, PRIOR_WEIGHT
+        self._by_signal: dict[int, DecayedCounts] = {}
+        for signal, (hits, tries) in (learned or {}).items():
+            self._start_from(int(signal), np.asarray(hits, float), np.asarray(tries, float))
+        self._session: dict[int, DecayedCounts] = {}  # undecayed, since the last export()
+
+    def _start_from(self, signal: int, hits: np.ndarray, tries: np.ndarray) -> None:
+        n = min(len(hits), len(tries), self.k_max)
+        counts = self._counts(signal)
+        scale = np.minimum(1.0, LEARNED_WEIGHT / np.maximum(tries[:n], 1e-9))
+        counts.hits[:n], counts.tries[:n] = hits[:n] * scale, tries[:n] * scale
+
+    def _counts(self, signal: int) -> DecayedCounts:
+        counts = self._by_signal.get(signal)
+        if counts is None:
+            counts = self._by_signal[signal] = DecayedCounts(self.k_max)
+        return counts
+
+    def _observe(self, signal: int, position: int, accepted: bool) -> None:
+        for counts in (self._pooled, self._counts(signal), self._session_counts(signal)):
+            counts.observe_position(position, accepted)
+
+    def _session_counts(self, signal: int) -> DecayedCounts:
+        counts = self._session.get(signal)
+        if counts is None:
+            counts = self._session[signal] = DecayedCounts(self.k_max)
+        return counts
+
+    # -- estimates --------------------------------------------------------------------------
+
+    def mean(self, signal: int = 0) -> np.ndarray:
+        """Estimated acceptance a_1..a_k_max of this signal class (a copy)."""
+        return self._estimate(signal)[0]
+
+    def planning(self, signal: int = 0) -> np.ndarray:
+        """What the controller plans with: the mean less `caution` standard errors, per position."""
+        rates, evidence = self._estimate(signal)
+        if not self.caution:
+            return rates
+        return np.clip(rates - self.caution * np.sqrt(rates * (1.0 - rates) / (evidence + 1.0)), 0.0, 1.0)
+
+    def _estimate(self, signal: int) -> tuple[np.ndarray, np.ndarray]:
+        rates, evidence = self._pooled_estimate()
+        counts = self._by_signal.get(signal)
+        if counts is not None:
+            rates = (counts.hits + BORROW_WEIGHT * rates) / (counts.tries + BORROW_WEIGHT)
+            evidence = counts.tries + np.minimum(evidence, BORROW_WEIGHT)
+        return rates, evidence
+
+    def _pooled_estimate(self) -> tuple[np.ndarray, np.ndarray]:
+        counts = self._pooled
+        rates, evidence = np.empty(self.k_max), np.empty(self.k_max)
+        rates[0], evidence[0] = counts.hits[0] / counts.tries[0], counts.tries[0]
+        # A position with few observations leans on the one before it (see DEPTH_SHRINK).
+        for i in range(1, self.k_max):
+            prior = DEPTH_SHRINK * rates[i - 1]
+            rates[i] = (counts.hits[i] + BORROW_WEIGHT * prior) / (counts.tries[i] + BORROW_WEIGHT)
+            evidence[i] = counts.tries[i] + min(evidence[i - 1], BORROW_WEIGHT)
+        return rates, evidence
+
+    def export(self) -> dict[int, tuple[list[float], list[float]]]:
+        """Per signal class, the (hits, tries) per position observed since the last export; then forget them."""
+        session, self._session = self._session, {}
+        return {signal: (counts.hits.tolist(), counts.tries.tolist())
+                for signal, counts in session.items() if counts.tries.any()}
+
+
+class VerifiedAcceptance(_Estimates):
+    """Learns from verification only: for drafters whose proposals cost time (a draft model)."""
+
+    def __init__(self, k_max: int, *, decay: float = VERIFIED_DECAY, prior_acceptance: float = 0.6,
+                 caution: float = 0.0, learned=None):
+        super().__init__(k_max, decay=decay, prior_acceptance=prior_acceptance, caution=caution, learned=learned)
+
+    def watch(self, context: list[int], signal: int, proposal: Callable[[], Sequence[int]]) -> None:
+        """Nothing to learn before a step: this learner sees only what verification keeps."""
+
+    def record(self, proposed: int, accepted: int, signal: int = 0) -> None:
+        """One verification: `proposed` tokens were drafted, the first `accepted` kept."""
+        if proposed == 0:
+            return
+        for counts in (self._pooled, self._counts(signal)):
+            counts.decay(self.decay)
+            counts.observe(proposed, accepted)
+        self._session_counts(signal).observe(proposed, accepted)
+
+
+class HindsightAcceptance(_Estimates):
+    """Learns from every step's foreseen proposal: for drafters whose proposals cost nothing (n-grams)."""
+
+    learns_without_drafting = True
+
+    def __init__(self, k_max: int, *, decay: float = HINDSIGHT_DECAY, prior_acceptance: float = NEUTRAL_ACCEPTANCE,
+                 caution: float = CAUTION, learned=None):
+        super().__init__(k_max, decay=decay, prior_acceptance=prior_acceptance, caution=caution, learned=learned)
+        self._foreseen: list[_Foreseen] = []  # proposals waiting to be checked against the text
+        self._context: list[int] | None = None  # the context they were made on
+
+    def watch(self, context: list[int], signal: int, proposal: Callable[[], Sequence[int]]) -> None:
+        """Score the earlier proposals against what context has gained since, then record what the
+        drafter would propose now (as many tokens as it can, whatever k is chosen).
+
+        The check is fair at any temperature: the tokens that follow are sampled from the target's
+        distribution, so a foreseen token matches the next one with the probability that
+        verification would have accepted it.
+        """
+        self.settle(context)
+        self.foresee(context, proposal(), signal)
+
+    def settle(self, context: list[int]) -> None:
+        """Score the recorded proposals against the tokens context has gained since, position by
+        position: each position counts once the token it guessed is known."""
+        if context is not self._context:
+            self._foreseen, self._context = [], context  # a new text: old proposals say nothing
+            return
+        self._foreseen = [entry for entry in self._foreseen if entry.settle(context, self._observe)]
+
+    def foresee(self, context: list[int], tokens: Sequence[int], signal: int = 0) -> None:
+        """Record a proposal made after context, to be scored by settle() as the text goes on."""
+        if context is not self._context:
+            self._foreseen, self._context = [], context
+        if not tokens:
+            return
+        for counts in (self._pooled, self._counts(signal)):
+            counts.decay(self.decay)  # once per proposal, as a verified learner decays once per verification
+        self._foreseen.append(_Foreseen(len(context), list(tokens[: self.k_max]), signal))
+
+    def record(self, proposed: int, accepted: int, signal: int = 0) -> None:
+        """A drafted position that was rejected cost a pass as wide as the draft: it counts REJECTION_WEIGHT
+        times at once (its foreseen proposal counts it once more when settled), so the signal that
+        proposed it pays for a long draft's price at the next step, not after a streak of them."""
+        if accepted < min(proposed, self.k_max):
+            for counts in (self._pooled, self._counts(signal)):
+                counts.tries[accepted] += REJECTION_WEIGHT - 1.0

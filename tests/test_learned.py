@@ -1,0 +1,130 @@
+"""Learned priors: what a model's drafters were accepted at here before, kept between processes."""
+
+import json
+
+import pytest
+
+from edgespec.controller import controller_for
+from edgespec.costs import CostModel
+from edgespec.learned import STORE_MAX_TRIES, LearnedAcceptance, forget_all, merge_counts
+
+CURVE = CostModel([1.0, 1.58, 2.23, 2.67, 3.1, 3.54, 3.97, 4.4, 4.5, 4.6, 4.7, 4.8, 4.9, 5.0, 5.1, 5.2])
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + bytes(60))
+    return path
+
+
+def copying_counts(depth=15, tries=40.0):
+    """What a generation that copied all the time leaves: every position of signal 4 always accepted."""
+    return {4: ([tries] * depth, [tries] * depth)}
+
+
+def test_merge_fades_the_old_counts_and_caps_them():
+    merged = merge_counts({1: ([10.0], [20.0])}, {1: ([5.0], [5.0]), 2: ([1.0], [2.0])}, keep=0.5)
+    assert merged == {1: ([10.0], [15.0]), 2: ([1.0], [2.0])}
+    big = merge_counts({}, {1: ([1000.0], [2000.0])})
+    assert big[1][1] == [STORE_MAX_TRIES] and big[1][0] == [STORE_MAX_TRIES / 2]
+
+
+def test_a_new_controller_starts_from_what_the_model_learned(model_file, tmp_path):
+    store = LearnedAcceptance(model_file, tmp_path / "learned.json")
+    assert store.prior("ngram") is None
+    cold = controller_for("ngram", CURVE, 15, learned=store.prior("ngram"))
+    store.learn("ngram", copying_counts())
+    warm = controller_for("ngram", CURVE, 15, learned=LearnedAcceptance(model_file, store.path).prior("ngram"))
+    assert warm.acceptance(4)[0] > cold.acceptance(4)[0]
+    assert warm.choose(4) > cold.choose(4) == 0
+    assert warm.acceptance(3)[0] == pytest.approx(cold.acceptance(3)[0])  # other signals keep the neutral prior
+
+
+def test_a_learned_prior_counts_for_little_against_the_text_at_hand(model_file, tmp_path):
+    store = LearnedAcceptance(model_file, tmp_path / "learned.json")
+    for _ in range(20):
+        store.learn("ngram", copying_counts())
+    controller = controller_for("ngram", CURVE, 15, learned=store.prior("ngram"))
+    context = list(range(100))
+    for step in range(8):  # the drafter's guesses for this text are always wrong
+        controller.watch(context, 4, lambda: [-1] * 15)
+        context.append(step)
+    assert controller.choose(4) == 0
+
+
+def test_drafters_and_models_are_kept_apart(model_file, tmp_path):
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF" + bytes(10))
+    path = tmp_path / "learned.json"
+    LearnedAcceptance(model_file, path).learn("ngram", copying_counts())
+    assert LearnedAcceptance(model_file, path).prior("draft-model") is None
+    assert LearnedAcceptance(other, path).prior("ngram") is None
+    assert LearnedAcceptance(model_file, path).forget() is True
+    assert LearnedAcceptance(model_file, path).prior("ngram") is None
+    assert LearnedAcceptance(model_file, path).forget() is False
+
+
+def test_a_read_only_store_is_never_written(model_file, tmp_path):
+    store = LearnedAcceptance(model_file, tmp_path / "learned.json", writable=False)
+    store.learn("ngram", copying_counts())
+    assert not store.path.exists()
+
+
+@pytest.mark.parametrize("content", ["not json", "[]", json.dumps({"format": 99, "models": {}}),
+                                     json.dumps({"format": 1, "models": {"x": {"ngram": {"a": 1}}}})])
+def test_an_unreadable_file_means_starting_cold(model_file, tmp_path, content):
+    path = tmp_path / "learned.json"
+    path.write_text(content)
+    store = LearnedAcceptance(model_file, path)
+    assert store.prior("ngram") is None
+    store.learn("ngram", copying_counts())  # and is replaced by a good one
+    assert store.prior("ngram") is not None
+
+
+def test_forget_all_deletes_the_file(tmp_path, model_file):
+    path = tmp_path / "learned.json"
+    LearnedAcceptance(model_file, path).learn("ngram", copying_counts())
+    assert forget_all(path) == path and not path.exists()
+    forget_all(path)  # nothing to delete is fine
+
+
+# -- through the engine and the command line --------------------------------------------------
+
+
+def test_a_finished_generation_teaches_the_next_engine(tiny_models):
+    from edgespec import SamplingParams
+    from edgespec.loading import load_engine, use_learning
+
+    curve = tuple(CURVE.forward_seconds[:5])
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=512, cost_curve=curve)
+    use_learning(engine)
+    try:
+        engine.generate("hello world, hello world, hello", SamplingParams(temperature=0.0, max_tokens=40), raw=True)
+    finally:
+        engine.close()
+    store = LearnedAcceptance(tiny_models["target"])
+    learned = store.prior("ngram")
+    assert learned and any(sum(tries) > 0 for _, tries in learned.values())
+
+    cold = load_engine(tiny_models["target"], "ngram", n_ctx=512, cost_curve=curve)
+    use_learning(cold, "read")
+    try:
+        cold.generate("the cat", SamplingParams(temperature=0.0, max_tokens=4), raw=True)
+    finally:
+        cold.close()
+    assert store.prior("ngram") == learned  # a read-only engine adds nothing
+
+
+def test_forget_learning_from_the_command_line(tiny_models, capsys):
+    from edgespec.commands import main
+
+    store = LearnedAcceptance(tiny_models["target"])
+    store.learn("ngram", copying_counts())
+    assert main(["models", "forget-learning", str(tiny_models["target"])]) == 0
+    assert store.prior("ngram") is None and "forgot" in capsys.readouterr().out
+    assert main(["models", "forget-learning", str(tiny_models["target"])]) == 0
+    assert "nothing learned" in capsys.readouterr().out
+    store.learn("ngram", copying_counts())
+    assert main(["models", "forget-learning"]) == 0
+    assert not store.path.exists()

@@ -1,0 +1,74 @@
+"""Draft sources beyond the context: the cross-request pool and a predicted output."""
+
+import pytest
+
+from edgespec.drafters import NgramDrafter, ngram_signal
+from edgespec.ngram_pool import NgramPool, TokenIndex
+
+
+def test_the_pool_offers_what_followed_an_n_gram_in_another_text():
+    pool = NgramPool()
+    pool.add([10, 11, 12, 13, 14, 15, 16])
+    n, tokens = pool.lookup([99, 98, 11, 12, 13], k=3)
+    assert n == 3 and tokens == [14, 15, 16]
+    assert pool.lookup([1, 2, 3], k=3) is None
+    assert pool.lookup([12, 13], k=3) is None  # shorter than the shortest indexed length
+
+
+def test_the_pool_prefers_the_longest_match_and_the_latest_text():
+    pool = NgramPool(lengths=(5, 3))
+    pool.add([1, 2, 3, 4, 5, 6, 7])
+    pool.add([0, 3, 4, 5, 8, 9])
+    assert pool.lookup([9, 3, 4, 5], k=2) == (3, [8, 9])  # the later text
+    assert pool.lookup([1, 2, 3, 4, 5], k=2) == (5, [6, 7])  # the longer match
+
+
+def test_the_pool_stays_within_its_bound_and_forgets_the_oldest():
+    pool = NgramPool(max_tokens=100, lengths=(3,))
+    for start in range(0, 2000, 50):
+        pool.add(list(range(start, start + 50)))
+    assert pool.tokens <= 100
+    assert pool.lookup([0, 1, 2], k=2) is None  # long dropped
+    assert pool.lookup([1950, 1951, 1952], k=2) == (3, [1953, 1954])
+    # the index is rebuilt as dropped texts fill it, so it stays proportional to what is kept
+    assert len(pool._index) <= 2 * len(pool.lengths) * pool.tokens
+
+
+def test_a_token_index_finds_the_longest_match_with_a_continuation():
+    index = TokenIndex([5, 6, 7, 8, 5, 6, 9])
+    assert index.lookup([1, 5, 6]) == (2, 6)  # the latest occurrence of [5, 6] is followed by 9
+    assert index.lookup([7, 8]) == (2, 4)
+    assert index.lookup([6, 9]) is None  # nothing follows it
+
+
+def test_the_drafter_takes_the_prediction_over_an_equally_long_context_match():
+    drafter = NgramDrafter()
+    context = [1, 2, 3, 50, 1, 2]
+    assert drafter.propose(context, 3).tokens == [3, 50, 1]
+    drafter.use_sources(prediction=TokenIndex([7, 1, 2, 40, 41, 42]))
+    proposal = drafter.propose(context, 3)
+    assert proposal.tokens == [40, 41, 42] and proposal.source == "prediction"
+    assert drafter.peek(context).signal == ngram_signal("prediction", 2)
+    drafter.use_sources()
+    assert drafter.propose(context, 3).source == "context"
+
+
+def test_the_drafter_asks_the_pool_only_without_a_usable_context_match():
+    pool = NgramPool(lengths=(3,))
+    pool.add([20, 21, 22, 23, 24])
+    drafter = NgramDrafter()
+    drafter.use_sources(pool=pool)
+    proposal = drafter.propose([9, 20, 21, 22], 2)
+    assert proposal.tokens == [23, 24] and proposal.source == "pool"
+    assert drafter.peek([9, 20, 21, 22]).signal == ngram_signal("pool", 3)
+    # a context match as long as the pool's shortest length wins
+    context = [20, 21, 22, 30, 20, 21, 22]
+    assert drafter.propose(context, 2) .source == "context"
+
+
+def test_signal_classes_separate_sources_and_lengths():
+    signals = {ngram_signal(source, n) for source in ("context", "prediction", "pool") for n in (1, 2, 4, 8, 16, 40)}
+    assert len(signals) == 15 and 0 not in signals
+    assert ngram_signal("pool", 0) == 0
+    with pytest.raises(ValueError):
+        ngram_signal("elsewhere", 3)

@@ -1,0 +1,141 @@
+"""Predicted outputs and the cross-request pool: draft sources that change speed, never the output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgespec import SamplingParams
+from edgespec.commands.batch.requests import BatchRequest, InvalidRequest, parse_line
+from edgespec.loading import load_engine, use_learning
+from edgespec.ngram_pool import NgramPool
+from edgespec.prediction import MAX_PREDICTION_CHARS, prediction_text
+from edgespec.server.worker import MAX_CLIENT_POOLS, EngineWorker, Job
+
+from test_serve import API_KEY, USER, ServerProcess, server_env
+
+FIXED_COST = (1.0, 1.3, 1.6, 1.9, 2.2)
+PROMPT = "the cat sat on the mat and the dog"
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
+
+
+# -- the field --------------------------------------------------------------------------------
+
+
+def test_prediction_content_is_a_string_or_text_parts():
+    assert prediction_text(None) == ""
+    assert prediction_text({"type": "content", "content": "abc"}) == "abc"
+    parts = [{"type": "text", "text": "ab"}, {"type": "text", "text": "c"}]
+    assert prediction_text({"type": "content", "content": parts}) == "abc"
+
+
+@pytest.mark.parametrize("value", [
+    "abc", {"content": "abc"}, {"type": "image", "content": "abc"}, {"type": "content"},
+    {"type": "content", "content": 3}, {"type": "content", "content": [{"type": "image_url"}]},
+    {"type": "content", "content": "abc", "extra": 1},
+    {"type": "content", "content": "x" * (MAX_PREDICTION_CHARS + 1)},
+])
+def test_a_bad_prediction_is_one_clear_error(value):
+    with pytest.raises(ValueError, match="prediction"):
+        prediction_text(value)
+
+
+def test_batch_bodies_take_a_prediction():
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": USER, "prediction": {"type": "content", "content": "the mat"}}}
+    request = parse_line(json.dumps(line).encode(), 1)
+    assert isinstance(request, BatchRequest) and request.prediction == "the mat"
+    line["body"]["prediction"] = {"type": "content", "content": 5}
+    refused = parse_line(json.dumps(line).encode(), 1)
+    assert isinstance(refused, InvalidRequest) and "body.prediction" in refused.message
+
+
+# -- the library ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=512, draft_tokens=4, cost_curve=FIXED_COST)
+    yield engine
+    engine.close()
+
+
+def test_a_prediction_is_verified_token_by_token(engine):
+    plain = engine.generate(PROMPT, GREEDY, raw=True)
+    right = engine.generate(PROMPT, GREEDY, raw=True, prediction=plain.text)
+    wrong = engine.generate(PROMPT, GREEDY, raw=True, prediction="zebra quantum " * 20)
+    assert right.token_ids == wrong.token_ids == plain.token_ids
+    assert plain.stats.accepted_prediction_tokens == plain.stats.rejected_prediction_tokens == 0
+    assert right.stats.accepted_prediction_tokens > 0
+    assert right.stats.accepted_prediction_tokens <= right.stats.draft_tokens_accepted
+    assert wrong.stats.accepted_prediction_tokens + wrong.stats.rejected_prediction_tokens <= wrong.stats.draft_tokens_proposed
+
+
+def test_the_pool_offers_an_earlier_generation_and_changes_nothing_else(tiny_models):
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=512, draft_tokens=4, cost_curve=FIXED_COST)
+    use_learning(engine, "cold", pool=True)
+    try:
+        first = engine.generate(PROMPT, GREEDY, raw=True)
+        assert engine.pool.tokens >= len(first.token_ids)
+        engine.forget_cache()
+        again = engine.generate(PROMPT, GREEDY, raw=True)
+        assert again.token_ids == first.token_ids
+        assert again.stats.draft_tokens_accepted >= first.stats.draft_tokens_accepted
+    finally:
+        engine.close()
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models, tmp_path_factory):
+    process = ServerProcess(["--model", str(tiny_models["target"]), "--draft", "ngram", "--threads", "1",
+                             "--draft-tokens", "4", "--api-key", API_KEY],
+                            server_env(tmp_path_factory.mktemp("serve-prediction")))
+    yield process
+    process.stop()
+
+
+def test_the_server_reports_prediction_tokens_and_gives_the_same_reply(server):
+    client = server.client()
+    plain = client.chat.completions.create(model="tiny", messages=USER, max_tokens=24, temperature=0)
+    text = plain.choices[0].message.content
+    predicted = client.chat.completions.create(model="tiny", messages=USER, max_tokens=24, temperature=0,
+                                               prediction={"type": "content", "content": text})
+    assert predicted.choices[0].message.content == text
+    details = predicted.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
+    parts = [{"type": "text", "text": text[:5]}, {"type": "text", "text": text[5:]}]
+    as_parts = client.chat.completions.create(model="tiny", messages=USER, max_tokens=24, temperature=0,
+                                              prediction={"type": "content", "content": parts})
+    assert as_parts.choices[0].message.content == text
+    assert as_parts.usage.completion_tokens_details.accepted_prediction_tokens == details.accepted_prediction_tokens
+
+
+def test_a_bad_prediction_gets_400_naming_it(server):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client().chat.completions.create(model="tiny", messages=USER, max_tokens=4,
+                                                prediction={"type": "content", "content": 7})
+    assert caught.value.param == "prediction"
+
+
+# -- one pool per API key ---------------------------------------------------------------------
+
+
+class _EngineWithPool:
+    pool = NgramPool()
+
+
+def test_the_server_never_shares_a_pool_between_api_keys():
+    worker = EngineWorker(_EngineWithPool(), queue_size=1, on_finished=lambda job, result: None)
+    job = lambda client: Job(None, None, 60.0, client=client)
+    alice, bob = worker._pool(job("Bearer alice")), worker._pool(job("Bearer bob"))
+    assert alice is not bob and alice is not _EngineWithPool.pool
+    assert worker._pool(job("Bearer alice")) is alice
+    for n in range(MAX_CLIENT_POOLS):
+        worker._pool(job(f"Bearer other-{n}"))
+    assert worker._pool(job("Bearer alice")) is not alice  # bounded: the least recently used pool went
