@@ -97,7 +97,6 @@ def load_engine(
     target and the draft (f16, q8_0, q4_0); without flash_attn only the keys
     take them (see kv_cache_notice).  flash_attn cannot go with bit_exact.
     parallel (target KV caches a Scheduler fills) and prompt_cache_ram (a server's snapshots) only plan memory.
-    The engine starts cold (neutral priors, no cross-request pool): see use_learning.
     """
     kv_notice = kv_cache_notice(kv_type, kv_type if draft_kv_type is None else draft_kv_type, flash_attn, bit_exact)
     target_path, draft_path, plan = plan_load(

@@ -41,8 +41,10 @@ BAD_FLAGS = {
         ("--parallel", "99", "--parallel"), ("--request-timeout", "0", "--request-timeout"),
         ("--max-body-bytes", "10", "--max-body-bytes"), ("--alert-acceptance", "2", "--alert-acceptance"),
         ("--alert-window", "0", "--alert-window"), ("--host", "0.0.0.0", "--api-key"),
+        ("--prompt-cache-ram", "lots", "--prompt-cache-ram"), ("--allow-origin", "http://localhost:3000/", "--allow-origin"),
     ],
-    "plan": ENGINE_FLAGS + [("--ctx", "100", "--ctx"), ("--parallel", "0", "--parallel")],
+    "plan": ENGINE_FLAGS + [("--ctx", "100", "--ctx"), ("--parallel", "0", "--parallel"),
+                            ("--prompt-cache-ram", "lots", "--prompt-cache-ram")],
     "bench": [
         ("--repeats", "0", "--repeats"), ("--prompts", "0", "--prompts"), ("--temperature", "-1", "--temperature"),
         ("--seed", "-1", "--seed"), ("--max-tokens", "0", "--max-tokens"), ("--n-ctx", "5", "--n-ctx"),

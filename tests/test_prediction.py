@@ -7,7 +7,7 @@ import json
 import pytest
 
 from edgespec import SamplingParams
-from edgespec.commands.batch.requests import BatchRequest, InvalidRequest, parse_line
+from edgespec.commands.batch.requests import BatchRequest, InvalidRequest, for_the_engine, parse_line
 from edgespec.loading import load_engine, use_learning
 from edgespec.ngram_pool import NgramPool
 from edgespec.prediction import MAX_PREDICTION_CHARS, prediction_text
@@ -44,11 +44,11 @@ def test_a_bad_prediction_is_one_clear_error(value):
 def test_batch_bodies_take_a_prediction():
     line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
             "body": {"messages": USER, "prediction": {"type": "content", "content": "the mat"}}}
-    request = parse_line(json.dumps(line).encode(), 1)
+    request = for_the_engine(parse_line(json.dumps(line).encode(), 1))
     assert isinstance(request, BatchRequest) and request.prediction == "the mat"
     line["body"]["prediction"] = {"type": "content", "content": 5}
-    refused = parse_line(json.dumps(line).encode(), 1)
-    assert isinstance(refused, InvalidRequest) and "body.prediction" in refused.message
+    refused = for_the_engine(parse_line(json.dumps(line).encode(), 1))
+    assert isinstance(refused, InvalidRequest) and "prediction" in refused.message
 
 
 # -- the library ------------------------------------------------------------------------------
