@@ -9,7 +9,7 @@ server's usage and saved chats carry; its keys are the field names, in order.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -100,3 +100,30 @@ class Stats:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclass
+class Counters:
+    """The running counts of one generation, which the decoder updates in place; snapshot() is its Stats."""
+
+    mode: str
+    plan_reason: str | None = None
+    prompt_tokens: int = 0
+    prompt_tokens_reused: int = 0
+    tokens_generated: int = 0
+    draft_tokens_proposed: int = 0
+    draft_tokens_accepted: int = 0
+    target_forward_passes: int = 0
+    draft_forward_passes: int = 0
+    steps: int = 0
+    k0_steps: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    finish_reason: str | None = None
+    bit_exact: bool = False
+    widest_pass: int = 0
+    accepted_by_drafter: dict = field(default_factory=dict)  # accepted draft tokens per drafter name
+    pass_widths: dict = field(default_factory=dict)  # verification passes per width
+
+    def snapshot(self) -> Stats:
+        return Stats.from_counts(**dataclasses.asdict(self))

@@ -249,7 +249,7 @@ def auto_engine(tiny_models):
     reference = engine.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=3000), raw=True).token_ids
     wrong = engine.tokenize("<|user|>")[0]  # a control token: its output row is zero, so never the argmax
     drafter = ScriptedDrafter(reference, len(prompt_ids), wrong)
-    engine._drafters["ngram"] = drafter
+    engine.planner.drafters["ngram"] = drafter
     engine.configure(mode="ngram")
     yield engine, prompt_ids, drafter, reference
     engine.close()

@@ -23,15 +23,12 @@ MAX_FUNCTION_LINES = 60
 CORE = {f"edgespec.{name}" for name in (
     "errors", "limits", "units", "files", "sysinfo", "backend", "sampling", "verify", "drafters", "controller", "costs",
     "calibration", "chat_template", "stats", "engine", "session", "template_sandbox", "notices", "text", "phases",
-    "scheduler", "prefix_cache",
+    "scheduler", "prefix_cache", "generation", "drafting", "decoder", "sequence_cache",
 )}
 ABOVE_THE_CORE = ("edgespec.loading", "edgespec.catalog", "edgespec.fetch", "edgespec.planner",
                   "edgespec.commands", "tui")
 
-# Modules the lead is still rewriting in this restructuring; each entry says why it may break a rule for now.
-TOO_LONG_FOR_NOW = {
-    "edgespec/engine.py",  # the loop and calibrate are being rewritten, and its loading code moves to loading.py
-}
+# Imports the lead still has to untangle in this restructuring; each entry says why it may break a rule for now.
 CORE_IMPORTS_FOR_NOW = {
     ("edgespec.engine", "edgespec.planner"),  # under TYPE_CHECKING only: Engine.plan is annotated as a Plan
 }
@@ -135,8 +132,6 @@ def test_modules_and_functions_stay_short():
     long_modules, long_functions = [], []
     for name, path in MODULES.items():
         where = str(path.relative_to(ROOT))
-        if where in TOO_LONG_FOR_NOW:
-            continue
         source = path.read_text(encoding="utf-8")
         if source.count("\n") > MAX_MODULE_LINES:
             long_modules.append(f"{where}: {source.count(chr(10))} lines")

@@ -316,14 +316,14 @@ def test_a_cache_with_a_shifted_turn_is_never_saved_as_a_snapshot(tiny_models):
 
 
 def test_parallel_decoding_saves_and_restores_snapshots_of_its_sequences(tiny_models):
-    from edgespec.scheduler import Job, Scheduler
+    from edgespec.scheduler import Job
 
     document = list(range(100, 300))  # ids the tiny vocabulary has
     prompts = [document + [n, n + 1] for n in (5, 7, 9)]
 
     def run(engine):
         jobs = iter(Job(i, prompt, GREEDY) for i, prompt in enumerate(prompts))
-        return {key: event.result for key, event in Scheduler(engine, 2).run(lambda wait: next(jobs, None))
+        return {key: event.result for key, event in engine.scheduler(2).run(lambda wait: next(jobs, None))
                 if hasattr(event, "result")}
 
     first = cached_engine(tiny_models)
