@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import RUNTIME, LlamaModel
+from .backend import RUNTIME, LlamaModel, probe_pass_widths, time_forward
 from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
 from .costs import CostModel, best_speedup
 from .chat_template import ChatTemplate
@@ -30,22 +30,19 @@ from .errors import EdgespecError
 from .notices import print_notice
 from .phases import PhaseClock
 from .prefix_cache import PrefixStore
-from .sampling import SamplingParams
+from .sampling import SamplingParams, sampling_params
 from .scheduler import Job, Scheduler
 from .sequence_cache import SequenceCache
-
-if TYPE_CHECKING:  # the engine only keeps the plan it was loaded with, for its reason and for display
-    from .planner import Plan
 
 __all__ = ["Engine", "Done", "GenerationResult", "Step", "Token", "result_of"]
 
 
 class Engine:
     def __init__(self, target: LlamaModel, draft: LlamaModel | None, mode: str, draft_tokens: int | str,
-                 plan: Plan | None = None, bit_exact: bool = False):
+                 plan=None, bit_exact: bool = False):
         self.target = target
         self.draft = draft
-        self.plan = plan
+        self.plan = plan  # the memory plan it was loaded with (edgespec.planner.Plan), for its reason and display
         self.plain_step_seconds: float | None = None  # measured one-token target pass; None for a given curve
         self.kernel_drift: dict[int, float] = {}  # per checked width: largest logit difference from one-token passes
         self._calibration: tuple[CalibrationCache, CalibrationKey] | None = None  # None: the curve was given
@@ -123,8 +120,8 @@ class Engine:
         self._stale_curve = False
         if cached is None:
             (notice or print_notice)("measuring this model's speed, once (a few seconds; later runs reuse it) ...")
-            probe = self.target.probe_pass_widths(
-                self._probe_tokens(), MAX_DRAFT_TOKENS + 1, PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS)
+            probe = probe_pass_widths(
+                self.target, self._probe_tokens(), MAX_DRAFT_TOKENS + 1, PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS)
             width, drift = probe.exact_width, probe.drift
             curve = self._measure_and_store(width, drift)
         elif cached.stale and measure_stale_curve:
@@ -140,7 +137,7 @@ class Engine:
     def _use_given_curve(self, cost: CostModel) -> None:
         """Verify on a given cost curve: nothing is timed or cached; only the pass widths are probed."""
         widest = min(len(cost.forward_seconds), MAX_DRAFT_TOKENS + 1)
-        probe = self.target.probe_pass_widths(self._probe_tokens(), widest, PLANNED_WIDTHS)
+        probe = probe_pass_widths(self.target, self._probe_tokens(), widest, PLANNED_WIDTHS)
         self._calibration, self._stale_curve, self.decoder.step_watch = None, False, None
         self._use_cost(probe.exact_width, probe.drift, cost, plain_step_seconds=None, widest=widest)
 
@@ -176,7 +173,7 @@ class Engine:
     def _measure_and_store(self, width: int, drift: dict[int, float]) -> tuple[float, ...]:
         cache, key = self._calibration
         filler = max(self.target.bos_id, 0)
-        curve = measure_curve(lambda n: self.target.time_forward(n, filler), MAX_DRAFT_TOKENS + 1)
+        curve = measure_curve(lambda n: time_forward(self.target, n, filler), MAX_DRAFT_TOKENS + 1)
         cache.store(key, width, curve, drift=drift)
         return curve
 
@@ -185,7 +182,7 @@ class Engine:
         self.decoder.step_watch = StepTimeWatch(cache, key, curve)
         draft_seconds = 0.0
         if self.draft is not None:
-            draft_seconds = min(self.draft.time_forward(1, max(self.target.bos_id, 0)) for _ in range(5))
+            draft_seconds = min(time_forward(self.draft, 1, max(self.target.bos_id, 0)) for _ in range(5))
         self._use_cost(width, drift, CostModel(curve, draft_seconds), curve[0], widest=MAX_DRAFT_TOKENS + 1)
 
     def _use_cost(self, width: int, drift: dict[int, float], cost: CostModel, plain_step_seconds: float | None,
@@ -343,11 +340,31 @@ class Engine:
 
     # -- generation ----------------------------------------------------------
 
-    def generate(self, prompt: str, params: SamplingParams, raw: bool = False, cancel=None) -> GenerationResult:
-        return result_of(self.stream(prompt, params, raw=raw, cancel=cancel))
+    def generate(self, prompt: str, params: SamplingParams | None = None, raw: bool = False,
+                 cancel: threading.Event | None = None, **sampling) -> GenerationResult:
+        """The reply to prompt, a user message in the model's chat template (raw: the prompt as written,
+        control tokens included): its .text, .token_ids, .finish_reason and .stats.
 
-    def stream(self, prompt: str, params: SamplingParams, raw: bool = False, cancel=None) -> Iterator[Step | Done]:
-        return self.stream_tokens(self.prompt_tokens(prompt, raw), params, cancel=cancel)
+        Sampling is params (a SamplingParams), keyword arguments (temperature=0, max_tokens=200, top_k,
+        top_p, min_p, seed, stop), or both: the keywords change params.
+        """
+        return result_of(self.stream(prompt, params, raw, cancel, **sampling))
+
+    def stream(self, prompt: str, params: SamplingParams | None = None, raw: bool = False,
+               cancel: threading.Event | None = None, **sampling) -> Iterator[Step | Done]:
+        """generate, step by step: each Step's .text is what it added and .stats the figures so far;
+        the final Done carries the result."""
+        return self.stream_tokens(self.prompt_tokens(prompt, raw), sampling_params(params, sampling), cancel=cancel)
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None,
+             cancel: threading.Event | None = None, **sampling) -> GenerationResult:
+        """The assistant's reply to a conversation: messages as {"role": ..., "content": ...} dicts."""
+        return result_of(self.stream_chat(messages, params, cancel, **sampling))
+
+    def stream_chat(self, messages: list[dict], params: SamplingParams | None = None,
+                    cancel: threading.Event | None = None, **sampling) -> Iterator[Step | Done]:
+        """chat, step by step (see stream)."""
+        return self.stream_tokens(self.chat_tokens(messages), sampling_params(params, sampling), cancel=cancel)
 
     def stream_tokens(
         self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None,
@@ -374,3 +391,4 @@ class Engine:
         if self.cost is None:
             self.calibrate()
         return Scheduler(self.decoder, parallel)
+

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-import edgespec.backend.model
+import edgespec.backend.probing
 import edgespec.decoder
 import edgespec.generation
 from tinygguf import write_model_family
@@ -50,7 +50,7 @@ def app(tmp_path, monkeypatch):
     clock = SteppingClock()
     monkeypatch.setattr(edgespec.decoder, "time", clock)
     monkeypatch.setattr(edgespec.generation, "time", clock)
-    monkeypatch.setattr(edgespec.backend.model, "time", clock)  # the calibration's timings too
+    monkeypatch.setattr(edgespec.backend.probing, "time", clock)  # the calibration's timings too
     config = ChatConfig(model=str(models["target"]), draft=str(models["draft"]), draft_tokens=4,
                         temperature=0.0, max_tokens=48, memory_budget="8GiB")
     app = ChatApp(config, ChatStore(), n_threads=1)
