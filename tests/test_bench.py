@@ -21,6 +21,7 @@ RUN_FIELDS = {
     "target_forward_passes", "target_passes_per_token", "mean_draft_tokens", "k0_steps", "steps", "token_ids",
     "text", "peak_rss_mb", "matches_baseline", "prompt_ids", "bit_exact", "widest_pass", "accepted_by_drafter", "pass_widths",
     "draft_forward_passes",
+    "mode", "plan_reason", "prompt_tokens_reused",  # a run carries all of its Stats
 }
 SUMMARY_FIELDS = {
     "temperature", "suite", "config", "drafter", "draft_tokens", "runs", "prompts", "decode_tps_median",
