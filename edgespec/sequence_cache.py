@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .backend import RUNTIME, LlamaModel, common_prefix_length, dropped_span, load_state, state_bytes
+from .backend import RUNTIME, LlamaModel, common_prefix_length, dropped_span
 from .prefix_cache import PrefixStore, SnapshotKey
 
 # Restoring a snapshot reads and checks its whole file; for a handful of tokens prefill is cheaper.
@@ -94,7 +94,7 @@ class SequenceCache:
             return reused
         if seq == 0:
             self._shifted_at = None  # the cache is replaced, or emptied if refused
-        if not load_state(model, data, snapshot.tokens, seq):
+        if not model.load_state(data, snapshot.tokens, seq):
             store.discard(snapshot, "llama.cpp refused its state")
             return 0
         model.rewind(snapshot.n_common, seq)
@@ -106,7 +106,7 @@ class SequenceCache:
             return  # shifted keys and values are not what a prefill computes: a restore must give its logits
         model, key = self.model, snapshot_key(self.model)
         for store in self.stores:
-            store.save(key, model.cached_of(seq), lambda: state_bytes(model, seq))
+            store.save(key, model.cached_of(seq), lambda: model.state_bytes(seq))
 
     def shift_out_dropped_span(self, context: list[int]) -> None:
         """When context is sequence 0's cache with one span left out (a chat dropped its oldest turn), drop
