@@ -40,6 +40,11 @@ class Step:
     drafted: int = 0  # tokens the drafter proposed in this step
     accepted: int = 0  # of those, accepted by the verifier
 
+    @property
+    def text(self) -> str:
+        """The text this step added."""
+        return "".join(token.text for token in self.tokens)
+
 
 @dataclass(frozen=True)
 class GenerationResult:
@@ -51,7 +56,14 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class Done:
+    """The end of a stream: its result.  Like a Step it has text (none: every Step had its own) and stats."""
+
     result: GenerationResult
+    text = ""
+
+    @property
+    def stats(self) -> Stats:
+        return self.result.stats
 
 
 @dataclass(frozen=True)
