@@ -19,7 +19,7 @@ import numpy as np
 
 from .backend import RUNTIME, LlamaModel, probe_pass_widths, time_forward
 from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
-from .costs import CostModel, best_speedup
+from .costs import CostModel
 from .chat_template import ChatTemplate
 from .decoder import Decoder
 from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter
@@ -191,22 +191,6 @@ class Engine:
         self.kernel_drift = dict(drift)
         self.planner.use_cost(cost, widest, width)
 
-    def draft_model_gain(self, acceptance: float) -> float:
-        """The speedup over plain decoding the draft model would give at this acceptance, from the
-        measured costs of both models (the best draft length; 1.0 when no draft length pays)."""
-        cost = self.planner.drafter_cost("draft-model")
-        if cost is None:
-            return 1.0
-        return best_speedup(cost, acceptance, self.max_draft_tokens)[1]
-
-    def draft_choice_notice(self) -> str:
-        """One line on how this engine drafts with its draft model, from the measured costs."""
-        name = self.draft.path.name
-        if self.cost is None:
-            return f"drafting with n-grams and {name}, chosen per step by expected speed"
-        return (f"drafting with n-grams and {name}, chosen per step by expected speed "
-                f"(a draft token costs {self.draft_token_share():.0%} of a target step here)")
-
     def drop_draft(self, reason: str) -> None:
         """Close the draft model and draft with n-grams alone from now on; reason says why (the plan shows it)."""
         self.draft.close()
@@ -216,10 +200,6 @@ class Engine:
         if self.plan is not None:
             self.plan = dataclasses.replace(self.plan, mode="ngram", reason=reason)
             self.decoder.plan_reason = reason
-
-    def draft_token_share(self) -> float:
-        """The draft model's time per token as a fraction of a one-token target pass."""
-        return self.cost.draft_seconds_per_token / self.cost.target(1)
 
     def _probe_tokens(self) -> list[int]:
         text = "The quick brown fox jumps over the lazy dog; def area(w, h): return w * h. " * 8
