@@ -31,7 +31,7 @@ BATCH = Path(__file__).parent / "workloads-similar" / "similar-requests.jsonl"
 def run_once(engine, requests: list[BatchRequest], with_pool: bool, max_tokens: int) -> list[dict]:
     """Every request once, in order, drafting from a fresh pool of this run's texts or from the context alone."""
     pool = NgramPool() if with_pool else None
-    engine.pool = pool
+    engine.decoder.pool = pool
     rows = []
     for request in requests:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)

@@ -20,6 +20,8 @@ import statistics
 from pathlib import Path
 from typing import Callable, Protocol
 
+from .backend import time_forward
+
 # How far below the draft's share of the target's bytes a measured share may fall and still be
 # believed: small models spend relatively more on overheads, never less, so half is generous.
 SIZE_SHARE_MARGIN = 0.5
@@ -34,13 +36,11 @@ class TimedModel(Protocol):
     n_gpu_layers: int
     bos_id: int
 
-    def time_forward(self, n_tokens: int, filler: int) -> float: ...
-
 
 def draft_token_share(target: TimedModel, draft: TimedModel, notice: Callable[[str], None] | None = None) -> float:
     """measure_draft_share over one-token passes of the two loaded models, checked against their sizes."""
     filler = max(target.bos_id, 0)
-    return measure_draft_share(lambda: target.time_forward(1, filler), lambda: draft.time_forward(1, filler),
+    return measure_draft_share(lambda: time_forward(target, 1, filler), lambda: time_forward(draft, 1, filler),
                                least_plausible_share(target, draft), size_share(target, draft), notice)
 
 

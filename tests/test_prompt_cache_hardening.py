@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from edgespec import SamplingParams
-from edgespec.backend import RUNTIME, LlamaModel, state_bytes
+from edgespec.backend import RUNTIME, LlamaModel
 from edgespec.gguf_info import read_gguf_info
 from edgespec.loading import load_engine
 from edgespec.memory import MemoryBudget
@@ -295,7 +295,7 @@ def test_the_memory_store_holds_the_states_it_is_given_in_maps_of_their_own(tiny
     for prompt in prompts:
         model.rewind(0)
         model.decode(prompt, n_logits=0)
-        states.append(state_bytes(model))
+        states.append(model.state_bytes())
         assert isinstance(states[-1], mmap.mmap)  # not on the heap, where an evicted one leaves a hole
         store.save(key, prompt, lambda: states[-1])
         assert store.held_bytes <= store.max_bytes
