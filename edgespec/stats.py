@@ -24,7 +24,7 @@ def _ratio(numerator: float, denominator: float) -> float:
 
 def _ratios(counts: dict) -> dict:
     """The ratio fields of Stats, from the counted ones."""
-    plain_decode = counts["tokens_generated"] * counts["plain_step_seconds"]  # plain decoding's estimated time
+    plain_decode = counts["tokens_generated"] * counts.get("plain_step_seconds", 0.0)  # plain decoding's estimated time
     return {
         "prompt_tokens_evaluated": counts["prompt_tokens"] - counts["prompt_tokens_reused"],
         "acceptance_rate": _ratio(counts["draft_tokens_accepted"], counts["draft_tokens_proposed"]),
