@@ -37,10 +37,12 @@ class TimedModel(Protocol):
     bos_id: int
 
 
-def draft_token_share(target: TimedModel, draft: TimedModel, notice: Callable[[str], None] | None = None) -> float:
-    """measure_draft_share over one-token passes of the two loaded models, checked against their sizes."""
+def draft_token_share(target: TimedModel, draft: TimedModel, notice: Callable[[str], None] | None = None,
+                      timer: Callable[[TimedModel, int, int], float] = time_forward) -> float:
+    """measure_draft_share over one-token passes of the two loaded models (timer: seconds for one model's
+    pass over n tokens), checked against their sizes."""
     filler = max(target.bos_id, 0)
-    return measure_draft_share(lambda: time_forward(target, 1, filler), lambda: time_forward(draft, 1, filler),
+    return measure_draft_share(lambda: timer(target, 1, filler), lambda: timer(draft, 1, filler),
                                least_plausible_share(target, draft), size_share(target, draft), notice)
 
 

@@ -470,35 +470,22 @@ def test_other_addresses_need_an_api_key(tiny_models, tmp_path):
 # -- the stale-draft alert -----------------------------------------------------------------
 
 
-def test_degraded_draft_alert_trips_and_clears(start_server):
-    # A fixed draft length keeps the n-gram drafter proposing on every match.
-    # Sampled at a high temperature, the tiny model rarely repeats itself, so
-    # those proposals miss; greedy, it falls into loops that the drafter copies.
-    server = start_server("--draft-tokens", "4", "--alert-window", "3", "--alert-acceptance", "0.4")
+def test_degraded_draft_alert_trips_and_reaches_health_and_metrics(start_server):
+    # The alert's own logic (trip, hysteresis, recovery) is tested on scripted acceptance in test_monitor.py;
+    # this checks that the server feeds it and shows it.  A fixed draft length keeps the n-gram drafter
+    # proposing on every match, and at temperature 1.5 the target never accepts 99% of ~100 drafted tokens,
+    # whatever text the tiny model happens to produce: with a window of one request the alert trips.
+    server = start_server("--draft-tokens", "4", "--alert-window", "1", "--alert-acceptance", "0.99")
     client = server.client()
     degraded = ("edgespec_draft_degraded", (("mode", "ngram"),))
-
-    def ask(temperature: float, seed: int) -> tuple[int, int]:
-        reply = client.completions.create(model="tiny", prompt=f"The cat {seed}", max_tokens=120,
-                                          temperature=temperature, seed=seed)
-        figures = speculative(reply.usage)
-        return figures["draft_tokens_accepted"], figures["draft_tokens"]
-
     assert server.health()["draft"] == "ok"
-    missed = [ask(1.5, seed) for seed in range(3)]
-    assert all(accepted < 0.4 * drafted for accepted, drafted in missed), missed
+    reply = client.completions.create(model="tiny", prompt="The cat", max_tokens=120, temperature=1.5, seed=1)
+    figures = speculative(reply.usage)
+    assert figures["draft_tokens"] > 0 and figures["draft_tokens_accepted"] < 0.99 * figures["draft_tokens"]
     assert server.health()["draft"] == "degraded"
     assert server.metrics()[degraded] == 1
     warnings = [line for line in server.lines if "fell to" in line]
     assert len(warnings) == 1 and "--draft" in warnings[0]
-
-    # It clears once a whole window after the warning is at 0.4 + RECOVERY_MARGIN or more.
-    copied = [ask(0.0, seed) for seed in range(3)]
-    assert all(accepted >= 0.5 * drafted for accepted, drafted in copied), copied
-    health = server.health()
-    assert health["draft"] == "ok" and health["rolling_acceptance"] >= 0.5
-    assert server.metrics()[degraded] == 0
-    assert any("recovered" in line for line in server.lines)
 
 
 @pytest.mark.parametrize("argv, env, expected", [

@@ -16,7 +16,8 @@ JSON_KEYS = [
     # added with wide verification and the combined drafter
     "bit_exact", "widest_pass", "accepted_by_drafter", "pass_widths",
     # added with predicted outputs and the end-to-end figure
-    "accepted_prediction_tokens", "rejected_prediction_tokens", "decode_speedup", "end_to_end_speedup",
+    "accepted_prediction_tokens", "rejected_prediction_tokens", "plain_step_seconds", "decode_speedup",
+    "end_to_end_speedup",
 ]
 
 
