@@ -22,6 +22,8 @@ RUN_FIELDS = {
     "text", "peak_rss_mb", "matches_baseline", "prompt_ids", "bit_exact", "widest_pass", "accepted_by_drafter", "pass_widths",
     "draft_forward_passes",
     "mode", "plan_reason", "prompt_tokens_reused",  # a run carries all of its Stats
+    "accepted_prediction_tokens", "rejected_prediction_tokens", "plain_step_seconds", "decode_speedup",
+    "end_to_end_speedup",
 }
 SUMMARY_FIELDS = {
     "temperature", "suite", "config", "drafter", "draft_tokens", "runs", "prompts", "decode_tps_median",

@@ -338,7 +338,7 @@ _MEASURE = textwrap.dedent("""
     before = rss()
     model = LlamaModel(sys.argv[1], n_ctx=int(sys.argv[2]), n_gpu_layers=0, n_threads=2)
     model.decode(model.tokenize("The quick brown fox jumps over the lazy dog.", add_special=True), n_logits=4)
-    print(json.dumps({"rss_growth": rss() - before, "model_size": llama_cpp.llama_model_size(model._model)}))
+    print(json.dumps({"rss_growth": rss() - before, "model_size": llama_cpp.llama_model_size(model.weights.handle)}))
 """)
 
 
