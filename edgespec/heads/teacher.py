@@ -1,0 +1,117 @@
+"""Teacher data for heads: the target's hidden state at every position of some text, and its own top token there.
+
+The labels are the target's predictions, read from batched every-row passes
+(far faster than generating): heads learn to guess what the target would
+say, which is what verification accepts.  Text comes as token lists (the
+caller tokenizes files, chats and prompts); the target also answers prompts
+itself (greedy), which gives text in its own voice, and the held-out set is
+made of such replies only, as that is what drafting meets.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+WINDOW = 1024  # tokens of one text labelled in one cache: long enough for context, short enough to stop on time
+
+
+@dataclass
+class TeacherData:
+    """Positions of several texts, concatenated: token, hidden state after it, the target's top token after it."""
+
+    tokens: np.ndarray  # (N,) int32
+    hidden: np.ndarray  # (N, d) float16
+    top: np.ndarray  # (N,) int32: the target's argmax after tokens[i], its guess of tokens[i + 1]
+    ends: np.ndarray  # (S,) int64: where each text ends (exclusive), ascending
+    sources: dict = field(default_factory=dict)  # positions per kind of data
+
+    @classmethod
+    def empty(cls, n_embd: int) -> TeacherData:
+        return cls(np.zeros(0, np.int32), np.zeros((0, n_embd), np.float16), np.zeros(0, np.int32),
+                   np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def add(self, tokens: Sequence[int], hidden: np.ndarray, top: np.ndarray, source: str) -> None:
+        """Append one text.  Pieces are joined when a reader asks (join), not once per text."""
+        if not hasattr(self, "_pieces"):
+            self._pieces = [[self.tokens], [self.hidden], [self.top]]
+        for pieces, array in zip(self._pieces, (np.asarray(tokens, np.int32), hidden.astype(np.float16),
+                                                 top.astype(np.int32))):
+            pieces.append(array)
+        self.ends = np.append(self.ends, len(self) + len(tokens))
+        self.sources[source] = self.sources.get(source, 0) + len(tokens)
+
+    def join(self) -> TeacherData:
+        """Make tokens, hidden and top hold every text added; returns self."""
+        pieces = self.__dict__.pop("_pieces", None)
+        if pieces is not None:
+            self.tokens, self.hidden, self.top = (np.concatenate(p) for p in pieces)
+        return self
+
+    def positions(self, head: int) -> np.ndarray:
+        """Positions t where head (1-based) has a label: t + head still inside t's text."""
+        starts = np.concatenate([[0], self.ends[:-1]])
+        spans = [np.arange(s, e - head) for s, e in zip(starts, self.ends) if e - head > s]
+        return np.concatenate(spans) if spans else np.zeros(0, np.int64)
+
+    def arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        self.join()
+        return {f"{prefix}{name}": getattr(self, name) for name in ("tokens", "hidden", "top", "ends")}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict, prefix: str, sources: dict) -> TeacherData:
+        return cls(*(arrays[f"{prefix}{name}"] for name in ("tokens", "hidden", "top", "ends")), dict(sources))
+
+
+def label_texts(model, texts: Iterable[tuple[str, list[int]]], data: TeacherData, deadline: float,
+                max_tokens: int, progress: Callable[[int], None]) -> None:
+    """Add (source, tokens) texts to data through teacher passes, in windows of WINDOW tokens, until the
+    deadline (time.monotonic) or max_tokens positions."""
+    window = min(WINDOW, model.n_ctx - 1)
+    for source, tokens in texts:
+        for start in range(0, len(tokens), window):
+            if time.monotonic() > deadline or len(data) >= max_tokens:
+                return
+            piece = tokens[start:start + min(window, max_tokens - len(data))]
+            if len(piece) < 2:
+                break
+            model.rewind(0)
+            hidden, top = model.teacher_pass(piece)
+            data.add(piece, hidden, top, source)
+            progress(len(data))
+
+
+def greedy_reply(model, prompt: list[int], max_tokens: int, deadline: float) -> list[int]:
+    """The target's greedy reply to prompt (plain decoding, one token per pass), cut at the deadline."""
+    model.rewind(0)
+    model.decode(prompt[:-1], n_logits=0)
+    reply, last = [], prompt[-1]
+    while len(reply) < max_tokens and len(prompt) + len(reply) < model.n_ctx and time.monotonic() < deadline:
+        last = int(np.argmax(model.decode([last], 1, copy=False)[0]))
+        if model.is_end_of_generation(last):
+            break
+        reply.append(last)
+    return reply
+
+
+def answer_prompts(model, prompts: Iterable[list[int]], data: TeacherData, source: str, max_reply: int,
+                   deadline: float, progress: Callable[[int], None]) -> None:
+    """Let the target answer each prompt (token ids) greedily and add [last prompt token, *reply] to data:
+    the positions whose next token is the reply's."""
+    for prompt in prompts:
+        if time.monotonic() > deadline:
+            return
+        reply = greedy_reply(model, prompt, max_reply, deadline)
+        if len(reply) < 2:
+            continue
+        model.rewind(0)
+        model.decode(prompt[:-1], n_logits=0)
+        hidden, top = model.teacher_pass([prompt[-1], *reply])
+        data.add([prompt[-1], *reply], hidden, top, source)
+        progress(len(data))
