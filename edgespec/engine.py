@@ -162,7 +162,7 @@ class Draft:
 
 class Engine:
     def __init__(self, target: LlamaModel, draft: LlamaModel | None, mode: str, draft_tokens: int | str,
-                 plan: Plan | None = None, bit_exact: bool = False):
+                 plan: Plan | None = None, bit_exact: bool = False, heads: Drafter | None = None):
         self.target = target
         self.draft = draft
         self.plan = plan
@@ -185,6 +185,9 @@ class Engine:
         if draft is not None:
             self._drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
             self._drafters["combined"] = self._drafters["draft-model"]  # picks per step between it and n-grams
+        if heads is not None:  # a HeadsDrafter over this target, a HiddenStateModel
+            self._drafters["heads"] = heads
+            self._drafters.setdefault("combined", heads)
         self._lane = Lane(self._drafters)
         self.configure(mode=mode, bit_exact=bit_exact)  # refuses bit_exact over flash attention
         self.chat_template = ChatTemplate(
@@ -308,7 +311,10 @@ class Engine:
         draft_seconds = 0.0
         if self.draft is not None:
             draft_seconds = min(self.draft.time_forward(1, max(self.target.bos_id, 0)) for _ in range(5))
-        self._use_cost(width, drift, CostModel(curve, draft_seconds), curve[0], widest=MAX_DRAFT_TOKENS + 1)
+        heads = self._drafters.get("heads")
+        heads_seconds = heads.seconds_per_token() if heads is not None else 0.0
+        self._use_cost(width, drift, CostModel(curve, draft_seconds, heads_seconds), curve[0],
+                       widest=MAX_DRAFT_TOKENS + 1)
 
     def _use_cost(self, width: int, drift: dict[int, float], cost: CostModel, plain_step_seconds: float | None,
                   widest: int) -> None:
@@ -322,6 +328,8 @@ class Engine:
         self._drafter_costs = {"ngram": CostModel(cost.forward_seconds)} if widest > 1 else {}
         if widest > 1 and "draft-model" in self._drafters:
             self._drafter_costs["draft-model"] = cost
+        if widest > 1 and "heads" in self._drafters:
+            self._drafter_costs["heads"] = CostModel(cost.forward_seconds, cost.heads_seconds_per_token)
         for (name, _), controller in self._lane.controllers.items():
             controller.set_cost(self._drafter_costs[name])
 
@@ -338,6 +346,8 @@ class Engine:
             # n-gram proposals are free to make, so their controller learns from every step in hindsight
             learning = ({"hindsight": True, "decay": HINDSIGHT_DECAY, "prior_by_bucket": NGRAM_PRIOR_BY_BUCKET}
                         if name == "ngram" else {})
+            if name == "heads":  # the heads file's held-out accuracy, not a draft model's typical one
+                learning["prior_acceptance"] = (lane or self._lane).drafters["heads"].acceptance_prior
             controller = controllers[(name, fixed)] = DraftLengthController(
                 cost, self._widest - 1, fixed, **learning)
         return controller
@@ -364,11 +374,13 @@ class Engine:
         self.draft = None
         for name in ("draft-model", "combined"):
             self._drafters.pop(name)
+        if "heads" in self._drafters:
+            self._drafters["combined"] = self._drafters["heads"]  # n-grams and heads, chosen per step
         self._drafter_costs.pop("draft-model", None)
         self._lane.controllers = {key: c for key, c in self._lane.controllers.items() if key[0] != "draft-model"}
         if self.plan is not None:
             self.plan = dataclasses.replace(self.plan, mode="ngram", reason=reason)
-        self.configure(mode="ngram")
+        self.configure(mode="combined" if "combined" in self._drafters else "ngram")
 
     def draft_token_share(self) -> float:
         """The draft model's time per token as a fraction of a one-token target pass."""
@@ -405,6 +417,11 @@ class Engine:
     @property
     def mode(self) -> str:
         return self._mode
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The drafting modes this engine can run (combined and draft-model need a draft model or heads)."""
+        return tuple(self._drafters)
 
     @property
     def draft_tokens(self) -> int | str:
@@ -644,7 +661,7 @@ class Engine:
         reused = self.restore_prefix(self.target, context)
         self.target.rewind(reused)
         self.target.decode(context[reused:-1], n_logits=0)
-        if self.mode in ("draft-model", "combined"):
+        if self.draft is not None and self.mode in ("draft-model", "combined"):
             self._shift_out_dropped_span(self.draft, context)
             self.restore_prefix(self.draft, context)
             self._drafters["draft-model"].prefill(context)
@@ -680,7 +697,7 @@ class Engine:
     def save_prefixes(self, seq: int = 0) -> None:
         """Offer sequence seq's KV cache (and the draft model's, when it drafts), exactly the tokens in it,
         to the prefix stores; they keep what pays."""
-        models = [self.target] + ([self.draft] if seq == 0 and self.mode in ("draft-model", "combined") else [])
+        models = [self.target] + ([self.draft] if seq == 0 and self.draft is not None and self.mode in ("draft-model", "combined") else [])
         for model in models if self.prefix_caches else ():
             if seq == 0 and model in self._shifted_at:
                 continue  # shifted keys and values are not what a prefill computes: a restore must give its logits
@@ -722,7 +739,8 @@ class Engine:
         context, lane, counters = generation.context, generation.lane, generation.counters
         limit = min(generation.params.max_tokens - counters.tokens_generated - 1, room - 1, self.max_draft_tokens)
         mode = lane.mode or self.mode
-        names = ("ngram", "draft-model") if mode == "combined" else (mode,)
+        names = (tuple(n for n in ("ngram", "heads", "draft-model") if n in lane.drafters) if mode == "combined"
+                 else (mode,))
         options = []
         for name in names:
             drafter = lane.drafters[name]
