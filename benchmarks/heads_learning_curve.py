@@ -35,14 +35,8 @@ from edgespec.fetch import resolve_model
 from edgespec.heads.network import Adam, Heads
 from edgespec.heads.projection import LmHead
 from edgespec.heads.prompts import HELDOUT_PROMPTS, TRAINING_PROMPTS
-from edgespec.heads.teacher import TeacherData, answer_prompts, label_texts
+from edgespec.heads.teacher import ChatTokens, TeacherData, answer_prompts, label_texts
 from edgespec.heads.training import Trainer, TrainingPlan, reduced_vocabulary
-
-
-def chat_prompt(model, text: str) -> list[int]:
-    from edgespec.engine import Engine
-
-    return Engine(model, None, "none", 0).chat_tokens([{"role": "user", "content": text}])
 
 
 def collect(model, args) -> tuple[TeacherData, TeacherData]:
@@ -55,13 +49,16 @@ def collect(model, args) -> tuple[TeacherData, TeacherData]:
         return TeacherData.from_arrays(arrays, "data_", {}), TeacherData.from_arrays(arrays, "heldout_", {})
     start, seconds = time.monotonic(), args.collect_minutes * 60
     heldout, data = TeacherData.empty(model.n_embd), TeacherData.empty(model.n_embd)
+    chat = ChatTokens(model)
+    prompts = {name: [chat([{"role": "user", "content": p}], True) for p in texts]
+               for name, texts in (("heldout", HELDOUT_PROMPTS), ("training", TRAINING_PROMPTS))}
     shown = lambda phase: (lambda n: print(f"  {phase}: {n} tokens", file=sys.stderr))  # noqa: E731
-    answer_prompts(model, [chat_prompt(model, p) for p in HELDOUT_PROMPTS], heldout, "heldout", args.max_reply,
+    answer_prompts(model, prompts["heldout"], heldout, "heldout", args.max_reply,
                    start + seconds / 4, shown("held-out"))
     texts = [("files", model.tokenize(p.read_text(encoding="utf-8", errors="replace"), add_special=True))
              for p in args.text]
     label_texts(model, texts, data, start + seconds, args.max_tokens, shown("text"))
-    answer_prompts(model, [chat_prompt(model, p) for p in TRAINING_PROMPTS], data, "built-in", args.max_reply,
+    answer_prompts(model, prompts["training"], data, "built-in", args.max_reply,
                    start + seconds, shown("replies"))
     args.work.mkdir(parents=True, exist_ok=True)
     np.savez(path, **data.arrays("data_"), **heldout.arrays("heldout_"))

@@ -3,7 +3,8 @@
 Needs heads trained for the target (`edgespec heads train`, or --heads FILE).
 At T=0, per suite, in 5 interleaved repeats (the configurations rotate, so a
 drifting machine favours none), it runs:
-- none: plain decoding;
+- none: plain decoding, and plain-model: the same on a target loaded without heads (no hidden-state
+  output), which measures what keeping the hidden states costs a step;
 - ngram: n-gram drafting with the auto draft length;
 - heads: heads alone, auto draft length (on a CPU the controller should find they do not pay);
 - auto: n-grams and heads, picked per step (what `--draft auto` does with heads trained);
@@ -35,12 +36,12 @@ from edgespec.commands.bench.workloads import load_workloads
 from edgespec.engine import Done, Step
 from edgespec.loading import load_engine
 
-CONFIGS = ("none", "ngram", "heads", "auto", "heads-k")
+CONFIGS = ("none", "plain-model", "ngram", "heads", "auto", "heads-k")
 
 
 def run_one(engine, config: str, prompt, max_tokens: int | None) -> dict:
-    mode, draft_tokens = {"auto": ("combined", "auto"), "heads-k": ("heads", engine.max_draft_tokens)}.get(
-        config, (config, "auto"))
+    mode, draft_tokens = {"auto": ("combined", "auto"), "heads-k": ("heads", engine.max_draft_tokens),
+                          "plain-model": ("none", "auto")}.get(config, (config, "auto"))
     engine.configure(mode=mode, draft_tokens=draft_tokens)
     engine.forget_cache()
     engine.forget_learning()
@@ -117,8 +118,9 @@ def main() -> int:
                         help="a target step on the GPU the flat-curve figure imagines (default: %(default)s ms)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    engine = load_engine(args.model, "heads", heads_path=args.heads, n_threads=args.threads,
-                         notice=lambda text: print(f"  {text}", file=sys.stderr))
+    notice = lambda text: print(f"  {text}", file=sys.stderr)  # noqa: E731
+    engine = load_engine(args.model, "heads", heads_path=args.heads, n_threads=args.threads, notice=notice)
+    plain_engine = load_engine(args.model, "none", n_threads=args.threads, notice=notice)
     prompts = load_workloads(args.suites.split(","), args.prompts)
     runs = []
     try:
@@ -126,13 +128,15 @@ def main() -> int:
             order = CONFIGS[repeat % len(CONFIGS):] + CONFIGS[:repeat % len(CONFIGS)]
             for config in order:
                 print(f"repeat {repeat}: {config}", file=sys.stderr, flush=True)
-                runs += [{"repeat": repeat, **run_one(engine, config, p, args.max_tokens)} for p in prompts]
+                runner = plain_engine if config == "plain-model" else engine
+                runs += [{"repeat": repeat, **run_one(runner, config, p, args.max_tokens)} for p in prompts]
         heads_ms = engine.cost.heads_seconds_per_token * 1000
         result = {"model": engine.target_path.name, "heads_ms_per_token": round(heads_ms, 3),
                   "cost_curve_relative": [round(x, 3) for x in engine.cost.relative()[:6]],
                   "summary": summarise(runs, engine, args.gpu_step_ms)}
     finally:
         engine.close()
+        plain_engine.close()
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps({**result, "runs": runs}, indent=1) + "\n")

@@ -94,6 +94,8 @@ class _Counters:
     bit_exact: bool = False
     widest_pass: int = 0
     accepted_by_drafter: dict = field(default_factory=dict)  # accepted draft tokens per drafter name
+    drafted_by_position: dict = field(default_factory=dict)  # per drafter: tokens proposed at draft position 1, 2, ...
+    accepted_by_position: dict = field(default_factory=dict)  # per drafter: of those, accepted
     pass_widths: dict = field(default_factory=dict)  # verification passes per width
 
     def snapshot(self) -> Stats:
@@ -622,9 +624,12 @@ class Engine:
         counters.k0_steps += not draft.tokens
         counters.widest_pass = max(counters.widest_pass, width)
         counters.pass_widths[width] = counters.pass_widths.get(width, 0) + 1
+        name = draft.choice.drafter.name
         if n_accepted:
-            name = draft.choice.drafter.name
             counters.accepted_by_drafter[name] = counters.accepted_by_drafter.get(name, 0) + n_accepted
+        if draft.tokens:
+            _count_positions(counters.drafted_by_position.setdefault(name, []), len(draft.tokens))
+            _count_positions(counters.accepted_by_position.setdefault(name, []), n_accepted)
 
     def _emit(self, generation: Generation, new_tokens: list[int], n_drafted: int, draft: Draft) -> Step:
         """The step's tokens as text, up to the first stop (end of generation, stop string, max_tokens)."""
@@ -762,6 +767,13 @@ class Engine:
             if paying:
                 options = [max(paying, key=lambda pair: pair[0])[1]]
         return DraftChoice(*options[0])
+
+
+def _count_positions(counts: list[int], n: int) -> None:
+    """One more at each of the first n draft positions."""
+    counts.extend([0] * (n - len(counts)))
+    for i in range(n):
+        counts[i] += 1
 
 
 def _snapshot_key(model: LlamaModel) -> SnapshotKey:

@@ -65,6 +65,10 @@ class Stats:
     """Accepted draft tokens per drafter ("ngram", "draft-model"): who proposed what the target kept."""
     pass_widths: dict[int, int] = dataclasses.field(default_factory=dict)
     """Verification passes per width (k + 1 tokens): how much of the cost curve the controller used."""
+    drafted_by_position: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Per drafter, the tokens it proposed at draft position 1, 2, ... (for heads: head 1, 2, ...)."""
+    accepted_by_position: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Per drafter, how many of those the verifier accepted (see acceptance_by_position)."""
 
     @classmethod
     def from_counts(cls, *, mode: str, plan_reason: str | None, prompt_tokens: int, prompt_tokens_reused: int,
@@ -72,7 +76,8 @@ class Stats:
                     target_forward_passes: int, draft_forward_passes: int, steps: int, k0_steps: int,
                     prefill_seconds: float, decode_seconds: float, finish_reason: str | None,
                     bit_exact: bool = False, widest_pass: int = 0, accepted_by_drafter: dict | None = None,
-                    pass_widths: dict | None = None) -> Stats:
+                    pass_widths: dict | None = None, drafted_by_position: dict | None = None,
+                    accepted_by_position: dict | None = None) -> Stats:
         """The snapshot of the engine's running counts, with every ratio computed from them."""
         return cls(
             mode=mode, plan_reason=plan_reason, prompt_tokens=prompt_tokens,
@@ -88,6 +93,8 @@ class Stats:
             decode_tokens_per_second=_ratio(tokens_generated, decode_seconds), finish_reason=finish_reason,
             bit_exact=bit_exact, widest_pass=widest_pass, accepted_by_drafter=dict(accepted_by_drafter or {}),
             pass_widths=dict(sorted((pass_widths or {}).items())),
+            drafted_by_position={name: list(c) for name, c in (drafted_by_position or {}).items()},
+            accepted_by_position={name: list(c) for name, c in (accepted_by_position or {}).items()},
         )
 
     @classmethod
@@ -97,6 +104,12 @@ class Stats:
         if isinstance(known.get("pass_widths"), dict):  # JSON keys are strings
             known["pass_widths"] = {int(width): count for width, count in known["pass_widths"].items()}
         return cls(**known)
+
+    def acceptance_by_position(self, drafter: str) -> list[float]:
+        """The share of the drafter's tokens at each draft position that the verifier accepted."""
+        accepted = self.accepted_by_position.get(drafter, [])
+        return [_ratio(accepted[i] if i < len(accepted) else 0, n)
+                for i, n in enumerate(self.drafted_by_position.get(drafter, []))]
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -72,6 +72,17 @@ def test_greedy_output_with_heads_is_plain_decodings(engine, prompt, bit_exact):
         assert engine.generate(prompt, params, raw=True).stats.draft_tokens_proposed > 0
 
 
+def test_heads_drafts_are_counted_per_head_position(engine):
+    engine.configure(mode="heads", draft_tokens=3, bit_exact=False)
+    stats = engine.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=40), raw=True).stats
+    drafted, accepted = stats.drafted_by_position["heads"], stats.accepted_by_position.get("heads", [])
+    assert 1 <= len(drafted) <= 3 and sum(drafted) == stats.draft_tokens_proposed
+    assert sum(accepted) == stats.draft_tokens_accepted == stats.accepted_by_drafter.get("heads", 0)
+    assert drafted == sorted(drafted, reverse=True)  # position i is drafted only after position i - 1
+    assert all(0.0 <= rate <= 1.0 for rate in stats.acceptance_by_position("heads"))
+    assert stats.from_dict(stats.as_dict()) == stats
+
+
 def test_greedy_heads_output_is_a_plain_models(tiny_models, engine):
     plain = LlamaModel(tiny_models["target"], n_ctx=512, n_threads=1)
     ids = engine.prompt_tokens(PROMPTS[0], raw=True)

@@ -138,6 +138,9 @@ def _accepted_detail(stats: Stats) -> list[str]:
     drafting_steps = stats.steps - stats.k0_steps
     if drafting_steps > 0:
         parts.append(f"{stats.draft_tokens_accepted / drafting_steps:.1f} accepted/step")
+    by_head = stats.acceptance_by_position("heads")
+    if by_head:
+        parts.append("heads " + " ".join(f"{rate:.0%}" for rate in by_head))
     return parts
 
 

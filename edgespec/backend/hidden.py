@@ -98,6 +98,10 @@ class HiddenStateModel(LlamaModel):
             del self._last_pass[seq]
         super().rewind(n_keep, seq)
 
+    def drop_span(self, start: int, end: int, seq: int = 0) -> None:
+        self._last_pass.pop(seq, None)  # the positions it kept have moved
+        super().drop_span(start, end, seq)
+
     def hidden_before(self, context: Sequence[int], seq: int = 0) -> np.ndarray | None:
         """The hidden state that predicted context[-1] (at position len(context) - 2), when the sequence's
         last every-row pass computed it on these very tokens; else None."""

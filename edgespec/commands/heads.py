@@ -103,19 +103,11 @@ def _summary(record) -> str:
 
 
 def _sources(model, args: argparse.Namespace):
-    from ..chat_template import ChatTemplate
     from ..heads.job import Sources
     from ..heads.prompts import HELDOUT_PROMPTS, TRAINING_PROMPTS
+    from ..heads.teacher import ChatTokens
 
-    bos, eos = (model.token_bytes(t).decode("utf-8", "replace") if t >= 0 else "" for t in (model.bos_id, model.eos_id))
-    template = ChatTemplate(model.metadata("tokenizer.chat_template"), bos_token=bos, eos_token=eos)
-
-    def chat_ids(messages: list[dict], prompt: bool) -> list[int]:
-        # as the engine tokenizes a chat: message contents stay plain text, and no second BOS
-        rendered = template.render(messages, add_generation_prompt=prompt)
-        wrote_bos = bool(bos) and rendered.text.startswith(bos)
-        return model.tokenize(rendered.text, add_special=not wrote_bos, parse_special=True,
-                              plain_spans=rendered.content_spans)
+    chat_ids = ChatTokens(model)
 
     texts = [("files", model.tokenize(text, add_special=True)) for text in _text_files(args.paths)]
     if args.history:
