@@ -18,6 +18,7 @@ from pathlib import Path
 from ..errors import EdgespecError
 from .options import DEFAULT_MODEL, setting
 
+TRAINING_N_CTX = 2048  # teacher passes label texts in windows of 1024 tokens (heads.teacher.WINDOW)
 MAX_TEXT_FILE_BYTES = 2 << 20  # bigger files are data, not text to learn from
 _SKIPPED_FOLDERS = {".git", ".venv", "node_modules", "__pycache__", ".mypy_cache", ".tox", "dist", "build"}
 
@@ -41,7 +42,8 @@ def add_heads_parser(subparsers) -> None:
     train.add_argument("--max-tokens", type=int, default=100_000, help="training positions kept in memory (default: %(default)s)")
     train.add_argument("--output", type=Path, default=None, help="heads file (default: next to the calibration cache)")
     train.add_argument("--restart", action="store_true", help="discard what an interrupted run left and start afresh")
-    train.add_argument("--gpu-layers", type=setting("gpu_layers"), default=0, help="target layers to offload (-1: all)")
+    train.add_argument("--gpu-layers", type=setting("gpu_layers"), default=None,
+                       help="target layers to offload (-1: all; default: from the memory plan)")
     train.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores, up to 8)")
     train.set_defaults(func=train_command)
     show = commands.add_parser("show", help="what the heads file of a model says about itself")
@@ -52,21 +54,21 @@ def add_heads_parser(subparsers) -> None:
 
 def train_command(args: argparse.Namespace) -> int:
     from ..backend.hidden import HiddenStateModel
-    from ..fetch import resolve_model
     from ..heads.job import Budget, resume_path_for, train_heads
     from ..heads.projection import LmHead
     from ..heads.store import default_heads_path
     from ..heads.training import TrainingPlan
+    from ..loading import plan_load
 
     if args.minutes <= 0 or args.vocab < 2 or args.max_tokens < 100:
         raise EdgespecError("--minutes must be positive, --vocab at least 2 and --max-tokens at least 100")
-    path = resolve_model(args.model, pull=False)
+    path, _, plan = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False)
     heads_path = args.output or default_heads_path(path)
     if args.restart:
         resume_path_for(heads_path).unlink(missing_ok=True)
     elif resume_path_for(heads_path).exists():
         print(f"resuming the run that was stopped ({resume_path_for(heads_path)})", file=sys.stderr)
-    model = HiddenStateModel(path, n_ctx=2048, n_gpu_layers=args.gpu_layers, n_threads=args.threads)
+    model = HiddenStateModel(path, n_ctx=TRAINING_N_CTX, n_gpu_layers=plan.target_gpu_layers, n_threads=args.threads)
     try:
         sources = _sources(model, args)
         plan = TrainingPlan(form=args.form, n_heads=args.n_heads, vocab_size=args.vocab)
@@ -178,8 +180,9 @@ def _batch_conversations(path: Path):
 class ProgressLine:
     """One line on stderr, redrawn in place on a terminal (else a line every 15 s): phase, tokens, accuracy, time left."""
 
-    def __init__(self, stream=sys.stderr):
-        self._stream, self._tty = stream, stream.isatty()
+    def __init__(self, stream=None):
+        self._stream = stream or sys.stderr  # looked up now: tests and the chat app replace sys.stderr
+        self._tty = self._stream.isatty()
         self._last = 0.0
         self._width = 0
 

@@ -67,8 +67,7 @@ def run_bench(
     started, load_at_start = time.time(), load_average()
     engine = load_engine(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
     try:
-        plan = resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft is not None,
-                               configs is not None, has_peer=llama_cpp_bin is not None)
+        plan = _configs_for(engine, configs, llama_cpp_bin)
         peer = _peer(engine, llama_cpp_bin, n_threads) if any(c.is_peer for c in plan) else None
         runner = _Runner(engine, peer, overhead)
         runner.warm_up(prompts[0], plan)
@@ -92,9 +91,16 @@ def run_bench(
     return results
 
 
+def _configs_for(engine, configs: Iterable[str] | None, llama_cpp_bin) -> list:
+    """The configurations to run, with the draft length and the drafters of the loaded engine."""
+    return resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft is not None,
+                           configs is not None, has_peer=llama_cpp_bin is not None, has_heads="heads" in engine.modes)
+
+
 def _check_before_loading(configs: Iterable[str] | None, llama_cpp_bin) -> None:
     """Refuse unknown configurations and missing peer binaries before the model loads (draft lengths need it)."""
-    resolve_configs(configs or DEFAULT_CONFIGS, "auto", True, configs is not None, has_peer=llama_cpp_bin is not None)
+    resolve_configs(configs or DEFAULT_CONFIGS, "auto", True, configs is not None, has_peer=llama_cpp_bin is not None,
+                    has_heads=True)
     if llama_cpp_bin is not None:
         find_binary(llama_cpp_bin)
 
@@ -201,6 +207,8 @@ class _Runner:
             "bit_exact": stats.bit_exact,
             "widest_pass": stats.widest_pass,
             "accepted_by_drafter": stats.accepted_by_drafter,
+            "drafted_by_position": stats.drafted_by_position,
+            "accepted_by_position": stats.accepted_by_position,
             "pass_widths": stats.pass_widths,
             "draft_forward_passes": stats.draft_forward_passes,
             "k0_steps": stats.k0_steps,
