@@ -113,6 +113,11 @@ class HiddenStateModel(LlamaModel):
             return None
         return kept.rows[row]
 
+    def last_hidden(self, seq: int = 0) -> np.ndarray | None:
+        """The hidden states of the sequence's last every-row pass, one row per token, while they are current."""
+        kept = self._last_pass.get(seq)
+        return None if kept is None else kept.rows
+
     def teacher_pass(self, tokens: Sequence[int], seq: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Append tokens to the cache in every-row passes; return each token's hidden state (float16) and
         the target's top token after it (its argmax), for training heads.

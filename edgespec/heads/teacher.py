@@ -106,31 +106,56 @@ def label_texts(model, texts: Iterable[tuple[str, list[int]]], data: TeacherData
             progress(len(data))
 
 
-def greedy_reply(model, prompt: list[int], max_tokens: int, deadline: float) -> list[int]:
-    """The target's greedy reply to prompt (plain decoding, one token per pass), cut at the deadline."""
-    model.rewind(0)
-    model.decode(prompt[:-1], n_logits=0)
-    reply, last = [], prompt[-1]
-    while len(reply) < max_tokens and len(prompt) + len(reply) < model.n_ctx and time.monotonic() < deadline:
-        last = int(np.argmax(model.decode([last], 1, copy=False)[0]))
-        if model.is_end_of_generation(last):
-            break
-        reply.append(last)
-    return reply
-
-
 def answer_prompts(model, prompts: Iterable[list[int]], data: TeacherData, source: str, max_reply: int,
-                   deadline: float, progress: Callable[[int], None]) -> None:
+                   deadline: float, progress: Callable[[int], None], together: int = 8) -> None:
     """Let the target answer each prompt (token ids) greedily and add [last prompt token, *reply] to data:
-    the positions whose next token is the reply's."""
-    for prompt in prompts:
-        if time.monotonic() > deadline:
-            return
-        reply = greedy_reply(model, prompt, max_reply, deadline)
-        if len(reply) < 2:
-            continue
-        model.rewind(0)
-        model.decode(prompt[:-1], n_logits=0)
-        hidden, top = model.teacher_pass([prompt[-1], *reply])
-        data.add([prompt[-1], *reply], hidden, top, source)
-        progress(len(data))
+    the positions whose next token is the reply's, with the hidden states the replying passes computed.
+
+    Up to `together` prompts are answered in one pass (a sequence each), which
+    on a CPU costs little more than one: plain decoding's throughput, several times over.
+    """
+    queue, replies = list(prompts), {}
+    together = max(1, min(together, len(queue)))
+    model.reserve_sequences(together)
+    while (queue or replies) and time.monotonic() < deadline:
+        for seq in set(range(together)) - replies.keys():
+            if queue:
+                replies[seq] = _Reply.start(model, queue.pop(0), seq)
+        parts = [(seq, [reply.tokens[-1]], 1) for seq, reply in replies.items()]
+        for (seq, _, _), logits in zip(parts, model.decode_sequences(parts)):
+            replies[seq].add(model.last_hidden(seq)[0], int(np.argmax(logits[0])))
+            if replies[seq].finished(model, max_reply):
+                replies.pop(seq).keep(data, source, progress)
+    for reply in replies.values():  # cut short by the deadline: what was answered still counts
+        reply.keep(data, source, progress)
+
+
+@dataclass
+class _Reply:
+    """A prompt being answered: [its last token, the reply so far], and the passes' rows after each of them."""
+
+    tokens: list[int]
+    room: int  # tokens the sequence's context has left
+    hidden: list = field(default_factory=list)
+    top: list = field(default_factory=list)
+
+    @classmethod
+    def start(cls, model, prompt: list[int], seq: int) -> _Reply:
+        model.rewind(0, seq)
+        prompt = prompt[-(model.n_ctx // 2):]  # a prompt longer than half the context leaves too little room
+        model.decode(prompt[:-1], n_logits=0, seq=seq)
+        return cls([prompt[-1]], model.n_ctx - len(prompt))
+
+    def add(self, hidden: np.ndarray, top: int) -> None:
+        self.hidden.append(hidden.astype(np.float16))
+        self.top.append(top)
+        self.tokens.append(top)
+
+    def keep(self, data: TeacherData, source: str, progress: Callable[[int], None]) -> None:
+        if len(self.tokens) > 2:
+            data.add(self.tokens[:-1], np.stack(self.hidden), np.array(self.top), source)
+            progress(len(data))
+
+    def finished(self, model, max_reply: int) -> bool:
+        return (model.is_end_of_generation(self.tokens[-1]) or len(self.tokens) > max_reply
+                or len(self.tokens) >= self.room)
