@@ -102,8 +102,9 @@ def _collect(model, sources: Sources, budget: Budget, started: float, heldout: T
                             "(give more --minutes)")
     collect_end = started + budget.seconds * budget.collect_share
     label_texts(model, sources.texts, data, collect_end, budget.max_tokens, report("labelling text"))
-    remaining = [p for p in sources.prompts] if len(data) < budget.max_tokens else []
-    answer_prompts(model, remaining, data, "built-in prompts", budget.max_reply, collect_end, report("answering prompts"))
+    if len(data) < budget.max_tokens:
+        answer_prompts(model, sources.prompts, data, "built-in prompts", budget.max_reply, collect_end,
+                       report("answering prompts"))
     if len(data) < 2:
         raise EdgespecError("no training text was labelled within the time budget (give more --minutes or some text)")
 

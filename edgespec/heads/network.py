@@ -87,7 +87,7 @@ class Heads:
         h = hidden.astype(np.float32, copy=False)[None, :]
         for j in range(min(k, self.n_heads)):
             row = token_row(previous)[None, :] if self.sees_token else None
-            logits = self.logits(j, h, row)[0][0]
+            logits = self.logits(j, h, row)[0][0]  # (logits, u)[0], its only row
             best = int(np.argmax(logits))
             if j < len(stop_below) and stop_below[j] > 0.0:
                 if 1.0 / np.exp(logits - logits[best]).sum() < stop_below[j]:
