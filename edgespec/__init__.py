@@ -1,6 +1,13 @@
-"""edgespec: exact speculative decoding for local GGUF models."""
+"""edgespec: exact speculative decoding for local GGUF models.
+
+    import edgespec
+
+    with edgespec.load("qwen2.5-coder-1.5b-instruct", draft="auto") as engine:
+        print(engine.generate("Write a haiku about caches.", max_tokens=60, temperature=0).text)
+"""
 
 import importlib
+import logging
 
 __version__ = "0.1.0"
 
@@ -13,7 +20,22 @@ _HOMES = {
     "SamplingParams": "sampling",
 }
 
-__all__ = sorted(_HOMES)
+__all__ = sorted([*_HOMES, "load"])
+
+
+def load(model, draft="auto", *, notice=None, **options):
+    """Load a model (a catalog name or a GGUF path) and its drafter: an Engine, to close (or use in `with`).
+
+    draft: "auto" (the catalog's draft model when it is present and pays
+    here, else n-grams), a model, "ngram" or "none".  options are
+    edgespec.loading.load_engine's: n_ctx, draft_tokens, bit_exact, kv_type,
+    pull (download what is missing; default True), cost_curve, ...  What
+    loading decides or measures goes to notice(text), by default to the
+    "edgespec" logger at INFO level: nothing is printed.
+    """
+    from .loading import load_engine
+
+    return load_engine(model, draft, notice=notice or logging.getLogger("edgespec").info, **options)
 
 
 def __getattr__(name: str):

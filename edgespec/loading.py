@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 from .backend import LlamaModel, supports_gpu_offload, width_independent_kernels
 from .backend.hidden import HiddenStateModel
-from .costs import CostModel
+from .costs import CostModel, best_speedup
 from .drafters import check_vocab_compatible
 from .engine import Engine
 from .errors import EdgespecError
@@ -141,18 +141,41 @@ MIN_DRAFT_GAIN = 1.05
 
 def _settle_draft_model(engine: Engine, keep: bool) -> str:
     """Keep the loaded draft model, or (under --draft auto) drop it when it cannot pay here; says which, and why."""
-    gain = engine.draft_model_gain(TYPICAL_DRAFT_ACCEPTANCE)
+    gain = _draft_model_gain(engine, TYPICAL_DRAFT_ACCEPTANCE)
     if gain >= MIN_DRAFT_GAIN:
-        return engine.draft_choice_notice()
+        return _draft_choice_notice(engine)
     name = engine.draft.path.name
     why = (f"{name} would gain at most {gain:.2f}x over plain decoding here even at "
-           f"{TYPICAL_DRAFT_ACCEPTANCE:.0%} acceptance (a draft token costs {engine.draft_token_share():.0%} "
+           f"{TYPICAL_DRAFT_ACCEPTANCE:.0%} acceptance (a draft token costs {_draft_token_share(engine):.0%} "
            f"of a target step, measured)")
     if keep:
         return f"drafting with n-grams and {name} as asked, though {why}; --draft ngram may be faster"
     path = engine.draft.path
     engine.drop_draft(f"n-grams only: {why}")
     return f"drafting with n-grams only: {why}; --draft {path} uses it anyway"
+
+
+def _draft_model_gain(engine: Engine, acceptance: float) -> float:
+    """The speedup over plain decoding the engine's draft model would give at this acceptance, from the
+    measured costs of both models (the best draft length; 1.0 when no draft length pays)."""
+    cost = engine.planner.drafter_cost("draft-model")
+    if cost is None:
+        return 1.0
+    return best_speedup(cost, acceptance, engine.max_draft_tokens)[1]
+
+
+def _draft_choice_notice(engine: Engine) -> str:
+    """One line on how the engine drafts with its draft model, from the measured costs."""
+    name = engine.draft.path.name
+    if engine.cost is None:
+        return f"drafting with n-grams and {name}, chosen per step by expected speed"
+    return (f"drafting with n-grams and {name}, chosen per step by expected speed "
+            f"(a draft token costs {_draft_token_share(engine):.0%} of a target step here)")
+
+
+def _draft_token_share(engine: Engine) -> float:
+    """The draft model's time per token as a fraction of a one-token target pass."""
+    return engine.cost.draft_seconds_per_token / engine.cost.target(1)
 
 
 def kv_cache_notice(kv_type: str, draft_kv_type: str, flash_attn: bool, bit_exact: bool) -> str | None:

@@ -15,7 +15,7 @@ SparseProbs (ids and probabilities), which the verifier compares in O(head).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -242,3 +242,11 @@ def sample(probs, rng: np.random.Generator) -> int:
         return int(row.ids[0])
     cdf = np.cumsum(row.probs)
     return int(row.ids[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), row.ids.size - 1)])
+
+
+def sampling_params(params: SamplingParams | None, changes: dict) -> SamplingParams:
+    """params (the defaults when None) with the keyword arguments changes; a bad name or value raises
+    TypeError or ValueError naming it."""
+    if params is None:
+        return SamplingParams(**changes)
+    return replace(params, **changes) if changes else params

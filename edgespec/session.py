@@ -190,6 +190,12 @@ class ChatSession:
 
     @classmethod
     def from_dict(cls, engine: Engine, data: dict) -> "ChatSession":
+        """The session to_dict saved (one saved before formats were numbered reads as format 1); EdgespecError
+        for one written in a format this edgespec does not know."""
+        saved_format = data.get("format", SESSION_FORMAT)
+        if saved_format != SESSION_FORMAT:
+            raise EdgespecError(f"this chat was saved in format {saved_format!r}, and this edgespec reads format "
+                                f"{SESSION_FORMAT} only (update edgespec to open it)")
         session = cls(engine, data.get("system_prompt"), data.get("context_policy", "drop-oldest"))
         session.messages = [dict(m) for m in data.get("messages", [])]
         session.first_visible = data.get("first_visible", 0)

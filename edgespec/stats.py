@@ -1,7 +1,9 @@
 """The figures of one generation, as the engine reports them after every step and at the end.
 
-`Stats` is a frozen record: the engine counts while it decodes and hands out
-a snapshot (`Stats.from_counts`), which computes the ratios once.
+`Stats` is a frozen record: the decoder counts in a `Counters` while it
+decodes and hands out a snapshot (`Stats.from_counts`), which computes the
+ratios once.  The field list is written once, here in Stats: Counters has
+the fields that are counted, not computed.
 `as_dict()` is the JSON form that `edgespec run --json`, batch records, the
 server's usage and saved chats carry; its keys are the field names, in order.
 """
@@ -9,11 +11,26 @@ server's usage and saved chats carry; its keys are the field names, in order.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+# Marks the Stats fields computed from the others (see _ratios); every other field is counted.
+RATIO = {"ratio": True}
 
 
 def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else 0.0
+
+
+def _ratios(counts: dict) -> dict:
+    """The ratio fields of Stats, from the counted ones."""
+    return {
+        "prompt_tokens_evaluated": counts["prompt_tokens"] - counts["prompt_tokens_reused"],
+        "acceptance_rate": _ratio(counts["draft_tokens_accepted"], counts["draft_tokens_proposed"]),
+        "target_passes_per_token": _ratio(counts["target_forward_passes"], counts["tokens_generated"]),
+        "mean_draft_tokens": _ratio(counts["draft_tokens_proposed"], counts["steps"]),
+        "decode_tokens_per_second": _ratio(counts["tokens_generated"], counts["decode_seconds"]),
+    }
 
 
 @dataclass(frozen=True)
@@ -27,7 +44,7 @@ class Stats:
     prompt_tokens_reused: int = 0
     """Prompt tokens the target did not evaluate: in its KV cache from the previous generation, or restored
     from a prefix snapshot (the prompt cache)."""
-    prompt_tokens_evaluated: int = 0
+    prompt_tokens_evaluated: int = field(default=0, metadata=RATIO)
     """Prompt tokens the target had to evaluate: prompt_tokens - prompt_tokens_reused."""
     tokens_generated: int = 0
     """Tokens emitted so far, an end-of-generation token not counted."""
@@ -35,25 +52,25 @@ class Stats:
     """Tokens the drafter proposed, over all steps."""
     draft_tokens_accepted: int = 0
     """Proposed tokens the verifier accepted."""
-    acceptance_rate: float = 0.0
+    acceptance_rate: float = field(default=0.0, metadata=RATIO)
     """draft_tokens_accepted / draft_tokens_proposed (0.0 before any proposal)."""
     target_forward_passes: int = 0
     """Target model passes during decoding (one per step; prefill not counted)."""
     draft_forward_passes: int = 0
     """Draft model passes during decoding (0 for n-gram and plain decoding)."""
-    target_passes_per_token: float = 0.0
+    target_passes_per_token: float = field(default=0.0, metadata=RATIO)
     """target_forward_passes / tokens_generated: below 1 is what speculation buys."""
     steps: int = 0
     """Draft-verify steps taken."""
     k0_steps: int = 0
     """Steps that drafted nothing (plain decoding steps)."""
-    mean_draft_tokens: float = 0.0
+    mean_draft_tokens: float = field(default=0.0, metadata=RATIO)
     """draft_tokens_proposed / steps."""
     prefill_seconds: float = 0.0
     """Time spent evaluating the prompt."""
     decode_seconds: float = 0.0
     """Time from the end of prefill to the latest step."""
-    decode_tokens_per_second: float = 0.0
+    decode_tokens_per_second: float = field(default=0.0, metadata=RATIO)
     """tokens_generated / decode_seconds."""
     finish_reason: str | None = None
     """None while generating; then "stop", "length", "context" or "cancelled"."""
@@ -71,31 +88,11 @@ class Stats:
     """Per drafter, how many of those the verifier accepted (see acceptance_by_position)."""
 
     @classmethod
-    def from_counts(cls, *, mode: str, plan_reason: str | None, prompt_tokens: int, prompt_tokens_reused: int,
-                    tokens_generated: int, draft_tokens_proposed: int, draft_tokens_accepted: int,
-                    target_forward_passes: int, draft_forward_passes: int, steps: int, k0_steps: int,
-                    prefill_seconds: float, decode_seconds: float, finish_reason: str | None,
-                    bit_exact: bool = False, widest_pass: int = 0, accepted_by_drafter: dict | None = None,
-                    pass_widths: dict | None = None, drafted_by_position: dict | None = None,
-                    accepted_by_position: dict | None = None) -> Stats:
-        """The snapshot of the engine's running counts, with every ratio computed from them."""
-        return cls(
-            mode=mode, plan_reason=plan_reason, prompt_tokens=prompt_tokens,
-            prompt_tokens_reused=prompt_tokens_reused,
-            prompt_tokens_evaluated=prompt_tokens - prompt_tokens_reused,
-            tokens_generated=tokens_generated, draft_tokens_proposed=draft_tokens_proposed,
-            draft_tokens_accepted=draft_tokens_accepted,
-            acceptance_rate=_ratio(draft_tokens_accepted, draft_tokens_proposed),
-            target_forward_passes=target_forward_passes, draft_forward_passes=draft_forward_passes,
-            target_passes_per_token=_ratio(target_forward_passes, tokens_generated),
-            steps=steps, k0_steps=k0_steps, mean_draft_tokens=_ratio(draft_tokens_proposed, steps),
-            prefill_seconds=prefill_seconds, decode_seconds=decode_seconds,
-            decode_tokens_per_second=_ratio(tokens_generated, decode_seconds), finish_reason=finish_reason,
-            bit_exact=bit_exact, widest_pass=widest_pass, accepted_by_drafter=dict(accepted_by_drafter or {}),
-            pass_widths=dict(sorted((pass_widths or {}).items())),
-            drafted_by_position={name: list(c) for name, c in (drafted_by_position or {}).items()},
-            accepted_by_position={name: list(c) for name, c in (accepted_by_position or {}).items()},
-        )
+    def from_counts(cls, **counts) -> Stats:
+        """The snapshot of the decoder's running counts (the fields of Counters), with every ratio computed from them."""
+        if "pass_widths" in counts:
+            counts = {**counts, "pass_widths": dict(sorted(counts["pass_widths"].items()))}
+        return cls(**counts, **_ratios(counts))
 
     @classmethod
     def from_dict(cls, data: dict) -> Stats:
@@ -113,3 +110,22 @@ class Stats:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _counted(stats_field: dataclasses.Field) -> tuple:
+    """A Counters field: a counted Stats field, with its default."""
+    if stats_field.default_factory is not dataclasses.MISSING:
+        return stats_field.name, stats_field.type, field(default_factory=stats_field.default_factory)
+    return stats_field.name, stats_field.type, field(default=stats_field.default)
+
+
+def _snapshot(counters) -> Stats:
+    return Stats.from_counts(**dataclasses.asdict(counters))
+
+
+# The running counts of one generation, which the decoder updates in place: the Stats fields that are
+# counted, not computed, so a new figure is one new Stats field.  snapshot() is the Stats they make now.
+Counters = dataclasses.make_dataclass(
+    "Counters", [_counted(f) for f in dataclasses.fields(Stats) if not f.metadata.get("ratio")],
+    namespace={"snapshot": _snapshot, "__doc__": "The running counts of one generation (see Stats)."},
+)

@@ -12,10 +12,12 @@ from edgespec.commands import batch
 from edgespec.controller import DraftLengthController
 from edgespec.costs import CostModel
 from edgespec.drafters import Hint, NgramDrafter
-from edgespec.engine import Done, DraftChoice, Step
+from edgespec.drafting import DraftChoice, joint_draft_lengths
+from edgespec.generation import Done, Failed, Step
 from edgespec.loading import load_engine
 from edgespec.sampling import SamplingParams
-from edgespec.scheduler import MIN_COPIED_PREFIX, Failed, Job, Scheduler, best_parallel, joint_draft_lengths
+from edgespec.scheduler import Job, best_parallel
+from edgespec.sequence_cache import MIN_COPIED_PREFIX
 from test_batch import (batch_argv, chat_line, completion_line, edgespec_command, models, read_records,  # noqa: F401
                         run_cli, twenty_requests, wait_for_records, write_lines)
 
@@ -103,7 +105,7 @@ def engine(models):
 def run_jobs(engine, jobs, parallel):
     pending = iter(jobs)
     results, steps = {}, {}
-    for key, event in Scheduler(engine, parallel).run(lambda wait: next(pending, None)):
+    for key, event in engine.scheduler(parallel).run(lambda wait: next(pending, None)):
         if isinstance(event, Step):
             steps[key] = steps.get(key, 0) + 1
         else:
@@ -155,7 +157,7 @@ def test_cancel_ends_every_sequence_in_flight(engine):
     prompt = engine.prompt_tokens("The cat sat on", raw=True)
     jobs = iter([Job(i, prompt, SamplingParams(temperature=0.0, max_tokens=200)) for i in range(4)])
     reasons = {}
-    for key, event in Scheduler(engine, 2).run(lambda wait: next(jobs, None), cancel=cancel):
+    for key, event in engine.scheduler(2).run(lambda wait: next(jobs, None), cancel=cancel):
         cancel.set()
         if isinstance(event, Done):
             reasons[key] = event.result.finish_reason

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import edgespec.engine
+import edgespec.decoder
 from edgespec.commands import bench, main
 from edgespec.commands.bench import configs, exactness, microbench, report, runner, workloads
 
@@ -22,6 +22,7 @@ RUN_FIELDS = {
     "text", "peak_rss_mb", "matches_baseline", "prompt_ids", "bit_exact", "widest_pass", "accepted_by_drafter", "drafted_by_position",
     "accepted_by_position", "pass_widths",
     "draft_forward_passes",
+    "mode", "plan_reason", "prompt_tokens_reused",  # a run carries all of its Stats
 }
 SUMMARY_FIELDS = {
     "temperature", "suite", "config", "drafter", "draft_tokens", "runs", "prompts", "decode_tps_median",
@@ -89,7 +90,7 @@ def test_a_quantised_kv_cache_bench_runs_every_mode_on_it_and_says_so(models):
 
 def install_faulty_verifier(monkeypatch) -> list[int]:
     """Verification that picks the wrong token after every step that had drafts; plain decoding stays right."""
-    real_verify = edgespec.engine.verify
+    real_verify = edgespec.decoder.verify
     corrupted: list[int] = []
 
     def faulty_verify(p, draft_tokens, q, rng):
@@ -99,7 +100,7 @@ def install_faulty_verifier(monkeypatch) -> list[int]:
         corrupted.append(verdict.next_token)
         return replace(verdict, next_token=(verdict.next_token + 1) % len(p[0]))
 
-    monkeypatch.setattr(edgespec.engine, "verify", faulty_verify)
+    monkeypatch.setattr(edgespec.decoder, "verify", faulty_verify)
     return corrupted
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from edgespec import Done, SamplingParams, Step
 from edgespec.loading import load_engine
-from edgespec.backend import LlamaModel
+from edgespec.backend import LlamaModel, probe_pass_widths
 from edgespec.drafters import Drafter
 from edgespec.text import TextAssembler
 from edgespec.errors import ContextOverflowError, VocabMismatchError
@@ -249,7 +249,7 @@ def auto_engine(tiny_models):
     reference = engine.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=3000), raw=True).token_ids
     wrong = engine.tokenize("<|user|>")[0]  # a control token: its output row is zero, so never the argmax
     drafter = ScriptedDrafter(reference, len(prompt_ids), wrong)
-    engine._drafters["ngram"] = drafter
+    engine.planner.drafters["ngram"] = drafter
     engine.configure(mode="ngram")
     yield engine, prompt_ids, drafter, reference
     engine.close()
@@ -343,10 +343,10 @@ def test_the_first_load_says_it_measures_and_later_loads_reuse_the_measurement(t
 def test_exact_width_probe_keeps_to_its_budget(tiny_models):
     model = LlamaModel(tiny_models["target"], n_ctx=256, n_threads=1)
     probe = model.tokenize("the cat sat on the mat and the dog " * 8, add_special=True)
-    full = model.probe_pass_widths(probe, 33)
+    full = probe_pass_widths(model, probe, 33)
     assert full.exact_width == 33  # every width is exact on the tiny models
     assert set(full.drift) == set(range(2, 34)) and max(full.drift.values()) == 0.0
-    assert model.probe_pass_widths(probe, 33, budget_seconds=0.0).exact_width == 2  # only the width always checked
+    assert probe_pass_widths(model, probe, 33, budget_seconds=0.0).exact_width == 2  # only the width always checked
     assert model.cached == [] and model.forward_passes == 0
     model.close()
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgespec import ChatSession, SamplingParams
-from edgespec.backend import RUNTIME, LlamaModel, load_state, state_bytes
+from edgespec.backend import RUNTIME, LlamaModel
 from edgespec.loading import load_engine
 from edgespec.prefix_cache import MAGIC, SUFFIX, DiskPrefixCache, MemoryPrefixCache, SnapshotKey
 
@@ -34,15 +34,15 @@ def test_a_restored_state_gives_the_recomputed_logits_bit_for_bit(which, tiny_mo
     model = LlamaModel(path, n_ctx=1024, n_threads=1)
     ids = model.tokenize(LONG_TEXT, add_special=True)[:400]
     model.decode(ids[:-1], n_logits=0)
-    state = state_bytes(model)
+    state = model.state_bytes()
     recomputed = model.decode(ids[-1:], 1)[0]
     fresh = LlamaModel(path, n_ctx=1024, n_threads=1)
-    assert load_state(fresh, state, ids[:-1])
+    assert fresh.load_state(state, ids[:-1])
     assert fresh.cached == ids[:-1]
     assert np.array_equal(fresh.decode(ids[-1:], 1)[0], recomputed)
     # a state that is not of the tokens it is said to hold, or cut short, is refused and leaves the cache empty
-    assert not load_state(fresh, state, ids[:-2]) and fresh.cached == []
-    assert not load_state(fresh, state[:-100], ids[:-1]) and fresh.cached == []
+    assert not fresh.load_state(state, ids[:-2]) and fresh.cached == []
+    assert not fresh.load_state(state[:-100], ids[:-1]) and fresh.cached == []
     model.close()
     fresh.close()
 
@@ -51,16 +51,16 @@ def test_a_state_restores_into_any_sequence_of_a_parallel_context(tiny_models):
     model = LlamaModel(tiny_models["target"], n_ctx=1024, n_threads=1)
     ids = model.tokenize(LONG_TEXT, add_special=True)[:300]
     model.decode(ids[:-1], n_logits=0)
-    single = state_bytes(model)
+    single = model.state_bytes()
     model.reserve_sequences(2)  # a new context for two sequences in one KV buffer, as batch --parallel makes
-    assert load_state(model, single, ids[:-1], seq=1) and model.cached_of(1) == ids[:-1]
+    assert model.load_state(single, ids[:-1], seq=1) and model.cached_of(1) == ids[:-1]
     model.rewind(0, seq=1)
     model.decode(ids[:-1], n_logits=0, seq=1)
-    state = state_bytes(model, 1)
+    state = model.state_bytes(1)
     recomputed = model.decode(ids[-1:], 1, seq=1)[0]
     other = LlamaModel(tiny_models["target"], n_ctx=1024, n_threads=1)
     other.reserve_sequences(2)
-    assert load_state(other, state, ids[:-1], seq=0) and other.cached == ids[:-1] and other.cached_of(1) == []
+    assert other.load_state(state, ids[:-1], seq=0) and other.cached == ids[:-1] and other.cached_of(1) == []
     assert np.array_equal(other.decode(ids[-1:], 1)[0], recomputed)
     model.close()
     other.close()
@@ -316,14 +316,14 @@ def test_a_cache_with_a_shifted_turn_is_never_saved_as_a_snapshot(tiny_models):
 
 
 def test_parallel_decoding_saves_and_restores_snapshots_of_its_sequences(tiny_models):
-    from edgespec.scheduler import Job, Scheduler
+    from edgespec.scheduler import Job
 
     document = list(range(100, 300))  # ids the tiny vocabulary has
     prompts = [document + [n, n + 1] for n in (5, 7, 9)]
 
     def run(engine):
         jobs = iter(Job(i, prompt, GREEDY) for i, prompt in enumerate(prompts))
-        return {key: event.result for key, event in Scheduler(engine, 2).run(lambda wait: next(jobs, None))
+        return {key: event.result for key, event in engine.scheduler(2).run(lambda wait: next(jobs, None))
                 if hasattr(event, "result")}
 
     first = cached_engine(tiny_models)

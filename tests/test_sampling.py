@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import edgespec.drafters
-import edgespec.engine
+import edgespec.decoder
 from edgespec.loading import load_engine
 from edgespec.sampling import SamplingParams, SparseProbs, sample, to_probs
 from edgespec.verify import Verdict, _residual, verify
@@ -215,8 +215,8 @@ def generate_with(engine, mode, prompt, params, draft_tokens, monkeypatch, refer
     """The engine's output, with the sampling path swapped for the dense reference when asked."""
     with monkeypatch.context() as patch:
         if reference:
-            patch.setattr(edgespec.engine, "to_probs", reference_to_probs)
-            patch.setattr(edgespec.engine, "verify", reference_verify)
+            patch.setattr(edgespec.decoder, "to_probs", reference_to_probs)
+            patch.setattr(edgespec.decoder, "verify", reference_verify)
             patch.setattr(edgespec.drafters, "to_probs", reference_to_probs)
             patch.setattr(edgespec.drafters, "sample", reference_sample)
         engine.configure(mode=mode)

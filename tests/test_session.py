@@ -8,7 +8,7 @@ import pytest
 
 from edgespec import ChatSession, Done, Notice, SamplingParams, Step
 from edgespec.loading import load_engine
-from edgespec.errors import ContextOverflowError
+from edgespec.errors import ContextOverflowError, EdgespecError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 TURNS = ["the cat sat on the mat", "and then the dog came in", "tell me about the cat again"]
@@ -133,3 +133,12 @@ def test_to_dict_round_trip(engines):
     assert restored.messages == session.messages
     assert restored.turn_stats == session.turn_stats
     assert restored.params == GREEDY and restored.system_prompt == "sys"
+
+
+def test_a_session_saved_in_another_format_is_refused_with_one_line(engines):
+    engine, _ = engines
+    saved = ChatSession(engine, system_prompt="sys").to_dict()
+    with pytest.raises(EdgespecError, match="format 2"):
+        ChatSession.from_dict(engine, {**saved, "format": 2})
+    unnumbered = {key: value for key, value in saved.items() if key != "format"}
+    assert ChatSession.from_dict(engine, unnumbered).system_prompt == "sys"  # saved before formats were numbered

@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-import edgespec.backend.model
-import edgespec.engine
+import edgespec.backend.probing
+import edgespec.decoder
+import edgespec.generation
 from tinygguf import write_model_family
 from tui.app import ChatApp
 from tui.config import ChatConfig
@@ -47,8 +48,9 @@ def app(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESPEC_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
     clock = SteppingClock()
-    monkeypatch.setattr(edgespec.engine, "time", clock)
-    monkeypatch.setattr(edgespec.backend.model, "time", clock)  # the calibration's timings too
+    monkeypatch.setattr(edgespec.decoder, "time", clock)
+    monkeypatch.setattr(edgespec.generation, "time", clock)
+    monkeypatch.setattr(edgespec.backend.probing, "time", clock)  # the calibration's timings too
     config = ChatConfig(model=str(models["target"]), draft=str(models["draft"]), draft_tokens=4,
                         temperature=0.0, max_tokens=48, memory_budget="8GiB")
     app = ChatApp(config, ChatStore(), n_threads=1)

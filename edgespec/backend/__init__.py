@@ -1,17 +1,20 @@
-"""The only package that talks to llama-cpp-python.
+"""The only package that talks to llama-cpp-python, split by llama.cpp's own objects.
 
-runtime.py starts llama.cpp and reads its build; model.py is a loaded model
-(KV cache, forward passes, logits) over the low-level C API; kvcache.py edits
-a KV cache in place (the context shift); state.py is a KV cache as bytes and back
-(the prompt cache's snapshots); tokenizer.py is text <-> token ids.
+runtime.py starts llama.cpp and reads its build; weights.py is a model's
+weights and metadata (llama_model); vocabulary.py is text <-> token ids
+(llama_vocab); context.py is a context over the weights: its sequences' KV
+caches (rewind, share, shift, save and load as bytes), forward passes and
+logits (llama_context); batch.py is the llama_batch it fills.  model.py's
+LlamaModel loads the three together; probing.py measures its passes;
+kvcache.py is the token arithmetic of reusing a cache.
 """
 
 from .kvcache import common_prefix_length, dropped_span
 from .model import LlamaModel
-from .state import load_state, state_bytes
+from .probing import PassProbe, probe_pass_widths, time_forward
 from .runtime import RUNTIME, default_threads, supports_gpu_offload, width_independent_kernels
 
 __all__ = [
-    "LlamaModel", "RUNTIME", "common_prefix_length", "dropped_span", "load_state", "state_bytes",
+    "LlamaModel", "PassProbe", "RUNTIME", "common_prefix_length", "dropped_span", "probe_pass_widths", "time_forward",
     "default_threads", "supports_gpu_offload", "width_independent_kernels",
 ]

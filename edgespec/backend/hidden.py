@@ -43,27 +43,27 @@ class HiddenStateModel(LlamaModel):
 
     def __init__(self, path, **options):
         super().__init__(path, **options)
-        self.n_embd = llama_cpp.llama_model_n_embd(self._model)
-        self._hidden_output = False
-        self._last_pass: dict[int, HiddenPass] = {}
+        self.n_embd = llama_cpp.llama_model_n_embd(self.weights.handle)
+        self._fresh_context()
 
-    def _open_context(self, n_ctx: int, n_batch: int, n_seq: int) -> None:
-        super()._open_context(n_ctx, n_batch, n_seq)
-        self._hidden_output = False
-        self._last_pass = {}
-        if llama_cpp.llama_pooling_type(self._ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE:
+    def reserve_sequences(self, n_seq: int) -> None:
+        fresh = n_seq != self.n_seq
+        super().reserve_sequences(n_seq)
+        if fresh:
+            self._fresh_context()
+
+    def _fresh_context(self) -> None:
+        self._hidden_output = False  # llama.cpp's default for a new context
+        self._last_pass: dict[int, HiddenPass] = {}
+        if self.context.pools_hidden_states:
+            self.close()
             raise ModelLoadError(f"{self.path.name} pools its hidden states (an embedding model?): "
                                  "drafting heads need a generative model's per-token states")
 
     def _output_hidden(self, on: bool) -> None:
         if on != self._hidden_output:
-            llama_cpp.llama_set_embeddings(self._ctx, on)
+            self.context.output_hidden_states(on)
             self._hidden_output = on
-
-    def _hidden_view(self, n_rows: int) -> np.ndarray:
-        # stored contiguously in output order, like the logits
-        ptr = llama_cpp.llama_get_embeddings(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_embd))
 
     def decode(self, tokens: Sequence[int], n_logits: int = 1, *, copy: bool = True, seq: int = 0):
         every_row = 0 < len(tokens) == n_logits
@@ -71,7 +71,8 @@ class HiddenStateModel(LlamaModel):
         first = len(self.cached_of(seq))
         logits = super().decode(tokens, n_logits, copy=copy, seq=seq)
         if every_row:
-            self._last_pass[seq] = HiddenPass(first, tuple(tokens), self._hidden_view(len(tokens)).copy())
+            rows = self.context.hidden_view(len(tokens), self.n_embd).copy()
+            self._last_pass[seq] = HiddenPass(first, tuple(tokens), rows)
         elif tokens:
             self._last_pass.pop(seq, None)
         return logits
@@ -82,7 +83,7 @@ class HiddenStateModel(LlamaModel):
         firsts = [len(self.cached_of(seq)) for seq, _, _ in parts]
         views = super().decode_sequences(parts)
         if every_row:
-            rows = self._hidden_view(sum(len(part) for _, part, _ in parts))
+            rows = self.context.hidden_view(sum(len(part) for _, part, _ in parts), self.n_embd)
             offset = 0
             for (seq, part, _), first in zip(parts, firsts):
                 self._last_pass[seq] = HiddenPass(first, tuple(part), rows[offset:offset + len(part)].copy())
@@ -97,6 +98,14 @@ class HiddenStateModel(LlamaModel):
         if kept is not None and n_keep <= kept.first:
             del self._last_pass[seq]
         super().rewind(n_keep, seq)
+
+    def copy_sequence(self, source: int, dest: int, n_keep: int) -> None:
+        self._last_pass.pop(dest, None)
+        super().copy_sequence(source, dest, n_keep)
+
+    def load_state(self, data, tokens: Sequence[int], seq: int = 0) -> bool:
+        self._last_pass.pop(seq, None)
+        return super().load_state(data, tokens, seq)
 
     def drop_span(self, start: int, end: int, seq: int = 0) -> None:
         self._last_pass.pop(seq, None)  # the positions it kept have moved

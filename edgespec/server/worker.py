@@ -1,16 +1,15 @@
-"""One engine, fed by a bounded FIFO queue: a worker thread runs one generation at a time, or several together.
+"""One engine, fed by a bounded FIFO queue: a worker thread runs its generations, one or several at a time.
 
 The HTTP side submits a Job and reads its events from an asyncio queue; the
-worker thread tokenizes the prompt, runs the engine and hands every Step and
-the final Done back through the event loop.  A job's cancel event (a client
-that went away, the time limit) stops its generation within one step; a job
-cancelled while it waits is simply skipped.
+worker thread tokenizes the prompt, runs the engine's scheduler and hands
+every Step and the final Done back through the event loop.  A job's cancel
+event (a client that went away, the time limit) stops its generation within
+one step; a job cancelled while it waits is simply skipped.
 
-With parallel > 1 the jobs go through the batch command's scheduler
-(edgespec.scheduler): up to that many decode together, one shared pass per
-step, each new job joining as soon as a place is free.  Each then evaluates its
-whole prompt: the one-at-a-time path's reuse of the previous request's cache
-(a chat's earlier turns) does not carry over.
+With parallel > 1 up to that many decode together, one shared pass per step,
+each new job joining as soon as a place is free (edgespec.scheduler); a new
+prompt reuses what any sequence's cache shares with it (a chat's earlier
+turns, when they are still there).
 """
 
 from __future__ import annotations
@@ -22,9 +21,10 @@ import threading
 import time
 from typing import Callable
 
-from ..engine import Done, Engine, GenerationResult
+from ..engine import Engine
 from ..errors import ContextOverflowError, EdgespecError
-from ..scheduler import Failed, Job as ScheduledJob, Scheduler
+from ..generation import Done, Failed, GenerationResult
+from ..scheduler import Job as ScheduledJob
 from .protocol import ApiError, CompletionRequest
 
 log = logging.getLogger("edgespec.serve")
@@ -124,43 +124,10 @@ class EngineWorker:
                 self._waiting.remove(job)
 
     def _serve(self) -> None:
-        if self.parallel > 1:
-            self._serve_together()
-            return
-        while True:
-            with self._wake:
-                while not self._waiting and not self._closed:
-                    self._wake.wait()
-                if self._closed:
-                    return
-                job = self._waiting.popleft()
-                self._running.add(job)
-            try:
-                if not job.cancel.is_set():
-                    self._run(job)
-            finally:
-                with self._wake:
-                    self._running.discard(job)
-
-    def _run(self, job: Job) -> None:
-        job.check_deadline()
-        if job.stopped_by is not None:
-            job.deliver(job.stopped_by)
-            return
-        try:
-            for event in self.engine.stream_tokens(self._prompt_ids(job.request), job.request.params, cancel=job.cancel):
-                if isinstance(event, Done):
-                    self._on_finished(job, event.result)
-                job.deliver(event)
-                job.check_deadline()
-        except Exception as error:  # a bug must cost one request, never the server
-            job.deliver(self._api_error(job, error))
-
-    def _serve_together(self) -> None:
         """Run jobs through the scheduler until the worker closes; a bug ends the jobs in flight, not the thread."""
         while not self._closed:
             try:
-                for job, event in Scheduler(self.engine, self.parallel).run(self._next_job):
+                for job, event in self.engine.scheduler(self.parallel).run(self._next_job):
                     if isinstance(event, (Done, Failed)):
                         with self._wake:
                             self._running.discard(job)
@@ -171,7 +138,7 @@ class EngineWorker:
                         self._on_finished(job, event.result)
                     job.deliver(event)
                     job.check_deadline()
-            except Exception as error:
+            except Exception as error:  # a bug must cost the requests in flight, never the server
                 with self._wake:
                     running, self._running = list(self._running), set()
                 for job in running:

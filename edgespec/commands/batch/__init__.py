@@ -55,7 +55,6 @@ from ...scheduler import best_parallel
 from ...stats import Stats
 from ..options import add_engine_options, add_sampling_options, engine_from_args, sampling_params, setting
 from ..serve import API_KEY_ENV
-from .parallel import run_batch_parallel
 from .output import FINGERPRINT_FIELD, RecordWriter, is_done, same_file
 from .remote import MAX_ATTEMPTS, MAX_CONCURRENCY, Endpoint, default_fields, run_remote_batch
 from .requests import BatchError, check_unique_ids, read_requests
@@ -199,9 +198,7 @@ def _run_with_engine(args, entries, writer, finished, resumed) -> RunTally:
     try:
         parallel = parallel_for(engine, args.parallel, len(entries) - resumed)
         with _progress_bar(len(entries), resumed) as on_progress, interrupt.catching_sigint():
-            if parallel == 1:
-                return run_batch(engine, entries, writer, params, finished, interrupt, on_progress)
-            return run_batch_parallel(engine, entries, writer, params, finished, interrupt, parallel, on_progress)
+            return run_batch(engine, entries, writer, params, finished, interrupt, parallel, on_progress)
     finally:
         engine.close()
 

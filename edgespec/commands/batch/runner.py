@@ -1,4 +1,4 @@
-"""Running the requests of a batch through one engine, one record each, and the summary of the batch."""
+"""Running the requests of a batch through one engine, one or several at a time, one record each, and the summary."""
 
 from __future__ import annotations
 
@@ -9,19 +9,25 @@ import re
 import signal
 import threading
 import time
+from collections import namedtuple
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ...engine import Done, Step
 from ...errors import ContextOverflowError, EdgespecError
+from ...generation import Failed, Step
 from ...files import atomic_write
 from ...monitor import AcceptanceMonitor
+from ...scheduler import Job
 from ...session import ChatSession
 from ...stats import Stats
 from .output import RecordWriter, error_record, is_done, is_success, success_record
 from .requests import COMPLETIONS_URL, BatchError, BatchRequest, InvalidRequest
+
+
+# What the progress bar reads of the requests in flight, summed over them.
+_InFlight = namedtuple("_InFlight", "tokens_generated draft_tokens_proposed draft_tokens_accepted")
 
 
 class Interrupt:
@@ -126,32 +132,45 @@ def run_batch(
     base_params,
     finished: dict[str, dict],
     interrupt: Interrupt,
-    on_progress: Callable[[RunTally, Stats | None], None] = lambda tally, live: None,
+    parallel: int = 1,
+    on_progress: Callable[[RunTally, _InFlight | None], None] = lambda tally, live: None,
 ) -> RunTally:
-    """Run every entry not yet done (see is_done), appending each record as it is done.
+    """Run every entry not yet done (see is_done), up to `parallel` at a time (edgespec.scheduler).
 
-    Adds the new records to `finished`. Stops early, writing nothing partial,
-    once `interrupt.requested` is set.  Requests sharing a long prefix (a
-    system prompt, a document) run one after another, so it is prefilled once
-    (the Batch format leaves the output order free); the rest keep their order.
+    Each finished request's record is appended (and fsynced) as soon as it
+    ends, in the order requests finish, and added to `finished`; a request in
+    flight when the batch is interrupted (interrupt.requested) or killed is not
+    written, so a rerun redoes it, and no custom_id is written twice.
+    Requests sharing a long prefix (a system prompt, a document) run one after
+    another, so it is prefilled once (the Batch format leaves the output order
+    free); the rest keep their order.
     """
     tally = RunTally()
     model_name = Path(engine.target_path).name
-    for entry in _grouped_by_shared_prefix(entries):
-        if is_done(entry, finished):
-            continue
-        if interrupt.requested.is_set():
-            break
-        if isinstance(entry, InvalidRequest):
-            record = error_record(entry.custom_id, entry.code, entry.message, entry.fingerprint)
-        else:
-            record = _run_request(engine, entry, base_params, model_name, interrupt, tally, on_progress)
-            if record is None:
-                break
+    in_flight: dict[str, Stats] = {}
+
+    def write(entry, record: dict) -> None:
         writer.append(record)
         finished[entry.custom_id] = record
         tally.written += 1
-        on_progress(tally, None)
+        on_progress(tally, _summed(in_flight))
+
+    jobs = _jobs(engine, _grouped_by_shared_prefix(entries), base_params, finished, interrupt, write)
+    by_id = {entry.custom_id: entry for entry in entries}
+    events = engine.scheduler(parallel).run(lambda wait: next(jobs, None), cancel=interrupt.requested)
+    for custom_id, event in events:
+        entry = by_id[custom_id]
+        if isinstance(event, Step):
+            in_flight[entry.custom_id] = event.stats
+            on_progress(tally, _summed(in_flight))
+            continue
+        in_flight.pop(entry.custom_id, None)
+        if isinstance(event, Failed):
+            code = "context_length_exceeded" if isinstance(event.error, ContextOverflowError) else "generation_failed"
+            write(entry, error_record(entry.custom_id, code, f"line {entry.line}: {event.error}", entry.fingerprint))
+        elif event.result.finish_reason != "cancelled":
+            tally.add(event.result.stats)
+            write(entry, success_record(entry, event.result, model_name))
     tally.interrupted = interrupt.requested.is_set() and not all(is_done(e, finished) for e in entries)
     return tally
 
@@ -178,8 +197,25 @@ def _prompt_text(entry: BatchRequest | InvalidRequest) -> str:
     return "\x00".join(f"{m['role']}\x01{m['content']}" for m in entry.messages)
 
 
-def _run_request(engine, request, base_params, model_name, interrupt, tally, on_progress):
-    """The request's record, or None when it was interrupted.
+def _jobs(engine, entries, base_params, finished, interrupt, write) -> Iterator[Job]:
+    """A job per request still to do; a request that cannot become one gets its error record at once."""
+    for entry in entries:
+        if interrupt.requested.is_set():
+            return
+        if is_done(entry, finished):
+            continue
+        if isinstance(entry, InvalidRequest):
+            write(entry, error_record(entry.custom_id, entry.code, entry.message, entry.fingerprint))
+            continue
+        job_or_error = _job(engine, entry, base_params)
+        if isinstance(job_or_error, Job):
+            yield job_or_error
+        else:
+            write(entry, job_or_error)
+
+
+def _job(engine, request: BatchRequest, base_params) -> Job | dict:
+    """The request's job: its prompt tokens and sampling; or its error record.
 
     Whatever one request gets wrong (a sampling value SamplingParams or numpy
     refuses, a chat template that fails to render, a prompt too long) is that
@@ -192,45 +228,35 @@ def _run_request(engine, request, base_params, model_name, interrupt, tally, on_
         params = dataclasses.replace(base_params, **dict(request.overrides))
     except (EdgespecError, ValueError) as err:
         return failed("invalid_field", f"bad sampling setting: {err}")
-    result = None
     try:
-        for event in _events(engine, request, params, interrupt):
-            if isinstance(event, Done):
-                result = event.result
-            elif isinstance(event, Step):
-                on_progress(tally, event.stats)
+        if request.url == COMPLETIONS_URL:
+            ids = engine.prompt_tokens(request.prompt, raw=True)
+        else:
+            ids = chat_session(engine, request.messages).reply_prompt(params)
     except ContextOverflowError as err:
         return failed("context_length_exceeded", err)
     except (EdgespecError, ValueError) as err:
         return failed("generation_failed", err)
-    if result is None or result.finish_reason == "cancelled":
+    return Job(request.custom_id, ids, params)
+
+
+def _summed(in_flight: dict[str, Stats]) -> _InFlight | None:
+    """What the progress bar reads of the requests in flight, summed over them."""
+    if not in_flight:
         return None
-    tally.add(result.stats)
-    return success_record(request, result, model_name)
+    stats = in_flight.values()
+    return _InFlight(sum(s.tokens_generated for s in stats), sum(s.draft_tokens_proposed for s in stats),
+                     sum(s.draft_tokens_accepted for s in stats))
 
 
-def _events(engine, request: BatchRequest, params, interrupt: Interrupt) -> Iterator:
-    """The generation's events; once interrupted it stops after the current step."""
-    if request.url == COMPLETIONS_URL:
-        yield from engine.stream(request.prompt, params, raw=True, cancel=interrupt.requested)
-        return
-    session = chat_session(engine, request.messages)
-    for event in session.stream(request.messages[-1]["content"], params):
-        if interrupt.requested.is_set():
-            session.cancel()
-        yield event
+def chat_session(engine, messages: tuple[dict, ...]) -> ChatSession:
+    """A session holding the request's conversation, ready to reply to its last (user) message.
 
-
-def chat_session(engine, messages: tuple[dict, ...], with_last: bool = False) -> ChatSession:
-    """A session holding the request's conversation up to its last user message (with_last: and that too).
-
-    Every request gets a fresh session; requests that share a system prompt
-    still share KV cache, as the engine keeps the longest common token prefix.
     A conversation too long for the context is an error, never silently cut.
     """
     has_system = messages[0]["role"] == "system"
     session = ChatSession(engine, messages[0]["content"] if has_system else None, context_policy="error")
-    session.messages = [dict(m) for m in messages[1 if has_system else 0 : None if with_last else -1]]
+    session.messages = [dict(m) for m in messages[1 if has_system else 0 :]]
     return session
 
 

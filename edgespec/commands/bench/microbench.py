@@ -96,7 +96,7 @@ def run_cost_curve(
     passes: drafting k tokens can only pay if more than T(k + 1) / T(1)
     tokens come out of a step on average.
     """
-    from ...backend import default_threads
+    from ...backend import default_threads, time_forward
 
     n_threads = n_threads or default_threads()
     prompt = load_workloads(["code-edit"], 1, workloads_dir)[0]
@@ -107,10 +107,10 @@ def run_cost_curve(
         engine.generate(prompt.prompt, SamplingParams(temperature=0.0, max_tokens=1))
         widths = list(range(1, max_tokens + 1))
         seconds: dict[int, list[float]] = {n: [] for n in widths}
-        engine.target.time_forward(max_tokens, ids[-1])  # warm-up
+        time_forward(engine.target, max_tokens, ids[-1])  # warm-up
         for round_ in range(repeats):
             for n in rotated(widths, round_):
-                seconds[n].append(engine.target.time_forward(n, ids[-1]))
+                seconds[n].append(time_forward(engine.target, n, ids[-1]))
         context_tokens = len(engine.target.cached)
     finally:
         engine.close()

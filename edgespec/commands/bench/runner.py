@@ -52,10 +52,12 @@ def run_bench(
     """Run the bench and return everything as one JSON-ready dict (meta, configs, runs, summary).
 
     With overhead=True every edgespec run also records where its decode time
-    went, per phase of the loop (engine.PhaseClock), and the result gains an
-    "overhead" summary.  llama_cpp_bin (a folder holding llama-speculative-simple)
-    adds llama.cpp's own speculation as peers.  kv_type: the models' KV cache type (keys
-    only).  Raises ExactnessError at the first temperature-0 mismatch of an edgespec mode with the baseline.
+    went, per phase of the decoder's step (edgespec.phases.PhaseClock), and the
+    result gains an "overhead" summary.  llama_cpp_bin (a folder holding
+    llama-speculative-simple) adds llama.cpp's own speculation as peers.
+    Raises ExactnessError at the first temperature-0 mismatch of an edgespec
+    mode with the baseline.
+    kv_type is the models' KV cache type (keys only: the bench keeps flash attention off).
     """
     if repeats < 1:
         raise BenchError("--repeats must be at least 1")
@@ -76,10 +78,16 @@ def run_bench(
         engine.close()
     meta = _meta(engine.target_path, engine.draft_path, prompts, repeats, temperatures, seed, n_ctx, n_threads, started,
                  runner.rss_scope, peer)
+    # other work on the machine distorts every figure; a quiet machine shows ~0 next to its core count
+    meta.update(kv_type=kv_type, load_average_start=load_at_start, load_average_end=load_average(),
+                **_kernel_facts(engine))
+    return _results(meta, engine, plan, runs, runner, overhead)
+
+
+def _results(meta: dict, engine, plan, runs: list[dict], runner, overhead: bool) -> dict:
+    """The bench's JSON: what ran where, every run, and the summaries."""
     results = {
-        # other work on the machine distorts every figure; a quiet machine shows ~0 next to its core count
-        "meta": {**meta, "kv_type": kv_type, "load_average_start": load_at_start, "load_average_end": load_average(),
-                 **_kernel_facts(engine)},
+        "meta": meta,
         "configs": [{"name": c.name, "drafter": c.drafter, "draft_tokens": c.draft_tokens, "bit_exact": c.bit_exact}
                     for c in plan],
         "runs": runs,
@@ -173,7 +181,8 @@ class _Runner:
         }
 
     def _run_edgespec(self, ids: list[int], params: SamplingParams, config: BenchConfig) -> dict:
-        from ...engine import Done, PhaseClock
+        from ...engine import Done
+        from ...phases import PhaseClock
 
         engine = self.engine
         engine.configure(mode="none" if config.drafter == "baseline" else config.drafter,
@@ -191,28 +200,8 @@ class _Runner:
         stats = result.stats
         return {
             **({"phase_ns": dict(clock.ns), "phase_steps": clock.steps} if clock else {}),
-            "prompt_tokens": stats.prompt_tokens,
-            "prompt_tokens_evaluated": stats.prompt_tokens_evaluated,
-            "tokens_generated": stats.tokens_generated,
-            "finish_reason": result.finish_reason,
-            "prefill_seconds": stats.prefill_seconds,
-            "decode_seconds": stats.decode_seconds,
-            "decode_tokens_per_second": stats.decode_tokens_per_second,
-            "draft_tokens_proposed": stats.draft_tokens_proposed,
-            "draft_tokens_accepted": stats.draft_tokens_accepted,
+            **stats.as_dict(),
             "acceptance_rate": stats.acceptance_rate if config.drafter != "baseline" else None,
-            "target_forward_passes": stats.target_forward_passes,
-            "target_passes_per_token": stats.target_passes_per_token,
-            "mean_draft_tokens": stats.mean_draft_tokens,
-            "bit_exact": stats.bit_exact,
-            "widest_pass": stats.widest_pass,
-            "accepted_by_drafter": stats.accepted_by_drafter,
-            "drafted_by_position": stats.drafted_by_position,
-            "accepted_by_position": stats.accepted_by_position,
-            "pass_widths": stats.pass_widths,
-            "draft_forward_passes": stats.draft_forward_passes,
-            "k0_steps": stats.k0_steps,
-            "steps": stats.steps,
             "token_ids": list(result.token_ids),
             "text": result.text,
         }

@@ -1,12 +1,15 @@
-"""Text <-> token ids through llama.cpp's vocabulary, and its split of text at special tokens.
+"""A model's vocabulary (llama_vocab): text <-> token ids, and its split of text at special tokens.
 
-LlamaModel keeps the vocabulary pointer and the caches; these functions do
-the C calls and the splitting that keeps message contents plain text.
+Vocabulary keeps the vocabulary pointer and the token pieces it has read; the
+functions below do the C calls and the splitting that keeps message contents
+plain text.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+from typing import Sequence
 
 import llama_cpp
 
@@ -14,6 +17,67 @@ import llama_cpp
 CONTROL_ATTRS = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
 SPECIAL_ATTRS = CONTROL_ATTRS | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
 _C_WHITESPACE = " \t\n\v\f\r"  # C's isspace(), which llama.cpp strips with
+
+
+class Vocabulary:
+    """A model's vocabulary: text <-> token ids, token pieces, and its special tokens."""
+
+    def __init__(self, weights_handle):
+        self._vocab = llama_cpp.llama_model_get_vocab(weights_handle)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._pieces: dict[int, bytes] = {}
+
+    def tokenize(
+        self, text: str, *, add_special: bool, parse_special: bool = False, plain_spans: Sequence[tuple[int, int]] = ()
+    ) -> list[int]:
+        """Text -> token ids; add_special adds the BOS/EOS tokens the model asks for.
+
+        With parse_special, text spelling a control token (``<|im_end|>``)
+        becomes that token: right for a chat template's own markers or --raw
+        input, wrong for anything a user wrote.  The [start, end) character
+        ranges in plain_spans (message contents) stay plain text even then.
+        Outside them the ids are exactly what llama.cpp gives for the whole
+        text, as its tokenizer also splits text at control tokens first and
+        tokenizes the pieces in between on their own.
+        """
+        if not (parse_special and any(start < end for start, end in plain_spans)):
+            return tokenize(self._vocab, text, add_special, parse_special)
+        ids = [self.bos_id] if add_special and llama_cpp.llama_vocab_get_add_bos(self._vocab) else []
+        spans = [(a, b) for a, b in plain_spans if a < b]
+        for piece in split_at_special_tokens(text, self._special_tokens, spans):
+            if isinstance(piece, int):
+                ids.append(piece)
+            else:
+                ids += tokenize(self._vocab, text[piece[0] : piece[1]], False, False)
+        if add_special and llama_cpp.llama_vocab_get_add_eos(self._vocab):
+            ids.append(self.eos_id)
+        return ids
+
+    @functools.cached_property
+    def _special_tokens(self) -> list[tuple[int, str, int]]:
+        return special_tokens(self._vocab, self.n_vocab)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes a token stands for (special tokens render as empty)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = token_piece(self._vocab, token)
+        return piece
+
+    def token_text(self, token: int) -> bytes:
+        """The token's entry in the vocabulary, as stored (for comparing vocabularies)."""
+        return token_text(self._vocab, token)
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    @property
+    def bos_id(self) -> int:
+        return llama_cpp.llama_vocab_bos(self._vocab)
+
+    @property
+    def eos_id(self) -> int:
+        return llama_cpp.llama_vocab_eos(self._vocab)
 
 
 def tokenize(vocab, text: str, add_special: bool, parse_special: bool) -> list[int]:

@@ -1,0 +1,82 @@
+"""Measuring a model's passes: how far wide passes part from one-token ones, and what a pass costs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..limits import MAX_OUTPUT_ROWS
+from .model import LlamaModel
+
+
+@dataclass(frozen=True)
+class PassProbe:
+    """What probe_pass_widths found."""
+
+    exact_width: int  # every pass up to this many tokens gives one-token passes' logits bit for bit
+    drift: dict[int, float]  # per checked width: the largest |logit difference| from one-token passes
+
+
+def probe_pass_widths(
+    model: LlamaModel, probe: Sequence[int], limit: int, drift_widths: Sequence[int] = (),
+    budget_seconds: float | None = None,
+) -> PassProbe:
+    """How far passes up to limit tokens wide part from one-token passes, bit for bit and in logits.
+
+    llama.cpp's CPU kernels change arithmetic with the number of tokens in
+    a pass, so a token verified in a wider pass can get slightly different
+    logits from the same token decoded alone.  Widths are checked
+    narrowest first, each by a pass of its own, until the first one that
+    is not bit-identical; after that only drift_widths are checked, for
+    the size of the difference.  With budget_seconds the one-token passes
+    get a quarter of it and the checks the rest, each check skipped once
+    it would end past the budget (width 2 is always checked), so every
+    figure comes from a width that was checked.  probe needs 8 + limit
+    tokens; the cache is left as it was, and the passes are not counted.
+    """
+    n_keep, passes = len(model.cached), model.forward_passes
+    prefix, tokens = list(probe[:8]), list(probe[8 : 8 + limit])
+    model.decode(prefix, n_logits=0)
+    started = time.perf_counter()
+    singles = []
+    for token in tokens:
+        if budget_seconds is not None and len(singles) >= 2 and _since(started) > budget_seconds / 4:
+            break
+        singles.append(model.decode([token], 1)[0])
+    exact_width, drift, last_check = 1, {}, 0.0
+    for w in range(2, len(singles) + 1):
+        if exact_width < w - 1 and w not in drift_widths:
+            continue
+        if budget_seconds is not None and w > 2 and _since(started) + last_check * w / (w - 1) > budget_seconds:
+            break
+        check_started = time.perf_counter()
+        model.rewind(n_keep + len(prefix))
+        rows = model.decode(tokens[:w], w)
+        last_check = _since(check_started)
+        drift[w] = float(np.max(np.abs(rows - np.stack(singles[:w]))))
+        if drift[w] == 0.0 and exact_width == w - 1:
+            exact_width = w
+    model.context.forward_passes = passes
+    model.rewind(n_keep)
+    return PassProbe(exact_width, drift)
+
+
+def time_forward(model: LlamaModel, n_tokens: int, filler: int) -> float:
+    """Seconds for one forward pass over n_tokens, returning n_tokens logits rows.
+
+    Used to calibrate draft lengths; the cache is left as it was, and the pass is not counted.
+    """
+    n_keep = len(model.cached)
+    start = time.perf_counter()
+    model.decode([filler] * n_tokens, n_logits=min(n_tokens, MAX_OUTPUT_ROWS))
+    elapsed = time.perf_counter() - start
+    model.context.forward_passes -= 1
+    model.rewind(n_keep)
+    return elapsed
+
+
+def _since(start: float) -> float:
+    return time.perf_counter() - start

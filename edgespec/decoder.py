@@ -1,0 +1,295 @@
+"""One decoding step for one generation or many: draft -> one target pass -> verify -> roll back -> emit.
+
+A step plans the drafts of the active generations, runs the target once over
+every one's [last token, d1..dk] (asking llama.cpp for exactly those rows of
+logits, never logits_all), then concludes each generation's step on its own
+rows: rejection sampling accepts a prefix of its draft and appends one more
+token from the target, and its sequence's KV cache keeps the accepted part
+only.  With k = 0 a step is plain decoding, so every mode (and the baseline)
+runs through this same step.
+
+A lone generation (Engine.generate, a chat, batch and serve at --parallel 1)
+is a batch of one: its draft length is its own controller's choice, and it
+may draft with the draft model and shift a dropped chat turn out of its
+cache.  Generations decoded together (the Scheduler at --parallel N) draft
+with n-grams, their lengths chosen together for the shared pass.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .backend import LlamaModel
+from .calibration import StepTimeWatch
+from .drafting import Draft, DraftChoice, DraftPlanner
+from .errors import ContextOverflowError, CorruptModelError, EdgespecError
+from .generation import Done, Drafting, Failed, Generation, Step, Token
+from .sampling import SamplingParams, SparseProbs, to_probs
+from .sequence_cache import SequenceCache
+from .stats import Counters
+from .text import TextAssembler
+from .verify import Verdict, verify
+
+DRAFT_MODEL_MODES = ("draft-model", "combined")
+
+
+class Decoder:
+    """Starts generations in the target's sequences and takes their steps, one target pass per step."""
+
+    def __init__(self, planner: DraftPlanner, cache: SequenceCache, draft_cache: SequenceCache | None = None):
+        self.planner = planner
+        self.cache = cache  # the target's sequences
+        self.draft_cache = draft_cache  # the draft model's one sequence, when a draft model is loaded
+        self.target = cache.model
+        self.step_watch: StepTimeWatch | None = None  # flags a cost curve that no longer matches one-sequence passes
+        self.plan_reason: str | None = None  # why the memory plan chose the drafter, for the stats
+
+    @property
+    def draft(self) -> LlamaModel | None:
+        return self.draft_cache.model if self.draft_cache is not None else None
+
+    # -- starting a generation -----------------------------------------------
+
+    def start(self, prompt_ids: Sequence[int], params: SamplingParams, drafting: Drafting, seq: int = 0,
+              shift: bool = False) -> Generation:
+        """A generation after prompt_ids, its prompt in sequence seq's cache (all but the last token).
+
+        shift: the caller accepts a cache with a dropped span shifted out
+        (SequenceCache.shift_out_dropped_span) for one recomputed; never under
+        bit_exact.  Raises EdgespecError for a prompt that cannot run.
+        """
+        self.check_prompt(prompt_ids)
+        planner = self.planner
+        counters = Counters(drafting.mode or planner.mode, self.plan_reason, prompt_tokens=len(prompt_ids),
+                            bit_exact=planner.bit_exact)
+        generation = Generation(list(prompt_ids), params, drafting, counters, np.random.default_rng(params.seed),
+                                TextAssembler(params.stop), seq)
+        started = time.perf_counter()
+        try:
+            counters.prompt_tokens_reused = self._prefill(generation, shift and self.shifts_context)
+        except EdgespecError:
+            self.target.rewind(0, seq)
+            raise
+        counters.prefill_seconds = time.perf_counter() - started
+        generation.draft_passes_at_start = self.draft.forward_passes if self.draft is not None else 0
+        generation.decode_start = time.perf_counter()
+        return generation
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        """Refuse a prompt that cannot run: an empty one, or one that leaves no room in the context."""
+        if not prompt_ids:
+            raise EdgespecError("the prompt is empty (give some text to continue)")
+        if len(prompt_ids) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.n_ctx} (raise --n-ctx or shorten the prompt)"
+            )
+
+    def _prefill(self, generation: Generation, shift: bool) -> int:
+        """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);
+        return how many the target had cached already."""
+        context, seq = generation.context, generation.seq
+        reused = self.cache.prefill(context, seq, shift=shift and seq == 0)
+        if self._drafts_with_draft_model(generation):
+            self.draft_cache.prepare(context, 0, shift=shift)
+            generation.drafting.drafters["draft-model"].prefill(context)
+        return reused
+
+    def _drafts_with_draft_model(self, generation: Generation) -> bool:
+        return self.draft_cache is not None and generation.counters.mode in DRAFT_MODEL_MODES
+
+    @property
+    def shifts_context(self) -> bool:
+        """Whether a dropped turn is shifted out of the caches, when the caller allows it, rather than the rest recomputed."""
+        return not self.planner.bit_exact and self.target.can_shift
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
+
+    # -- one step --------------------------------------------------------------
+
+    def step(self, generations: Sequence[Generation], together: bool = False
+             ) -> Iterator[tuple[Generation, Step | Done | Failed]]:
+        """One target pass over every unfinished generation: each one's Step, and a Done for each that ended.
+
+        together: the drafts' lengths are chosen together for the shared
+        pass; otherwise (one generation) by its own controller.  A finished
+        generation (cancelled by the caller, or out of context) gets its Done
+        without a pass.
+        """
+        running, rooms = [], []
+        for generation in generations:
+            room = self.n_ctx - len(generation.context)
+            if room <= 0 and not generation.finished:
+                generation.finish("context")
+            if generation.finished:
+                yield generation, self.end(generation)
+            else:
+                running.append(generation)
+                rooms.append(room)
+        if not running:
+            return
+        choices, lengths = self.choose_lengths(running, rooms, together)
+        drafts = [self.propose(generation, choice, k) for generation, choice, k in zip(running, choices, lengths)]
+        try:
+            rows = self.run_pass(running, drafts, observe=not together)
+        except EdgespecError as err:  # the pass failed for all of them
+            for generation in running:
+                self.target.rewind(0, generation.seq)
+                yield generation, Failed(err)
+            return
+        for generation, draft, logits in zip(running, drafts, rows):
+            try:
+                yield generation, self.conclude(generation, draft, logits)
+            except NonFiniteLogits:
+                self.target.rewind(0, generation.seq)
+                yield generation, Failed(self.corrupt_model_error())
+                continue
+            if generation.finished:
+                yield generation, self.end(generation)
+
+    def choose_lengths(self, generations: Sequence[Generation], rooms: Sequence[int], together: bool
+                       ) -> tuple[list[DraftChoice], list[int]]:
+        """Each generation's drafter and draft length for the next pass."""
+        return self.planner.choose(generations, rooms, together)
+
+    def propose(self, generation: Generation, choice: DraftChoice, k: int) -> Draft:
+        return self.planner.propose(generation, choice, k)
+
+    def run_pass(self, generations: Sequence[Generation], drafts: Sequence[Draft], observe: bool) -> list[np.ndarray]:
+        """One target pass over each generation's [last token, *draft]: each one's rows of logits, read-only
+        views of llama.cpp's buffer, valid until the next pass.  observe: time it for the step watch."""
+        target = self.target
+        for generation in generations:  # each cache holds context[:-1]
+            target.rewind(len(generation.context) - 1, generation.seq)
+        if len(generations) > 1:
+            return target.decode_sequences([(g.seq, [g.context[-1], *d.tokens], len(d.tokens) + 1)
+                                            for g, d in zip(generations, drafts)])
+        (generation,), (draft,) = generations, drafts
+        started = time.perf_counter()
+        logits = target.decode([generation.context[-1], *draft.tokens], n_logits=len(draft.tokens) + 1,
+                               copy=False, seq=generation.seq)
+        if observe and self.step_watch is not None:
+            self.step_watch.observe(len(draft.tokens) + 1, time.perf_counter() - started)
+        return [logits]
+
+    def conclude(self, generation: Generation, draft: Draft, logits: np.ndarray) -> Step:
+        """Verify the draft against the target's logits rows for [last token, *draft], keep the accepted part
+        in the generation's cache, and emit the step's tokens."""
+        verdict = self.verify(generation, draft, logits)
+        accepted = draft.tokens[: verdict.n_accepted]
+        self.keep_accepted(generation, len(accepted))
+        self.learn(draft, len(accepted))
+        if self.draft is not None:
+            generation.counters.draft_forward_passes = self.draft.forward_passes - generation.draft_passes_at_start
+        return self.emit(generation, [*accepted, verdict.next_token], draft)
+
+    @staticmethod
+    def verify(generation: Generation, draft: Draft, logits: np.ndarray) -> Verdict:
+        return verify(_LazyRows(logits, generation.params), draft.tokens, draft.probs, generation.rng)
+
+    def keep_accepted(self, generation: Generation, n_accepted: int) -> None:
+        """Cut the sequence's cache back to the context and the accepted draft tokens."""
+        self.target.rewind(len(generation.context) + n_accepted, generation.seq)
+
+    @staticmethod
+    def learn(draft: Draft, n_accepted: int) -> None:
+        """Tell the draft's controller how it went (one that learns in hindsight saw it already)."""
+        controller = draft.choice.controller
+        if controller is not None and not controller.hindsight:
+            controller.update(len(draft.tokens), n_accepted, draft.choice.hint.signal)
+
+    def emit(self, generation: Generation, new_tokens: list[int], draft: Draft) -> Step:
+        """The step's tokens as text, up to the first stop (end of generation, stop string, max_tokens)."""
+        n_drafted = len(new_tokens) - 1
+        counters, text, generated = generation.counters, generation.text, generation.generated
+        _count_step(counters, draft, n_drafted)
+        tokens = []
+        for i, token in enumerate(new_tokens):
+            if self.target.is_end_of_generation(token):
+                generation.finish("stop")
+                break
+            generated.append(token)
+            piece = text.feed(self.target.token_bytes(token))
+            tokens.append(Token(token, piece, draft.choice.drafter.name if i < n_drafted else None))
+            if text.stopped:
+                generation.finish("stop")
+                break
+            if len(generated) >= generation.params.max_tokens:
+                generation.finish("length")
+                break
+        if generation.finished:
+            tail = text.flush()
+            if tail and tokens:
+                tokens[-1] = Token(tokens[-1].id, tokens[-1].text + tail, tokens[-1].drafter)
+        generation.context.extend(new_tokens)
+        counters.tokens_generated = len(generated)
+        counters.decode_seconds = time.perf_counter() - generation.decode_start
+        return Step(tokens, counters.snapshot(), len(draft.tokens), n_drafted)
+
+    def end(self, generation: Generation) -> Done:
+        """The generation's Done, after offering its caches to the prompt cache."""
+        self.cache.offer(generation.seq)
+        if generation.seq == 0 and self._drafts_with_draft_model(generation):
+            self.draft_cache.offer(0)
+        return generation.done()
+
+    def corrupt_model_error(self) -> CorruptModelError:
+        """What a generation that met NaN or infinite logits ends with."""
+        path = self.target.path
+        return CorruptModelError(f"{path.name} computed NaN or infinite logits, so the model file {path} is likely "
+                                 "corrupt (download it again, or convert it afresh)")
+
+
+def _count_step(counters: Counters, draft: Draft, n_accepted: int) -> None:
+    width = len(draft.tokens) + 1
+    counters.steps += 1
+    counters.target_forward_passes += 1
+    counters.draft_tokens_proposed += len(draft.tokens)
+    counters.draft_tokens_accepted += n_accepted
+    counters.k0_steps += not draft.tokens
+    counters.widest_pass = max(counters.widest_pass, width)
+    counters.pass_widths[width] = counters.pass_widths.get(width, 0) + 1
+    name = draft.choice.drafter.name
+    if n_accepted:
+        counters.accepted_by_drafter[name] = counters.accepted_by_drafter.get(name, 0) + n_accepted
+    if draft.tokens:
+        _count_positions(counters.drafted_by_position.setdefault(name, []), len(draft.tokens))
+        _count_positions(counters.accepted_by_position.setdefault(name, []), n_accepted)
+
+
+def _count_positions(counts: list[int], n: int) -> None:
+    """One more at each of the first n draft positions."""
+    counts.extend([0] * (n - len(counts)))
+    for i in range(n):
+        counts[i] += 1
+
+
+class _LazyRows:
+    """Target probability rows, computed only for the positions the verifier reaches.
+
+    The logits are read where llama.cpp wrote them (no copy), and a row
+    becomes a SparseProbs only when the verifier asks for it.
+    """
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams):
+        self._logits, self._params = logits, params
+        self._rows: dict[int, SparseProbs] = {}
+
+    def __len__(self) -> int:
+        return len(self._logits)
+
+    def __getitem__(self, i: int) -> SparseProbs:
+        row = self._rows.get(i)
+        if row is None:
+            if not np.isfinite(self._logits[i].max()):  # max is NaN if any logit is
+                raise NonFiniteLogits
+            row = self._rows[i] = to_probs(self._logits[i], self._params)
+        return row
+
+
+class NonFiniteLogits(Exception):
+    """A logits row the verifier reads holds NaN or inf: the decoder names the model."""

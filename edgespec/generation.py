@@ -1,0 +1,125 @@
+"""A generation and what it hands out: a Step per verification pass, then a Done (or a Failed).
+
+These are the values every driver of the decoder sees, whether it runs one
+generation at a time (Engine.generate, a chat) or several together (the
+Scheduler under batch and serve).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from .controller import DraftLengthController
+from .drafters import Drafter
+from .errors import EdgespecError
+from .sampling import SamplingParams
+from .stats import Counters, Stats
+from .text import TextAssembler
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str  # may be "" while a UTF-8 character or a possible stop string is incomplete
+    drafter: str | None = None  # the drafter that proposed it ("ngram", "draft-model"); None: sampled from the target
+
+    @property
+    def drafted(self) -> bool:
+        """Proposed by a drafter and accepted, rather than sampled from the target."""
+        return self.drafter is not None
+
+
+@dataclass(frozen=True)
+class Step:
+    tokens: list[Token]
+    stats: Stats  # the whole generation's figures so far
+    drafted: int = 0  # tokens the drafter proposed in this step
+    accepted: int = 0  # of those, accepted by the verifier
+
+    @property
+    def text(self) -> str:
+        """The text this step added."""
+        return "".join(token.text for token in self.tokens)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length" | "context" | "cancelled"
+    stats: Stats
+
+
+@dataclass(frozen=True)
+class Done:
+    """The end of a stream: its result.  Like a Step it has text (none: every Step had its own) and stats."""
+
+    result: GenerationResult
+    text = ""
+
+    @property
+    def stats(self) -> Stats:
+        return self.result.stats
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A generation that could not run or finish (its prompt does not fit, the model computed NaN ...)."""
+
+    error: EdgespecError
+
+
+@dataclass
+class Drafting:
+    """What one text drafts with: its drafters and their draft-length controllers (by drafter and fixed k).
+
+    The engine's own drafting serves its one-at-a-time generations and keeps
+    what its controllers learn across them; the scheduler gives each sequence
+    it decodes together with others a drafting of its own.
+    """
+
+    drafters: dict[str, Drafter]
+    controllers: dict[tuple[str, int | None], DraftLengthController] = field(default_factory=dict)
+    mode: str | None = None  # the drafting mode, when not the planner's
+
+
+@dataclass
+class Generation:
+    """One generation in progress: its sequence in the target's cache, its context, sampling and figures."""
+
+    context: list[int]
+    params: SamplingParams
+    drafting: Drafting
+    counters: Counters
+    rng: np.random.Generator
+    text: TextAssembler
+    seq: int = 0
+    generated: list[int] = field(default_factory=list)
+    decode_start: float = 0.0
+    draft_passes_at_start: int = 0  # the draft model's pass count when decoding began
+
+    @property
+    def finished(self) -> bool:
+        return self.counters.finish_reason is not None
+
+    def finish(self, reason: str) -> None:
+        """End the generation: "stop", "length", "context" or "cancelled"."""
+        self.counters.finish_reason = reason
+
+    def done(self) -> Done:
+        self.counters.decode_seconds = time.perf_counter() - self.decode_start
+        return Done(GenerationResult(self.text.text, self.generated, self.counters.finish_reason,
+                                     self.counters.snapshot()))
+
+
+def result_of(events: Iterator) -> GenerationResult:
+    """Run a stream of events to its end and return the result it finished with."""
+    result = None
+    for event in events:
+        if isinstance(event, Done):
+            result = event.result
+    return result

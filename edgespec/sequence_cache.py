@@ -1,0 +1,130 @@
+"""A model context's sequences: filling one for a new prompt with as little evaluation as possible.
+
+A new prompt's prefill evaluates only what no cache holds already:
+
+- what its own sequence shares with it (the previous turn of a chat);
+- a longer prefix another sequence of the context holds, whose cells it then
+  shares (llama.cpp's unified KV buffer: nothing is copied);
+- a kept KV snapshot of a long prompt (the prompt cache), restored when it
+  shares clearly more;
+- a chat that dropped its oldest turn: the turn is shifted out of the cache,
+  as llama.cpp's context shift does, when the caller allows it.
+
+When a sequence's generation ends, its cache is offered to the prompt cache,
+which keeps what pays.  The target and the draft model each have one.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .backend import RUNTIME, LlamaModel, common_prefix_length, dropped_span
+from .prefix_cache import PrefixStore, SnapshotKey
+
+# Restoring a snapshot reads and checks its whole file; for a handful of tokens prefill is cheaper.
+MIN_RESTORE_GAIN = 32
+# A prompt that shares at least this many more tokens with another sequence's cache than with its
+# own shares that sequence's cells (free in llama.cpp's unified KV buffer) instead of evaluating them.
+MIN_COPIED_PREFIX = 16
+
+
+class SequenceCache:
+    """The KV caches of one model context's sequences, and the prompt-cache stores they restore from."""
+
+    def __init__(self, model: LlamaModel, stores: list[PrefixStore]):
+        self.model = model
+        self.stores = stores  # shared by the target's and the draft's caches; the engine's owner adds to it
+        self._shifted_at: int | None = None  # where sequence 0's cache holds shifted keys and values
+
+    def prefill(self, context: list[int], seq: int = 0, shift: bool = False) -> int:
+        """Put all but the last token of context in sequence seq's cache; return how many it held already.
+
+        shift: sequence 0 may have a dropped span shifted out (see shift_out_dropped_span).
+        """
+        reused = self.prepare(context, seq, shift)
+        self.model.decode(context[reused:-1], n_logits=0, seq=seq)
+        return reused
+
+    def prepare(self, context: list[int], seq: int = 0, shift: bool = False) -> int:
+        """Leave in sequence seq's cache the longest prefix of context[:-1] that needs no evaluation
+        (a snapshot restored when it pays); return its length."""
+        if shift:
+            self.shift_out_dropped_span(context)
+        reused = self.restore_prefix(context, seq)
+        self.model.rewind(reused, seq)
+        return reused
+
+    def place(self, ids: Sequence[int], free: Sequence[int]) -> int:
+        """The free sequence whose cache shares the longest prefix with ids (the lowest on a tie)."""
+        return max(sorted(free), key=lambda seq: common_prefix_length(self.model.cached_of(seq), ids))
+
+    def share_prefix(self, ids: list[int], seq: int, among: int) -> int:
+        """Leave in sequence seq's cache the longest prefix of ids that any of the first `among` sequences
+        holds (shared from it if that pays); return its length, at most len(ids) - 1 (the last token is
+        evaluated by the first step)."""
+        model = self.model
+        shared = {other: common_prefix_length(model.cached_of(other), ids) for other in range(among)}
+        best = max(shared, key=lambda other: (shared[other], other == seq))
+        keep = min(shared[seq], len(ids) - 1)
+        if shared[best] - shared[seq] >= MIN_COPIED_PREFIX:
+            keep = min(shared[best], len(ids) - 1)
+            model.copy_sequence(best, seq, keep)
+        model.rewind(keep, seq)
+        return keep
+
+    def restore_prefix(self, context: list[int], seq: int = 0) -> int:
+        """How many leading tokens of context[:-1] sequence seq's cache holds, after restoring a kept
+        snapshot when one shares clearly more of them than the cache does now."""
+        model = self.model
+        reused = min(common_prefix_length(model.cached_of(seq), context), len(context) - 1)
+        if seq == 0 and self._shifted_at is not None and self._shifted_at >= reused:
+            self._shifted_at = None  # the shifted part is rewound: what follows is computed afresh
+        if not self.stores:
+            return reused
+        key = snapshot_key(model)
+        found = [(snapshot, store) for store in self.stores
+                 if (snapshot := store.longest_prefix(key, context[:-1], model.n_ctx)) is not None]
+        if not found:
+            return reused
+        snapshot, store = max(found, key=lambda pair: pair[0].n_common)
+        if snapshot.n_common < reused + MIN_RESTORE_GAIN:
+            return reused
+        data = store.read(key, snapshot)
+        if data is None:
+            return reused
+        if seq == 0:
+            self._shifted_at = None  # the cache is replaced, or emptied if refused
+        if not model.load_state(data, snapshot.tokens, seq):
+            store.discard(snapshot, "llama.cpp refused its state")
+            return 0
+        model.rewind(snapshot.n_common, seq)
+        return snapshot.n_common
+
+    def offer(self, seq: int = 0) -> None:
+        """Offer sequence seq's KV cache, exactly the tokens in it, to the prefix stores; they keep what pays."""
+        if not self.stores or (seq == 0 and self._shifted_at is not None):
+            return  # shifted keys and values are not what a prefill computes: a restore must give its logits
+        model, key = self.model, snapshot_key(self.model)
+        for store in self.stores:
+            store.save(key, model.cached_of(seq), lambda: model.state_bytes(seq))
+
+    def shift_out_dropped_span(self, context: list[int]) -> None:
+        """When context is sequence 0's cache with one span left out (a chat dropped its oldest turn), drop
+        that span from the cache and move what follows back, as llama.cpp's context shift does, so the
+        prefill computes only what is new.
+
+        The moved keys and values still carry what they attended to in the
+        dropped span, so this is not the cache a fresh prefill would compute,
+        nor bit-identical to it: the decoder asks for it only when allowed.
+        """
+        model = self.model
+        if model.can_shift:
+            span = dropped_span(model.cached, context[:-1])
+            if span is not None:
+                model.drop_span(*span)
+                self._shifted_at = span[0] if self._shifted_at is None else min(span[0], self._shifted_at)
+
+
+def snapshot_key(model: LlamaModel) -> SnapshotKey:
+    """What a snapshot of model's KV cache is valid for; its KV setup (K and V types, flash attention) by label."""
+    return SnapshotKey.for_model(model.path, model.kv_cache_label or "f16", model.n_seq, RUNTIME)

@@ -1,0 +1,69 @@
+"""The Python API as the README shows it: edgespec.load, generate, stream and chat."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+import edgespec
+from edgespec.sampling import SamplingParams
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_example() -> str:
+    section = README.read_text(encoding="utf-8").split("\n## Python\n", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readme_example_runs_and_prints_only_its_own_output(smollm2_path, monkeypatch, capsys):
+    code = readme_example()
+    code = code.replace('MODEL = "qwen2.5-coder-1.5b-instruct"', f"MODEL = {str(smollm2_path)!r}")
+    load = edgespec.load
+    # the test machine downloads nothing: n-grams instead of the catalog's draft model
+    monkeypatch.setattr(edgespec, "load", lambda model, draft: load(model, "ngram", pull=False, n_ctx=1024))
+    exec(compile(code, "README.md", "exec"), {})
+    out, err = capsys.readouterr()
+    assert "tok/s" in out and "tokens)" in out
+    assert err == ""  # library use prints nothing on stderr
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    with edgespec.load(str(tiny_models["target"]), "ngram", pull=False, n_ctx=512, n_threads=1,
+                       cost_curve=(1.0, 1.2, 1.4, 1.6)) as engine:
+        yield engine
+
+
+def test_keyword_sampling_is_the_same_as_sampling_params(engine):
+    by_keywords = engine.generate("one two three", max_tokens=8, temperature=0.7, seed=3, raw=True)
+    by_params = engine.generate("one two three", SamplingParams(max_tokens=8, temperature=0.7, seed=3), raw=True)
+    changed = engine.generate("one two three", SamplingParams(max_tokens=99, temperature=0.7, seed=3), raw=True,
+                              max_tokens=8)
+    assert by_keywords.token_ids == by_params.token_ids == changed.token_ids
+    assert by_keywords.stats.tokens_generated <= 8
+
+
+def test_stream_chunks_add_up_to_the_result(engine):
+    chunks = list(engine.stream("one two three", max_tokens=10, temperature=0, raw=True))
+    assert "".join(chunk.text for chunk in chunks) == chunks[-1].result.text
+    assert chunks[-1].stats == chunks[-1].result.stats
+
+
+def test_a_bad_sampling_argument_names_the_parameter(engine):
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate("x", temperature=-1)
+    with pytest.raises(TypeError, match="tempreature"):
+        engine.generate("x", tempreature=0)
+
+
+def test_loading_prints_nothing_and_tells_the_logger(tiny_models, caplog):
+    stderr = io.StringIO()
+    with caplog.at_level("INFO", logger="edgespec"), contextlib.redirect_stderr(stderr):
+        edgespec.load(str(tiny_models["target"]), "ngram", pull=False, n_ctx=512, n_threads=1).close()
+    assert stderr.getvalue() == ""
+    assert any("measuring this model's speed" in record.message for record in caplog.records)
