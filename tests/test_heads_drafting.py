@@ -158,3 +158,22 @@ def test_drafting_with_heads_needs_trained_heads(tiny_models, tmp_path, monkeypa
     with pytest.raises(EdgespecError) as refused:
         load_engine(tiny_models["target"], "heads", n_ctx=256, cost_curve=FIXED_COST, notice=lambda _: None)
     assert "edgespec heads train" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_sequences_decoded_together_draft_with_heads_of_their_own(tiny_models, heads_path):
+    from edgespec.generation import Done
+    from edgespec.scheduler import Job
+
+    engine = load_engine(tiny_models["target"], "heads", heads_path=heads_path, n_ctx=512, cost_curve=FLAT_CURVE,
+                         n_threads=1, notice=lambda _: None)  # on a flat curve drafted rows pay even beside others
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    alone = [engine.generate(p, params, raw=True).token_ids for p in PROMPTS]
+    jobs = iter([Job(i, engine.prompt_tokens(p, raw=True), params) for i, p in enumerate(PROMPTS)])
+    together, by_drafter = {}, Counter()
+    for key, event in engine.scheduler(3).run(lambda wait: next(jobs, None)):
+        if isinstance(event, Done):
+            together[key] = event.result.token_ids
+            by_drafter.update(event.result.stats.accepted_by_drafter)
+    engine.close()
+    assert [together[i] for i in range(len(PROMPTS))] == alone
+    assert by_drafter["heads"] > 0
