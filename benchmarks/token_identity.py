@@ -14,7 +14,9 @@ Models: SmolLM2-135M (none, ngram), the test suite's tiny target/draft pair
 (draft-model, combined), and the Qwen2.5-Coder 1.5B/0.5B pair when
 `edgespec models path` finds it (with n-grams when the 0.5B draft is
 missing; --models to choose).  Identity holds on
-one machine and llama.cpp build: record and compare on the same one.
+one machine and llama.cpp build: record and compare on the same one, with
+the same number of threads (llama.cpp's default is the cores the process may
+use: `taskset -c 0` for both makes it one, and fast on a busy machine).
 """
 
 from __future__ import annotations
