@@ -245,12 +245,16 @@ class DraftLengthController:
 
 
 def controller_for(drafter: str, cost: CostModel, k_max: int, fixed_k: int | None = None,
-                   learned=None) -> DraftLengthController:
+                   learned=None, prior_acceptance: float | None = None) -> DraftLengthController:
     """The controller the engine gives a drafter: an n-gram drafter's proposals are free to make, so its
-    estimate learns in hindsight from every step; a draft model's learns from verification.  learned:
-    the drafter's learned prior for this model (learned.py), or None for the neutral built-in one."""
+    estimate learns in hindsight from every step; a draft model's (or heads') learns from verification.
+    learned: the drafter's learned prior for this model (learned.py), or None for the neutral built-in
+    one; prior_acceptance: what a verified drafter starts from instead of a draft model's typical rate
+    (heads: their file's held-out accuracy)."""
     if drafter == "ngram":
         estimate = HindsightAcceptance(k_max, learned=learned)
+    elif prior_acceptance is not None:
+        estimate = VerifiedAcceptance(k_max, learned=learned, prior_acceptance=prior_acceptance)
     else:
         estimate = VerifiedAcceptance(k_max, learned=learned)
     return DraftLengthController(cost, k_max, fixed_k, estimate=estimate)

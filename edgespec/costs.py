@@ -20,16 +20,18 @@ class CostModel:
 
     forward_seconds: Sequence[float]
     draft_seconds_per_token: float = 0.0
+    heads_seconds_per_token: float = 0.0  # drafting heads' numpy time per drafted token (0 when none are loaded)
 
     def __post_init__(self) -> None:
         seconds = tuple(float(s) for s in self.forward_seconds)
         if not seconds or not all(math.isfinite(s) and s > 0 for s in seconds):
             raise ValueError(f"forward_seconds must be positive and finite, got {seconds!r}")
-        draft = float(self.draft_seconds_per_token)
-        if not (math.isfinite(draft) and draft >= 0):
-            raise ValueError(f"draft_seconds_per_token must be >= 0, got {draft!r}")
         object.__setattr__(self, "forward_seconds", seconds)
-        object.__setattr__(self, "draft_seconds_per_token", draft)
+        for name in ("draft_seconds_per_token", "heads_seconds_per_token"):
+            value = float(getattr(self, name))
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+            object.__setattr__(self, name, value)
 
     def target(self, n: int) -> float:
         if n < 1:

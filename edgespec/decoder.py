@@ -282,9 +282,19 @@ def _count_step(counters: Counters, draft: Draft, n_accepted: int) -> None:
     if draft.source == "prediction":
         counters.accepted_prediction_tokens += n_accepted
         counters.rejected_prediction_tokens += len(draft.tokens) - n_accepted
+    name = draft.choice.drafter.name
     if n_accepted:
-        name = draft.choice.drafter.name
         counters.accepted_by_drafter[name] = counters.accepted_by_drafter.get(name, 0) + n_accepted
+    if draft.tokens:
+        _count_positions(counters.drafted_by_position.setdefault(name, []), len(draft.tokens))
+        _count_positions(counters.accepted_by_position.setdefault(name, []), n_accepted)
+
+
+def _count_positions(counts: list[int], n: int) -> None:
+    """One more at each of the first n draft positions."""
+    counts.extend([0] * (n - len(counts)))
+    for i in range(n):
+        counts[i] += 1
 
 
 class _LazyRows:

@@ -124,6 +124,8 @@ class DraftPlanner:
         self._drafter_costs = {"ngram": CostModel(cost.forward_seconds)} if widest > 1 else {}
         if widest > 1 and "draft-model" in self.drafters:
             self._drafter_costs["draft-model"] = cost
+        if widest > 1 and "heads" in self.drafters:
+            self._drafter_costs["heads"] = CostModel(cost.forward_seconds, cost.heads_seconds_per_token)
         for (name, _), controller in self.own.controllers.items():
             controller.set_cost(self._drafter_costs[name])
 
@@ -145,18 +147,24 @@ class DraftPlanner:
         """Draft with n-grams alone from now on (the caller closes the model)."""
         for name in ("draft-model", "combined"):
             self.drafters.pop(name)
+        if "heads" in self.drafters:
+            self.drafters["combined"] = self.drafters["heads"]  # n-grams and heads, chosen per step
         self._drafter_costs.pop("draft-model", None)
         self.own.controllers = {key: c for key, c in self.own.controllers.items() if key[0] != "draft-model"}
-        self.configure(mode="ngram")
+        self.configure(mode="combined" if "combined" in self.drafters else "ngram")
 
     def forget_learning(self) -> None:
         """Start the own drafting's controllers afresh, from their priors."""
         self.own.controllers = {}
 
-    @staticmethod
-    def n_gram_drafting(mode: str) -> Drafting:
-        """A drafting of its own for a sequence decoded together with others: n-grams, or none."""
-        return Drafting({"none": NoDrafter(), "ngram": NgramDrafter()}, mode=mode)
+    def sequence_drafting(self, seq: int) -> Drafting:
+        """A drafting of its own for sequence seq decoded together with others: n-grams and, when loaded,
+        heads (reading that sequence's hidden states), picked per step; or none."""
+        drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
+        if "heads" in self.drafters:
+            drafters["heads"] = drafters["combined"] = self.drafters["heads"].for_sequence(seq)
+        mode = self.mode if self.mode in ("none", "heads") else "combined" if "combined" in drafters else "ngram"
+        return Drafting(drafters, mode=mode)
 
     # -- each step's draft ---------------------------------------------------
 
@@ -170,7 +178,10 @@ class DraftPlanner:
         controller = controllers.get((name, fixed))
         if controller is None:
             learned = self.learned.prior(name) if self.learned is not None else None
-            controller = controllers[(name, fixed)] = controller_for(name, cost, self._widest - 1, fixed, learned)
+            # the heads file's held-out accuracy, not a draft model's typical one
+            prior = drafting.drafters["heads"].acceptance_prior if name == "heads" else None
+            controller = controllers[(name, fixed)] = controller_for(name, cost, self._widest - 1, fixed, learned,
+                                                                     prior_acceptance=prior)
         return controller
 
     def choose(self, generations: Sequence[Generation], rooms: Sequence[int], together: bool
@@ -209,7 +220,8 @@ class DraftPlanner:
         context, drafting, counters = generation.context, generation.drafting, generation.counters
         limit = min(generation.params.max_tokens - counters.tokens_generated - 1, room - 1, self.max_draft_tokens)
         mode = drafting.mode or self.mode
-        names = ("ngram", "draft-model") if mode == "combined" else (mode,)
+        names = (tuple(n for n in ("ngram", "heads", "draft-model") if n in drafting.drafters) if mode == "combined"
+                 else (mode,))
         options = []
         for name in names:
             drafter = drafting.drafters[name]

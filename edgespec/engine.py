@@ -15,15 +15,13 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-import numpy as np
-
-from .backend import RUNTIME, LlamaModel, probe_pass_widths, time_forward
+from .backend import RUNTIME, LlamaModel, probe_pass_widths, probe_tokens, time_forward
 from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
 from .costs import CostModel
 from .draft_cost import draft_token_share
 from .chat_template import ChatTemplate
 from .decoder import Decoder
-from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from .drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
 from .drafting import DraftPlanner
 from .generation import Done, Failed, GenerationResult, Step, Token, result_of
 from .limits import MAX_DRAFT_TOKENS
@@ -41,7 +39,7 @@ __all__ = ["Engine", "Done", "GenerationResult", "Step", "Token", "result_of"]
 
 class Engine:
     def __init__(self, target: LlamaModel, draft: LlamaModel | None, mode: str, draft_tokens: int | str,
-                 plan=None, bit_exact: bool = False):
+                 plan=None, bit_exact: bool = False, heads: Drafter | None = None):
         self.target = target
         self.draft = draft
         self.plan = plan  # the memory plan it was loaded with (edgespec.planner.Plan), for its reason and display
@@ -54,6 +52,9 @@ class Engine:
         if draft is not None:
             drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
             drafters["combined"] = drafters["draft-model"]  # picks per step between it and n-grams
+        if heads is not None:  # a HeadsDrafter over this target, a HiddenStateModel
+            drafters["heads"] = heads
+            drafters.setdefault("combined", heads)
         self.configure(bit_exact=bit_exact)  # refuses bit_exact over flash attention
         self.planner = DraftPlanner(drafters, mode, draft_tokens, bit_exact)
         self.decoder = Decoder(self.planner, SequenceCache(target, self.prefix_caches),
@@ -122,7 +123,7 @@ class Engine:
         if cached is None:
             (notice or print_notice)("measuring this model's speed, once (a few seconds; later runs reuse it) ...")
             probe = probe_pass_widths(
-                self.target, self._probe_tokens(), MAX_DRAFT_TOKENS + 1, PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS)
+                self.target, probe_tokens(self.target), MAX_DRAFT_TOKENS + 1, PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS)
             width, drift = probe.exact_width, probe.drift
             curve = self._measure_and_store(width, drift, notice or print_notice)
         elif cached.stale and measure_stale_curve:
@@ -138,7 +139,7 @@ class Engine:
     def _use_given_curve(self, cost: CostModel) -> None:
         """Verify on a given cost curve: nothing is timed or cached; only the pass widths are probed."""
         widest = min(len(cost.forward_seconds), MAX_DRAFT_TOKENS + 1)
-        probe = probe_pass_widths(self.target, self._probe_tokens(), widest, PLANNED_WIDTHS)
+        probe = probe_pass_widths(self.target, probe_tokens(self.target), widest, PLANNED_WIDTHS)
         self._calibration, self._stale_curve, self.decoder.step_watch = None, False, None
         self._use_cost(probe.exact_width, probe.drift, cost, plain_step_seconds=None, widest=widest)
 
@@ -184,7 +185,10 @@ class Engine:
         draft_seconds = 0.0
         if self.draft is not None:  # timed against target passes timed alongside, then scaled to the curve
             draft_seconds = curve[0] * draft_token_share(self.target, self.draft, notice)
-        self._use_cost(width, drift, CostModel(curve, draft_seconds), curve[0], widest=MAX_DRAFT_TOKENS + 1)
+        heads = self.planner.drafters.get("heads")
+        heads_seconds = heads.seconds_per_token() if heads is not None else 0.0
+        self._use_cost(width, drift, CostModel(curve, draft_seconds, heads_seconds), curve[0],
+                       widest=MAX_DRAFT_TOKENS + 1)
 
     def _use_cost(self, width: int, drift: dict[int, float], cost: CostModel, plain_step_seconds: float | None,
                   widest: int) -> None:
@@ -202,10 +206,6 @@ class Engine:
             self.plan = dataclasses.replace(self.plan, mode="ngram", reason=reason)
             self.decoder.plan_reason = reason
 
-    def _probe_tokens(self) -> list[int]:
-        text = "The quick brown fox jumps over the lazy dog; def area(w, h): return w * h. " * 8
-        return self.target.tokenize(text, add_special=True)
-
     def forget_cache(self) -> None:
         """Empty the KV caches, so the next prompt is evaluated in full."""
         self.target.rewind(0)
@@ -220,19 +220,16 @@ class Engine:
         """
         self.planner.forget_learning()
 
-    def plain_logits(self, ids: list[int]) -> np.ndarray:
-        """The target's logits after ids as plain decoding computes them: the last token in a pass of its own."""
-        self.forget_cache()
-        self.target.decode(ids[:-1], n_logits=0)
-        logits = self.target.decode(ids[-1:], n_logits=1)[0]
-        self.forget_cache()
-        return logits
-
     # -- settings ------------------------------------------------------------
 
     @property
     def mode(self) -> str:
         return self.planner.mode
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The drafting modes this engine can run (combined and draft-model need a draft model or heads)."""
+        return tuple(self.planner.drafters)
 
     @property
     def draft_tokens(self) -> int | str:

@@ -76,7 +76,19 @@ class _Tensor:
     name: str
     n_elements: int
     n_bytes: int
-    offset: int
+    offset: int  # from the start of the data section
+    quant_type: GGMLQuantizationType = GGMLQuantizationType.F32
+    dims: tuple[int, ...] = ()  # ggml's order: dims[0] is the length of a row
+
+
+@dataclass(frozen=True)
+class TensorLocation:
+    """Where one tensor's data lies in a GGUF file, for reading some of its rows (drafting heads)."""
+
+    quant_type: GGMLQuantizationType
+    dims: tuple[int, ...]  # ggml's order: dims[0] is the length of a row
+    offset: int  # from the start of the file
+    n_bytes: int
 
 
 class _Truncated(Exception):
@@ -216,7 +228,16 @@ def _read_tensor_info(walker: _HeaderWalker) -> _Tensor:
     for dim in dims:
         n_elements *= dim
     block_size, type_size = GGML_QUANT_SIZES[quant_type]
-    return _Tensor(name, n_elements, n_elements * type_size // block_size, offset)
+    return _Tensor(name, n_elements, n_elements * type_size // block_size, offset, quant_type, tuple(dims))
+
+
+def read_tensor_locations(path: str | os.PathLike) -> dict[str, TensorLocation]:
+    """Every tensor of the GGUF file at path, by name: its type, shape and where its data lies."""
+    path = Path(path)
+    read_gguf_info(path)  # one clear line for a missing, truncated or foreign file
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
+        _, tensors, data_offset = _read_header(buffer, path)
+    return {t.name: TensorLocation(t.quant_type, t.dims, data_offset + t.offset, t.n_bytes) for t in tensors}
 
 
 def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor], data_offset: int) -> GGUFInfo:

@@ -26,7 +26,7 @@ MAX_GPU_LAYERS = 2**31 - 1
 MAX_DRAFT_TOKENS = 32
 
 # Drafting modes by drafter name, best first; "none" is plain decoding.
-MODES = ("combined", "draft-model", "ngram", "none")
+MODES = ("combined", "draft-model", "heads", "ngram", "none")
 
 # The most logits rows one decode may return.  llama.cpp sizes its output
 # buffer and compute graph for n_outputs_max (n_batch by default: 512 rows x

@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .backend import LlamaModel, supports_gpu_offload, width_independent_kernels
+from .backend.hidden import HiddenStateModel
 from .costs import CostModel, best_speedup
 from .drafters import check_vocab_compatible
 from .learned import LearnedAcceptance
 from .ngram_pool import NgramPool
 from .engine import Engine
 from .errors import EdgespecError
+from .heads.attach import heads_drafter, trained_heads
 from .limits import KV_TYPES, SettingError, checked_kv_type
 from .fetch import resolve_draft, resolve_model
 from .catalog import load_catalog, local_path
@@ -43,7 +45,7 @@ def plan_load(
     target_path = resolve_model(target, pull=pull, notice=notice)
     draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, pull, notice)
     # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
-    forced_mode = (draft or "none") if draft in (None, "none", "ngram") else None
+    forced_mode = "ngram" if draft == "heads" else (draft or "none") if draft in (None, "none", "ngram") else None
     plan = plan_models(
         target_path, draft_path, n_ctx=n_ctx, gpu_offload=supports_gpu_offload(),
         memory_budget=memory_budget, force_mode=forced_mode,
@@ -78,6 +80,7 @@ def load_engine(
     flash_attn: bool = False,
     parallel: int = 1,
     prompt_cache_ram: int = 0,
+    heads_path: str | Path | None = None,
 ) -> Engine:
     """Load a target and its drafter.
 
@@ -97,6 +100,7 @@ def load_engine(
     target and the draft (f16, q8_0, q4_0); without flash_attn only the keys
     take them (see kv_cache_notice).  flash_attn cannot go with bit_exact.
     parallel (target KV caches a Scheduler fills) and prompt_cache_ram (a server's snapshots) only plan memory.
+    draft "heads" drafts with trained heads alone (heads_path, default: the model's own); "auto" adds them if trained.
     """
     kv_notice = kv_cache_notice(kv_type, kv_type if draft_kv_type is None else draft_kv_type, flash_attn, bit_exact)
     target_path, draft_path, plan = plan_load(
@@ -109,15 +113,22 @@ def load_engine(
     if not width_independent_kernels():
         notice("this llama.cpp build has llamafile kernels, so greedy output may differ from plain decoding "
                "where two tokens nearly tie; rebuild llama-cpp-python with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF (make does)")
-    target_model, draft_model = _load_models(target_path, draft_path, plan, n_ctx, n_threads)
-    mode = "combined" if plan.mode == "draft-model" else plan.mode
-    engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact)
+    heads_path = heads_path or (trained_heads(target_path) if draft in ("heads", "auto") else None)
+    target_model, draft_model = _load_models(target_path, draft_path, plan, n_ctx, n_threads, heads_path is not None)
+    heads = _load_heads(target_model, heads_path, required=draft == "heads", notice=notice)
+    mode = "heads" if draft == "heads" else "combined" if plan.mode == "draft-model" or heads is not None else plan.mode
+    engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact, heads=heads)
     engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
+    _settle_drafting(engine, draft, draft_tokens, notice)
+    return engine
+
+
+def _settle_drafting(engine: Engine, draft, draft_tokens, notice) -> None:
+    """Say how the loaded engine drafts, where that is not what was asked, and drop a draft model that cannot pay."""
     if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
         notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {_why_narrower(engine)}")
-    if draft_model is not None:
+    if engine.draft is not None:
         notice(_settle_draft_model(engine, keep=draft != "auto"))
-    return engine
 
 
 def use_learning(engine: Engine, priors: str = "learn", pool: bool = True) -> None:
@@ -222,7 +233,7 @@ def _why_narrower(engine: Engine) -> str:
 
 def _resolve_draft(target, draft, pull: bool, notice) -> Path | None:
     """The draft GGUF to consider, or None for n-gram / plain decoding."""
-    if draft in (None, "none", "ngram"):
+    if draft in (None, "none", "ngram", "heads"):
         return None
     if draft == "auto":
         names = _catalog_drafts_for(target)
@@ -246,10 +257,29 @@ def _catalog_drafts_for(target) -> tuple[str, ...]:
     return next((pair.drafts for pair in catalog.pairs if pair.target in names), ())
 
 
+def _load_heads(target, heads_path, required: bool, notice):
+    """The heads drafter for target, or None: none trained, or (unless they were asked for) unusable."""
+    if heads_path is None:
+        if required:
+            target.close()
+            raise EdgespecError(f"no heads are trained for {target.path.name} (train them with "
+                                f"`edgespec heads train --model {target.path}`, or use --draft ngram)")
+        return None
+    try:
+        return heads_drafter(target, heads_path)
+    except EdgespecError as error:
+        if required:
+            target.close()
+            raise
+        notice(f"not drafting with heads: {error}")
+        return None
+
+
 def _load_models(target_path: Path, draft_path: Path | None, plan: Plan, n_ctx: int,
-                 n_threads) -> tuple[LlamaModel, LlamaModel | None]:
-    """The target and, when the plan loads one, the draft model, each with the plan's layers and KV cache."""
-    target = LlamaModel(target_path, n_ctx=n_ctx, n_gpu_layers=plan.target_gpu_layers, n_threads=n_threads,
+                 n_threads, hidden_states: bool = False) -> tuple[LlamaModel, LlamaModel | None]:
+    """The target and, when the plan loads one, the draft model, each with the plan's layers and KV cache;
+    with hidden_states the target also outputs its hidden states, for heads."""
+    target = (HiddenStateModel if hidden_states else LlamaModel)(target_path, n_ctx=n_ctx, n_gpu_layers=plan.target_gpu_layers, n_threads=n_threads,
                         kv_type=plan.kv_type, flash_attn=plan.flash_attn)
     if plan.mode != "draft-model":
         return target, None

@@ -31,7 +31,7 @@ import numpy as np
 
 from .costs import CostModel
 from .decoder import Decoder
-from .drafting import DraftPlanner, Drafting
+from .drafting import Drafting
 from .errors import EdgespecError
 from .generation import Done, Failed, Generation, Step
 from .limits import checked_setting
@@ -113,15 +113,16 @@ class Scheduler:
             decoder.check_prompt(job.prompt_ids)
             if self.parallel > 1:  # a lone generation's cache is its own (and may be shifted first)
                 decoder.cache.share_prefix(list(job.prompt_ids), seq, among=self.parallel)
-            return decoder.start(job.prompt_ids, job.params, self._drafting(), seq,
+            return decoder.start(job.prompt_ids, job.params, self._drafting(seq), seq,
                                  shift=job.shift_dropped_span and self.parallel == 1, prediction=job.prediction,
                                  pool=job.pool)
         except EdgespecError as err:
             return Failed(err)
 
-    def _drafting(self) -> Drafting:
-        """A lone generation drafts with the planner's own drafting; each of several decoded together with n-grams."""
+    def _drafting(self, seq: int) -> Drafting:
+        """A lone generation drafts with the planner's own drafting; each of several decoded together with
+        n-grams (and heads, when loaded) of its own."""
         planner = self.decoder.planner
         if self.parallel == 1:
             return planner.own
-        return DraftPlanner.n_gram_drafting("none" if planner.mode == "none" else "ngram")
+        return planner.sequence_drafting(seq)

@@ -93,6 +93,10 @@ class Stats:
     """Accepted draft tokens per drafter ("ngram", "draft-model"): who proposed what the target kept."""
     pass_widths: dict[int, int] = dataclasses.field(default_factory=dict)
     """Verification passes per width (k + 1 tokens): how much of the cost curve the controller used."""
+    drafted_by_position: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Per drafter, the tokens it proposed at draft position 1, 2, ... (for heads: head 1, 2, ...)."""
+    accepted_by_position: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Per drafter, how many of those the verifier accepted (see acceptance_by_position)."""
     accepted_prediction_tokens: int = 0
     """Drafted tokens taken from the request's predicted output that the verifier accepted."""
     rejected_prediction_tokens: int = 0
@@ -120,6 +124,12 @@ class Stats:
         if isinstance(known.get("pass_widths"), dict):  # JSON keys are strings
             known["pass_widths"] = {int(width): count for width, count in known["pass_widths"].items()}
         return cls(**known)
+
+    def acceptance_by_position(self, drafter: str) -> list[float]:
+        """The share of the drafter's tokens at each draft position that the verifier accepted."""
+        accepted = self.accepted_by_position.get(drafter, [])
+        return [_ratio(accepted[i] if i < len(accepted) else 0, n)
+                for i, n in enumerate(self.drafted_by_position.get(drafter, []))]
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

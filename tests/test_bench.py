@@ -19,7 +19,8 @@ RUN_FIELDS = {
     "tokens_generated", "finish_reason", "prefill_seconds", "decode_seconds", "end_to_end_seconds",
     "decode_tokens_per_second", "draft_tokens_proposed", "draft_tokens_accepted", "acceptance_rate",
     "target_forward_passes", "target_passes_per_token", "mean_draft_tokens", "k0_steps", "steps", "token_ids",
-    "text", "peak_rss_mb", "matches_baseline", "prompt_ids", "bit_exact", "widest_pass", "accepted_by_drafter", "pass_widths",
+    "text", "peak_rss_mb", "matches_baseline", "prompt_ids", "bit_exact", "widest_pass", "accepted_by_drafter", "drafted_by_position",
+    "accepted_by_position", "pass_widths",
     "draft_forward_passes",
     "mode", "plan_reason", "prompt_tokens_reused",  # a run carries all of its Stats
     "accepted_prediction_tokens", "rejected_prediction_tokens", "plain_step_seconds", "decode_speedup",

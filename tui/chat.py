@@ -92,7 +92,7 @@ class ChatController:
             self.engine = None
 
     def available_modes(self) -> list[str]:
-        return [mode for mode in MODES if mode not in ("combined", "draft-model") or self.engine.draft_path is not None]
+        return [mode for mode in MODES if mode in self.engine.modes]
 
     def plain_speed(self) -> tuple[float, str] | None:
         """This model's plain decoding speed in tok/s, and where it comes from.

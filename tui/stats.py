@@ -12,7 +12,7 @@ from rich.text import Text
 
 from edgespec.stats import Stats, end_to_end_speedup
 
-MODE_LABELS = {"combined": "n-gram + draft model", "draft-model": "draft model", "ngram": "n-gram", "none": "no drafting"}
+MODE_LABELS = {"combined": "n-gram + draft model", "draft-model": "draft model", "heads": "heads", "ngram": "n-gram", "none": "no drafting"}
 
 
 def display_path(path: str | os.PathLike) -> str:
@@ -133,11 +133,14 @@ def _accepted_detail(stats: Stats) -> list[str]:
     parts = []
     by_drafter = {name: count for name, count in stats.accepted_by_drafter.items() if count}
     if stats.mode == "combined":
-        names = ("ngram", "draft-model")
+        names = ("ngram", "draft-model", *(("heads",) if "heads" in by_drafter else ()))
         parts.append("from " + ", ".join(f"{MODE_LABELS[name]} {by_drafter.get(name, 0)}" for name in names))
     drafting_steps = stats.steps - stats.k0_steps
     if drafting_steps > 0:
         parts.append(f"{stats.draft_tokens_accepted / drafting_steps:.1f} accepted/step")
+    by_head = stats.acceptance_by_position("heads")
+    if by_head:
+        parts.append("heads " + " ".join(f"{rate:.0%}" for rate in by_head))
     return parts
 
 

@@ -245,6 +245,22 @@ class Context:
             first += n_logits
         return views
 
+    # -- hidden states, for drafting heads (backend/hidden.py) -------------------
+
+    def output_hidden_states(self, on: bool) -> None:
+        """Have the next passes return, for every token, its final-normed hidden state beside its logits
+        (llama.cpp's embeddings output: every token of a pass becomes an output row)."""
+        llama_cpp.llama_set_embeddings(self._ctx, on)
+
+    def hidden_view(self, n_rows: int, n_embd: int) -> np.ndarray:
+        """The hidden states of the last pass's n_rows output rows, in batch order: a view, valid until the next pass."""
+        return np.ctypeslib.as_array(llama_cpp.llama_get_embeddings(self._ctx), shape=(n_rows, n_embd))
+
+    @property
+    def pools_hidden_states(self) -> bool:
+        """Whether llama.cpp would pool the hidden states (an embedding model) instead of returning one per token."""
+        return llama_cpp.llama_pooling_type(self._ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
+
     def _logits_view(self, n_rows: int) -> np.ndarray:
         # outputs are stored contiguously in batch order
         ptr = llama_cpp.llama_get_logits(self._ctx)

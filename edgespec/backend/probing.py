@@ -64,6 +64,22 @@ def probe_pass_widths(
     return PassProbe(exact_width, drift)
 
 
+def probe_tokens(model: LlamaModel) -> list[int]:
+    """A prompt of ordinary text and code for the width probe and the cost curve's passes."""
+    text = "The quick brown fox jumps over the lazy dog; def area(w, h): return w * h. " * 8
+    return model.tokenize(text, add_special=True)
+
+
+def plain_logits(model: LlamaModel, ids: list[int]) -> np.ndarray:
+    """model's logits after ids as plain decoding computes them: the last token in a pass of its own.
+    Sequence 0's cache is left empty."""
+    model.rewind(0)
+    model.decode(ids[:-1], n_logits=0)
+    logits = model.decode(ids[-1:], n_logits=1)[0]
+    model.rewind(0)
+    return logits
+
+
 def time_forward(model: LlamaModel, n_tokens: int, filler: int) -> float:
     """Seconds for one forward pass over n_tokens, returning n_tokens logits rows.
 

@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .batch import add_batch_parser
     from .bench import add_bench_parser
     from .chat import add_chat_parser
+    from .heads import add_heads_parser
     from .models import add_models_parser
     from .plan import add_plan_parser
     from .run import add_run_parser
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(subparsers)
     add_plan_parser(subparsers)
     add_models_parser(subparsers)
+    add_heads_parser(subparsers)
     return parser
 
 

@@ -14,7 +14,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     """Model and drafting flags shared by every command that loads models."""
     group = parser.add_argument_group("models")
     group.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
-    group.add_argument("--draft", default="auto", help="draft GGUF path or catalog name, 'ngram', 'none', or 'auto' (default: the catalog draft if it fits, else ngram)")
+    group.add_argument("--draft", default="auto", help="draft GGUF path or catalog name, 'ngram', 'heads' (trained with `edgespec heads train`), 'none', "
+                            "or 'auto' (default: the catalog draft if it fits, else ngram; with trained heads, those too)")
     group.add_argument("--draft-tokens", type=setting("draft_tokens"), default="auto",
                        help=f"tokens drafted per step: 0 to {MAX_DRAFT_TOKENS}, or 'auto' to follow measured costs (default)")
     group.add_argument("--n-ctx", type=setting("n_ctx"), default=4096, help=f"context window in tokens, from {MIN_N_CTX}; llama.cpp rounds it up to a multiple of 256 (default: %(default)s)")

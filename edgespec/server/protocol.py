@@ -284,6 +284,8 @@ def usage(stats: Stats) -> dict:
             "decode_tokens_per_second": stats.decode_tokens_per_second,
             "prompt_tokens_reused": stats.prompt_tokens_reused,
             "prompt_tokens_evaluated": stats.prompt_tokens_evaluated,
+            "accepted_by_drafter": stats.accepted_by_drafter,
+            "acceptance_by_position": {name: stats.acceptance_by_position(name) for name in stats.drafted_by_position},
         },
     }
 

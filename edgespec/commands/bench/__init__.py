@@ -48,7 +48,8 @@ def add_bench_parser(subparsers) -> None:
         ),
     )
     parser.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
-    parser.add_argument("--draft", default=None, help="draft GGUF (path or catalog name) for the draft-model configurations")
+    parser.add_argument("--draft", default=None, help="draft GGUF (path or catalog name) for the draft-model configurations, "
+                        "or 'heads' for the heads configurations (heads trained with `edgespec heads train`)")
     parser.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated suites (default: {','.join(SUITES)})")
     parser.add_argument(
         "--configs",

@@ -1,7 +1,7 @@
 """The bench's configurations: edgespec's drafting modes at a draft length, and llama.cpp's own speculation.
 
 edgespec's: baseline, ngram, draft-model, combined (n-grams or the draft
-model, chosen per step), each optionally -kN (a fixed draft length) or -auto,
+model, chosen per step), heads (with --draft heads), each optionally -kN (a fixed draft length) or -auto,
 and then -exact for --bit-exact verification (e.g. ngram-auto-exact).  llama.cpp's (run by its llama-speculative-simple binary,
 see peers.py): llamacpp-none, llamacpp-ngram-simple, llamacpp-ngram-mod and
 llamacpp-draft, each at llama.cpp's default draft length or -nN
@@ -15,13 +15,13 @@ from typing import Iterable
 
 from .workloads import BenchError
 
-EDGESPEC_DRAFTERS = ("baseline", "ngram", "draft-model", "combined")
+EDGESPEC_DRAFTERS = ("baseline", "ngram", "draft-model", "combined", "heads")
 # configuration name -> llama.cpp's --spec-type
 PEER_SPEC_TYPES = {"llamacpp-none": "none", "llamacpp-ngram-simple": "ngram-simple",
                    "llamacpp-ngram-mod": "ngram-mod", "llamacpp-draft": "draft-simple"}
 # "ngram" and "draft-model" alone mean the engine's default draft length; the
 # peers run only with --llama-cpp-bin, and the draft ones only with a draft model.
-DEFAULT_CONFIGS = ("baseline", "ngram", "ngram-exact", "ngram-k2", "ngram-k4", "draft-model", "combined",
+DEFAULT_CONFIGS = ("baseline", "ngram", "ngram-exact", "ngram-k2", "ngram-k4", "draft-model", "combined", "heads",
                    *PEER_SPEC_TYPES)
 NEEDS_DRAFT_MODEL = ("draft-model", "combined", "llamacpp-draft")
 EXACT_SUFFIX = "-exact"
@@ -36,7 +36,7 @@ class BenchConfig:
 
     @property
     def must_match_baseline(self) -> bool:
-        return self.drafter in ("ngram", "draft-model", "combined")
+        return self.drafter in ("ngram", "draft-model", "combined", "heads")
 
     @property
     def is_peer(self) -> bool:
@@ -63,7 +63,7 @@ def parse_config(name: str) -> tuple[str, int | str | None]:
 
 
 def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_draft: bool, explicit: bool,
-                    has_peer: bool = False) -> list[BenchConfig]:
+                    has_peer: bool = False, has_heads: bool = False) -> list[BenchConfig]:
     """Configurations with their draft lengths settled; duplicates dropped, keeping the first.
 
     Without --configs, the draft-model configurations are skipped when no draft
@@ -74,7 +74,7 @@ def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_d
     for name in names:
         bit_exact = name.endswith(EXACT_SUFFIX) and not name.startswith("llamacpp-")
         drafter, k = parse_config(name[: -len(EXACT_SUFFIX)] if bit_exact else name)
-        missing = _missing_for(drafter, has_draft, has_peer)
+        missing = _missing_for(drafter, has_draft, has_peer, has_heads)
         if missing:
             if explicit:
                 raise BenchError(f"configuration {name!r} needs {missing}, or drop {name}")
@@ -93,11 +93,13 @@ def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_d
     return list(configs.values())
 
 
-def _missing_for(drafter: str, has_draft: bool, has_peer: bool) -> str | None:
+def _missing_for(drafter: str, has_draft: bool, has_peer: bool, has_heads: bool) -> str | None:
     if drafter in PEER_SPEC_TYPES and not has_peer:
         return "llama.cpp's binaries (pass --llama-cpp-bin DIR, built by benchmarks/build_llama_cpp_peer.sh)"
     if drafter in NEEDS_DRAFT_MODEL and not has_draft:
         return "a draft model and none is loaded (pass --draft FILE)"
+    if drafter == "heads" and not has_heads:
+        return "trained heads (train them with `edgespec heads train`, then pass --draft heads)"
     return None
 
 

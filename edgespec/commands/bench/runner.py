@@ -12,11 +12,12 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
 from ...sampling import SamplingParams
-from ...backend import default_threads
+from ...backend import default_threads, plain_logits
 from ...loading import load_engine, use_learning
 from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, BenchConfig, resolve_configs, rotated
 from .exactness import check_exactness
@@ -71,8 +72,7 @@ def run_bench(
     started, load_at_start = time.time(), load_average()
     engine = _bench_engine(model, draft, n_ctx, n_threads, kv_type, learned_priors)
     try:
-        plan = resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft is not None,
-                               configs is not None, has_peer=llama_cpp_bin is not None)
+        plan = _configs_for(engine, configs, llama_cpp_bin)
         peer = _peer(engine, llama_cpp_bin, n_threads) if any(c.is_peer for c in plan) else None
         runner = _Runner(engine, peer, overhead)
         runner.warm_up(prompts[0], plan)
@@ -112,11 +112,16 @@ def _bench_engine(model, draft, n_ctx: int, n_threads: int, kv_type: str, learne
 def _config_row(config) -> dict:
     return {"name": config.name, "drafter": config.drafter, "draft_tokens": config.draft_tokens,
             "bit_exact": config.bit_exact}
+def _configs_for(engine, configs: Iterable[str] | None, llama_cpp_bin) -> list:
+    """The configurations to run, with the draft length and the drafters of the loaded engine."""
+    return resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft is not None,
+                           configs is not None, has_peer=llama_cpp_bin is not None, has_heads="heads" in engine.modes)
 
 
 def _check_before_loading(configs: Iterable[str] | None, llama_cpp_bin) -> None:
     """Refuse unknown configurations and missing peer binaries before the model loads (draft lengths need it)."""
-    resolve_configs(configs or DEFAULT_CONFIGS, "auto", True, configs is not None, has_peer=llama_cpp_bin is not None)
+    resolve_configs(configs or DEFAULT_CONFIGS, "auto", True, configs is not None, has_peer=llama_cpp_bin is not None,
+                    has_heads=True)
     if llama_cpp_bin is not None:
         find_binary(llama_cpp_bin)
 
@@ -139,7 +144,7 @@ def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> list
                     if on_run:
                         on_run(prompt_runs[-1], len(runs) + len(prompt_runs), total)
             if temperature == 0:
-                for tie in check_exactness(prompt_runs, runner.engine.plain_logits, runner.engine.drift_bound()):
+                for tie in check_exactness(prompt_runs, partial(plain_logits, runner.engine.target), runner.engine.drift_bound()):
                     runner.near_ties.append(tie)
                     if on_run:
                         print(f"near-tie, not a bug: {tie['config']} on {tie['prompt_id']} differs at token "

@@ -1,0 +1,207 @@
+"""`edgespec heads train|show`: drafting heads for a target, trained on this machine from text the user chooses.
+
+Training data, in the order it is used: text files and folders named on the
+command line; the user's own usage where they allow it (--history: the chat
+app's saved chats; --batch FILE: batch input and output files); then built-in
+prompts the target answers itself.  The server keeps no record of the
+requests it answers: run them through `edgespec batch` to keep them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..errors import EdgespecError
+from .options import DEFAULT_MODEL, setting
+
+TRAINING_N_CTX = 2048  # teacher passes label texts in windows of 1024 tokens (heads.teacher.WINDOW)
+MAX_TEXT_FILE_BYTES = 2 << 20  # bigger files are data, not text to learn from
+_SKIPPED_FOLDERS = {".git", ".venv", "node_modules", "__pycache__", ".mypy_cache", ".tox", "dist", "build"}
+
+
+def add_heads_parser(subparsers) -> None:
+    parser = subparsers.add_parser("heads", help="train drafting heads that read the target's own hidden state")
+    commands = parser.add_subparsers(dest="heads_command", metavar="ACTION", required=True)
+    train = commands.add_parser("train", help="train heads for a target model on this machine")
+    train.add_argument("paths", nargs="*", type=Path, help="text files or folders to train on (your code, your documents)")
+    train.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
+    train.add_argument("--minutes", type=float, default=15.0, help="wall time for the whole run (default: %(default)s)")
+    train.add_argument("--history", action="store_true", help="also train on the chat app's saved chats")
+    train.add_argument("--batch", action="append", default=[], type=Path, metavar="FILE",
+                       help="also train on a batch input or output file (repeatable)")
+    train.add_argument("--no-builtin", dest="builtin", action="store_false",
+                       help="leave out the built-in prompts the target answers itself")
+    train.add_argument("--form", choices=("hydra", "medusa"), default="hydra",
+                       help="hydra: each head also sees the token chosen before it (default); medusa: the hidden state only")
+    train.add_argument("--n-heads", type=int, choices=range(1, 5), default=3, metavar="N", help="heads, 1 to 4 (default: %(default)s)")
+    train.add_argument("--vocab", type=int, default=8192, help="reduced vocabulary the heads rank (default: %(default)s)")
+    train.add_argument("--max-tokens", type=int, default=100_000, help="training positions kept in memory (default: %(default)s)")
+    train.add_argument("--output", type=Path, default=None, help="heads file (default: next to the calibration cache)")
+    train.add_argument("--restart", action="store_true", help="discard what an interrupted run left and start afresh")
+    train.add_argument("--gpu-layers", type=setting("gpu_layers"), default=None,
+                       help="target layers to offload (-1: all; default: from the memory plan)")
+    train.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores, up to 8)")
+    train.set_defaults(func=train_command)
+    show = commands.add_parser("show", help="what the heads file of a model says about itself")
+    show.add_argument("--model", "-m", default=DEFAULT_MODEL)
+    show.add_argument("--heads", type=Path, default=None, help="heads file (default: the model's own)")
+    show.set_defaults(func=show_command)
+
+
+def train_command(args: argparse.Namespace) -> int:
+    from ..backend.hidden import HiddenStateModel
+    from ..heads.job import Budget, resume_path_for, train_heads
+    from ..heads.projection import LmHead
+    from ..heads.store import default_heads_path
+    from ..heads.training import TrainingPlan
+    from ..loading import plan_load
+
+    if args.minutes <= 0 or args.vocab < 2 or args.max_tokens < 100:
+        raise EdgespecError("--minutes must be positive, --vocab at least 2 and --max-tokens at least 100")
+    path, _, plan = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False)
+    heads_path = args.output or default_heads_path(path)
+    if args.restart:
+        resume_path_for(heads_path).unlink(missing_ok=True)
+    elif resume_path_for(heads_path).exists():
+        print(f"resuming the run that was stopped ({resume_path_for(heads_path)})", file=sys.stderr)
+    model = HiddenStateModel(path, n_ctx=TRAINING_N_CTX, n_gpu_layers=plan.target_gpu_layers, n_threads=args.threads)
+    try:
+        sources = _sources(model, args)
+        plan = TrainingPlan(form=args.form, n_heads=args.n_heads, vocab_size=args.vocab)
+        budget = Budget(seconds=args.minutes * 60.0, max_tokens=args.max_tokens)
+        progress = ProgressLine()
+        record = train_heads(model, LmHead(path), sources, plan, budget, heads_path, progress)
+        progress.done()
+    finally:
+        model.close()
+    print(f"heads for {path.name}: {heads_path}")
+    print(_summary(record))
+    return 0
+
+
+def show_command(args: argparse.Namespace) -> int:
+    from ..fetch import resolve_model
+    from ..heads.store import HeadsFileError, default_heads_path, model_identity, read_heads
+
+    path = resolve_model(args.model, pull=False)
+    heads_path = args.heads or default_heads_path(path)
+    record, _ = read_heads(heads_path)
+    if record.model_identity != model_identity(path):
+        raise HeadsFileError(f"heads file {heads_path.name} was trained for {record.model_name}, not {path.name}")
+    print(heads_path)
+    print(_summary(record))
+    return 0
+
+
+def _summary(record) -> str:
+    heads = ", ".join(f"head {i + 1} {a:.1%} (top-3 {b:.1%})"
+                      for i, (a, b) in enumerate(zip(record.heldout_top1, record.heldout_top3)))
+    return (f"{record.form} heads trained on {record.training_tokens:,} tokens in {record.training_seconds / 60:.1f} min; "
+            f"held-out accuracy on {record.heldout_tokens} tokens: {heads}")
+
+
+def _sources(model, args: argparse.Namespace):
+    from ..heads.job import Sources
+    from ..heads.prompts import HELDOUT_PROMPTS, TRAINING_PROMPTS
+    from ..heads.teacher import ChatTokens
+
+    chat_ids = ChatTokens(model)
+
+    texts = [("files", model.tokenize(text, add_special=True)) for text in _text_files(args.paths)]
+    if args.history:
+        texts += [("history", chat_ids(messages, False)) for messages in _history_chats()]
+    for batch_file in args.batch:
+        texts += [("batch", chat_ids(messages, False)) for messages in _batch_conversations(batch_file)]
+    prompts = [chat_ids([{"role": "user", "content": p}], True) for p in TRAINING_PROMPTS] if args.builtin else []
+    heldout = [chat_ids([{"role": "user", "content": p}], True) for p in HELDOUT_PROMPTS]
+    return Sources(texts, prompts, heldout)
+
+
+def _text_files(paths: list[Path]):
+    """The text of every file under paths that reads as UTF-8 text (hidden and build folders left out)."""
+    for root in paths:
+        if not root.exists():
+            raise EdgespecError(f"{root} does not exist (name text files or folders to train on)")
+        files = [root] if root.is_file() else sorted(
+            p for p in root.rglob("*") if p.is_file() and not (set(p.relative_to(root).parts[:-1]) & _SKIPPED_FOLDERS)
+            and not any(part.startswith(".") for part in p.relative_to(root).parts))
+        for file in files:
+            if file.stat().st_size > MAX_TEXT_FILE_BYTES:
+                continue
+            data = file.read_bytes()
+            if b"\0" in data[:4096]:
+                continue
+            try:
+                yield data.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+
+
+def _history_chats():
+    from tui.history import ChatStore
+
+    store = ChatStore()
+    try:
+        for summary in store.list_chats():
+            messages = store.load_chat(summary.id).session.get("messages", [])
+            messages = [m for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
+            if any(m.get("role") == "assistant" for m in messages):
+                yield messages
+    finally:
+        store.close()
+
+
+def _batch_conversations(path: Path):
+    """Conversations in a batch input file (requests), output file (answers) or both, matched by custom_id."""
+    requests, answers = {}, {}
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+            key = record["custom_id"]
+        except (ValueError, TypeError, KeyError):
+            continue
+        messages = (record.get("body") or {}).get("messages")
+        if isinstance(messages, list):
+            requests[key] = [m for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
+        try:
+            answers[key] = record["response"]["body"]["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            pass
+    for key in requests.keys() | answers.keys():
+        answer = [{"role": "assistant", "content": answers[key]}] if isinstance(answers.get(key), str) else []
+        if requests.get(key, []) + answer:
+            yield requests.get(key, [{"role": "user", "content": ""}]) + answer
+
+
+class ProgressLine:
+    """One line on stderr, redrawn in place on a terminal (else a line every 15 s): phase, tokens, accuracy, time left."""
+
+    def __init__(self, stream=None):
+        self._stream = stream or sys.stderr  # looked up now: tests and the chat app replace sys.stderr
+        self._tty = self._stream.isatty()
+        self._last = 0.0
+        self._width = 0
+
+    def __call__(self, phase: str, tokens: int, accuracy: float | None, seconds_left: float) -> None:
+        now = time.monotonic()
+        if now - self._last < (0.2 if self._tty else 15.0):
+            return
+        self._last = now
+        shown = f"  head-1 {accuracy:.1%}" if accuracy is not None else ""
+        left = max(int(seconds_left), 0)
+        line = f"heads: {phase}  {tokens:,} tokens{shown}  ETA {left // 60}:{left % 60:02d}"
+        if self._tty:
+            self._stream.write("\r" + line.ljust(self._width))
+            self._width = len(line)
+        else:
+            self._stream.write(line + "\n")
+        self._stream.flush()
+
+    def done(self) -> None:
+        if self._tty and self._width:
+            self._stream.write("\n")
+            self._stream.flush()

@@ -1,0 +1,167 @@
+"""One `edgespec heads train` run: collect teacher data, train within the time budget, score, save.
+
+The budget is wall time for the whole run.  The held-out replies come first
+(their share of the budget), then the training texts in the order the user
+would want them used (their own files, their own usage, the built-in
+prompts) until the collection share is spent, then training until the
+budget or the epoch limit, then the held-out score.
+
+Ctrl+C at any point keeps what was done in a resume file (written
+atomically, like the heads file itself): the same command run again picks it
+up and trains on.  Nothing half-written is ever left under either name.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..errors import EdgespecError
+from ..files import atomic_write
+from .network import Adam, Heads
+from .store import HeadsRecord, model_identity, save_heads
+from .teacher import TeacherData, answer_prompts, label_texts
+from .training import Trainer, TrainingPlan, reduced_vocabulary
+
+
+class TrainingInterrupted(EdgespecError):
+    """Ctrl+C during training: what was done is kept in the resume file."""
+
+    exit_code = 130
+
+
+@dataclass(frozen=True)
+class Budget:
+    seconds: float = 15 * 60.0
+    max_tokens: int = 100_000  # training positions kept: 3 KB of hidden state each at Qwen2.5-1.5B's 1536
+    heldout_share: float = 0.15
+    collect_share: float = 0.5  # held-out replies included
+    max_reply: int = 160
+
+
+@dataclass
+class Sources:
+    """Token ids to train on, in the order to use them."""
+
+    texts: list = field(default_factory=list)  # (kind, token ids): the user's files, then their usage
+    prompts: list = field(default_factory=list)  # built-in prompts (token ids) the target answers itself
+    heldout_prompts: list = field(default_factory=list)
+
+
+Progress = Callable[[str, int, "float | None", float], None]  # phase, tokens, accuracy so far, seconds left
+
+
+def resume_path_for(heads_path: Path) -> Path:
+    return heads_path.with_name(heads_path.name.removesuffix(".npz") + ".resume.npz")
+
+
+def train_heads(model, lm_head, sources: Sources, plan: TrainingPlan, budget: Budget, heads_path: Path,
+                progress: Progress) -> HeadsRecord:
+    """Train heads for model (a HiddenStateModel) and save them at heads_path; returns what the file records."""
+    resume_path = resume_path_for(heads_path)
+    started = time.monotonic()
+    trainer = _resumed(resume_path, lm_head, model.n_vocab)
+    end = started + budget.seconds - (trainer.seconds_spent if trainer else 0.0)
+    data = heldout = None
+    try:
+        if trainer is None:
+            heldout, data = TeacherData.empty(model.n_embd), TeacherData.empty(model.n_embd)
+            _collect(model, sources, budget, started, heldout, data, progress)
+            trainer = _new_trainer(plan, data, heldout, lm_head, model.n_vocab)
+        _train(trainer, end, progress)
+    except KeyboardInterrupt:
+        if trainer is None and data is not None and len(data) and len(heldout):
+            trainer = _new_trainer(plan, data, heldout, lm_head, model.n_vocab)
+        if trainer is not None:
+            _save_resume(resume_path, trainer)
+            raise TrainingInterrupted(f"stopped; what was done is kept in {resume_path} "
+                                      "(run the same command again to train on from there)") from None
+        raise
+    return _finish(model, trainer, heads_path, resume_path, progress)
+
+
+def _collect(model, sources: Sources, budget: Budget, started: float, heldout: TeacherData, data: TeacherData,
+             progress: Progress) -> None:
+    end = started + budget.seconds
+
+    def report(phase: str) -> Callable[[int], None]:
+        return lambda tokens: progress(phase, tokens, None, end - time.monotonic())
+
+    heldout_end = started + budget.seconds * budget.heldout_share
+    answer_prompts(model, sources.heldout_prompts, heldout, "heldout", budget.max_reply, heldout_end,
+                   report("held-out replies"))
+    if not len(heldout):
+        raise EdgespecError("the time budget ran out before the target answered one held-out prompt "
+                            "(give more --minutes)")
+    collect_end = started + budget.seconds * budget.collect_share
+    label_texts(model, sources.texts, data, collect_end, budget.max_tokens, report("labelling text"))
+    if len(data) < budget.max_tokens:
+        answer_prompts(model, sources.prompts, data, "built-in prompts", budget.max_reply, collect_end,
+                       report("answering prompts"))
+    if len(data) < 2:
+        raise EdgespecError("no training text was labelled within the time budget (give more --minutes or some text)")
+
+
+def _new_trainer(plan: TrainingPlan, data: TeacherData, heldout: TeacherData, lm_head, n_vocab: int) -> Trainer:
+    vocab = reduced_vocabulary(data.join().top, plan.vocab_size)
+    heads = Heads.fresh(plan.form, plan.n_heads, vocab, lm_head.rows(vocab))
+    return Trainer(heads, Adam(plan.rate), data, heldout, lm_head, n_vocab, plan)
+
+
+def _train(trainer: Trainer, end: float, progress: Progress) -> None:
+    last_check, heldout_top1 = 0.0, None
+
+    def report(t: Trainer) -> None:
+        nonlocal last_check, heldout_top1
+        if time.monotonic() - last_check > 30.0:  # a held-out score of 256 positions: about a second
+            heldout_top1 = t.heldout_accuracy(limit=256)[0][0]
+            last_check = time.monotonic()
+        shown = heldout_top1 if heldout_top1 is not None else t.recent_top1
+        left = min(end - time.monotonic(), t.seconds_spent / max(t.epochs, 1e-9) * (t.plan.max_epochs - t.epochs))
+        progress("training", t.examples_seen, shown, left)
+
+    trainer.run(end, report)
+
+
+def _finish(model, trainer: Trainer, heads_path: Path, resume_path: Path, progress: Progress) -> HeadsRecord:
+    progress("scoring", trainer.examples_seen, None, 0.0)
+    top1, top3, counted = trainer.heldout_accuracy()
+    heads = trainer.heads
+    record = HeadsRecord(
+        model_identity=model_identity(model.path), model_name=model.path.name, form=heads.form,
+        n_heads=heads.n_heads, training_tokens=len(trainer.data), training_seconds=round(trainer.seconds_spent, 1),
+        heldout_tokens=counted, heldout_top1=tuple(round(x, 4) for x in top1),
+        heldout_top3=tuple(round(x, 4) for x in top3), sources=dict(trainer.data.sources))
+    save_heads(heads_path, heads, record)
+    resume_path.unlink(missing_ok=True)
+    return record
+
+
+def _save_resume(path: Path, trainer: Trainer) -> None:
+    meta = {"plan": asdict(trainer.plan), "sources": {"data": trainer.data.sources,
+                                                     "heldout": trainer.heldout.sources}}
+    buffer = io.BytesIO()
+    np.savez(buffer, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **trainer.state())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, buffer.getvalue())
+
+
+def _resumed(path: Path, lm_head, n_vocab: int) -> Trainer | None:
+    """The trainer an interrupted run left in path, or None (no file, or one that cannot be read: start afresh)."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+        meta = json.loads(arrays.pop("meta").tobytes().decode())
+        return Trainer.resumed(arrays, TrainingPlan(**meta["plan"]), lm_head, n_vocab, meta["sources"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+        path.unlink(missing_ok=True)
+        return None

@@ -1,0 +1,123 @@
+"""The heads file: trained heads for one model file, stored next to the calibration cache.
+
+A heads file is a numpy .npz archive (no pickles) holding the heads' arrays
+and one JSON record: the format version, the model's identity (a hash of
+the file's content, not its path), the form, the training data's size and
+the held-out accuracy per head.  Its default place is
+``<cache dir>/heads/<model file stem>-<identity>.npz``, so a model file that
+is replaced gets no stale heads.  A file that belongs to another model, or
+that numpy or zip cannot read back whole (every member has a CRC), is
+refused with one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..calibration import cache_dir
+from ..errors import EdgespecError
+from ..files import atomic_write
+from .network import FORMS, Heads
+
+FORMAT = 1
+_SAMPLE_BYTES = 4 << 20  # of the file's start (the header, the first tensors), middle and end
+
+
+class HeadsFileError(EdgespecError):
+    """A heads file is missing, damaged, or made for another model."""
+
+
+def model_identity(path: str | os.PathLike) -> str:
+    """What a model file's content is, whatever its name, place or mtime: a hash of its size and of 4 MiB
+    from its start (the whole GGUF header: metadata and tensor layout), middle and end.
+
+    Reading the whole file (gigabytes) would take seconds; a different model or
+    quantisation differs in its header or its sampled weights.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as handle:
+        for offset in (0, max(0, size // 2 - _SAMPLE_BYTES // 2), max(0, size - _SAMPLE_BYTES)):
+            handle.seek(offset)
+            digest.update(handle.read(_SAMPLE_BYTES))
+    return digest.hexdigest()[:20]
+
+
+def default_heads_path(model_path: str | os.PathLike, identity: str | None = None) -> Path:
+    model_path = Path(model_path)
+    identity = identity or model_identity(model_path)
+    return cache_dir() / "heads" / f"{model_path.stem}-{identity}.npz"
+
+
+@dataclass(frozen=True)
+class HeadsRecord:
+    """What a heads file says about itself."""
+
+    model_identity: str
+    model_name: str
+    form: str
+    n_heads: int
+    training_tokens: int  # teacher-labelled positions the heads were trained on
+    training_seconds: float
+    heldout_tokens: int
+    heldout_top1: tuple[float, ...]  # per head, on the target's own greedy replies to held-out prompts
+    heldout_top3: tuple[float, ...]
+    sources: dict = field(default_factory=dict)  # training tokens per kind of data
+    format: int = FORMAT
+
+
+def save_heads(path: str | os.PathLike, heads: Heads, record: HeadsRecord) -> Path:
+    """Write the heads file in one rename: a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    meta = json.dumps({**record.__dict__, "heldout_top1": list(record.heldout_top1),
+                       "heldout_top3": list(record.heldout_top3)})
+    np.savez(buffer, meta=np.frombuffer(meta.encode(), dtype=np.uint8), **heads.arrays())
+    return atomic_write(path, buffer.getvalue())
+
+
+def read_heads(path: str | os.PathLike) -> tuple[HeadsRecord, dict[str, np.ndarray]]:
+    """The record and arrays of a heads file; HeadsFileError (one line) when it cannot be read whole."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+        meta = json.loads(arrays.pop("meta").tobytes().decode())
+        record = HeadsRecord(**{**meta, "heldout_top1": tuple(meta["heldout_top1"]),
+                                "heldout_top3": tuple(meta["heldout_top3"])})
+    except FileNotFoundError:
+        raise HeadsFileError(f"no heads file at {path} (train heads with `edgespec heads train MODEL`)") from None
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError, UnicodeDecodeError):
+        raise HeadsFileError(f"heads file {path} is damaged (train the heads again with "
+                             "`edgespec heads train MODEL`, or delete the file)") from None
+    if record.format != FORMAT or record.form not in FORMS or not {"vocab", "a", "b", "bias"} <= arrays.keys():
+        raise HeadsFileError(f"heads file {path} is of another format or version (train the heads again)")
+    return record, arrays
+
+
+def load_heads(path: str | os.PathLike, model_path: str | os.PathLike, projection_rows) -> tuple[HeadsRecord, Heads]:
+    """The heads in path, for the model file at model_path; refused with one line when they belong to another
+    model.  projection_rows(vocab) gives the lm_head rows of their reduced vocabulary."""
+    record, arrays = read_heads(path)
+    identity = model_identity(model_path)
+    if record.model_identity != identity:
+        raise HeadsFileError(f"heads file {Path(path).name} was trained for {record.model_name} (another model "
+                             f"file), not {Path(model_path).name} (train heads for it with `edgespec heads train`)")
+    vocab = arrays["vocab"]
+    shapes_agree = (arrays["a"].shape == arrays["b"].shape and arrays["a"].shape[0] == record.n_heads
+                    and arrays["bias"].shape == arrays["a"].shape[:2] and vocab.ndim == 1)
+    if not shapes_agree:
+        raise HeadsFileError(f"heads file {path} is damaged: its arrays do not fit together (train the heads again)")
+    heads = Heads(record.form, vocab.astype(np.int32), projection_rows(vocab), arrays["a"].astype(np.float32),
+                  arrays["b"].astype(np.float32), arrays["bias"].astype(np.float32))
+    return record, heads
