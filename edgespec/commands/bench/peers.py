@@ -2,9 +2,10 @@
 
 The peer is `llama-speculative-simple`, built from the llama.cpp sources that
 llama-cpp-python vendors, with the same CMake flags as edgespec's wheel
-(`benchmarks/build_llama_cpp_peer.sh`).  Each run is one process: it loads the
-model, evaluates the prompt, generates, and reports its own timings and draft
-counts on stderr, which is where the figures here come from.  The prompt is
+(`benchmarks/build_llama_cpp_peer.sh`, which also makes it flush its log at
+exit: its output goes through a logging thread).  Each run is one process: it
+loads the model, evaluates the prompt, generates, and reports its own timings
+and draft counts on stderr, which is where the figures here come from.  The prompt is
 the chat template's rendered text, given raw: llama.cpp tokenizes it with
 special tokens parsed, which is what the template's own markers need.
 """
