@@ -102,17 +102,14 @@ def load_engine(
     parallel (target KV caches a Scheduler fills) and prompt_cache_ram (a server's snapshots) only plan memory.
     draft "heads" drafts with trained heads alone (heads_path, default: the model's own); "auto" adds them if trained.
     """
-    kv_notice = kv_cache_notice(kv_type, kv_type if draft_kv_type is None else draft_kv_type, flash_attn, bit_exact)
+    exactness_notices = _exactness_notices(kv_type, draft_kv_type, flash_attn, bit_exact)  # refuses before loading
     target_path, draft_path, plan = plan_load(
         target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
         memory_budget=memory_budget, pull=pull, notice=notice, kv_type=kv_type, draft_kv_type=draft_kv_type,
         flash_attn=flash_attn, parallel=parallel, prompt_cache_ram=prompt_cache_ram,
     )
-    if kv_notice:
-        notice(kv_notice)
-    if not width_independent_kernels():
-        notice("this llama.cpp build has llamafile kernels, so greedy output may differ from plain decoding "
-               "where two tokens nearly tie; rebuild llama-cpp-python with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF (make does)")
+    for line in exactness_notices:
+        notice(line)
     heads_path = heads_path or (trained_heads(target_path) if draft in ("heads", "auto") else None)
     target_model, draft_model = _load_models(target_path, draft_path, plan, n_ctx, n_threads, heads_path is not None)
     heads = _load_heads(target_model, heads_path, required=draft == "heads", notice=notice)
@@ -121,6 +118,17 @@ def load_engine(
     engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
     _settle_drafting(engine, draft, draft_tokens, notice)
     return engine
+
+
+def _exactness_notices(kv_type: str, draft_kv_type: str | None, flash_attn: bool, bit_exact: bool) -> list[str]:
+    """What the KV cache choice and this llama.cpp build give up of plain decoding's exact output, a line
+    each; EdgespecError for a choice that cannot be kept."""
+    notices = [kv_cache_notice(kv_type, kv_type if draft_kv_type is None else draft_kv_type, flash_attn, bit_exact)]
+    if not width_independent_kernels():
+        notices.append("this llama.cpp build has llamafile kernels, so greedy output may differ from plain decoding "
+                       "where two tokens nearly tie; rebuild llama-cpp-python with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF "
+                       "(make does)")
+    return [line for line in notices if line]
 
 
 def _settle_drafting(engine: Engine, draft, draft_tokens, notice) -> None:

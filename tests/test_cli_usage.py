@@ -51,9 +51,14 @@ BAD_FLAGS = {
         ("--threads", "100000", "--threads"), ("--kv-type", "q5", "--kv-type"), ("--suites", "bogus", "bogus"),
         ("--configs", "bogus", "bogus"),
     ],
+    "heads train": [
+        ("--minutes", "0", "--minutes"), ("--n-heads", "9", "--n-heads"), ("--vocab", "1", "--vocab"),
+        ("--max-tokens", "0", "--max-tokens"), ("--gpu-layers", "-5", "--gpu-layers"),
+        ("--threads", "100000", "--threads"), ("--form", "eagle", "--form"),
+    ],
 }
 # Flags whose value is any text (a name, a path, a URL, a key): nothing to refuse at parse time.
-FREE_TEXT = {"--model", "--draft", "--stop", "--host", "--api-key", "--endpoint", "--output", "--summary",
+FREE_TEXT = {"--model", "--draft", "--stop", "--host", "--api-key", "--endpoint", "--output", "--summary", "--batch",
              "--llama-cpp-bin", "--workloads", "--json", "--plot", "--name", "--suites", "--configs"}
 
 
@@ -63,15 +68,21 @@ def value_flags(parser: argparse.ArgumentParser) -> set[str]:
             if action.option_strings and action.nargs != 0 and not isinstance(action, argparse._HelpAction)}
 
 
-def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
-    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(subparsers.choices)
+def subcommand_parsers(parser: argparse.ArgumentParser | None = None, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser by its words ("run", "heads train", ...): a group's commands stand for it."""
+    parser = parser or build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found = {}
+    for name, sub in subparsers.choices.items():
+        nested = any(isinstance(a, argparse._SubParsersAction) for a in sub._actions)
+        found.update(subcommand_parsers(sub, f"{prefix}{name} ") if nested else {f"{prefix}{name}": sub})
+    return found
 
 
 def test_every_flag_that_takes_a_value_has_a_bad_value_below():
     for command, parser in subcommand_parsers().items():
-        if command == "models":
-            continue  # its one value flag, import --name, is free text
+        if command.startswith("models ") or command == "heads show":
+            continue  # their value flags are free text (import --name) or a model
         covered = {named for _, _, named in BAD_FLAGS[command]} | {flag for flag, _, _ in BAD_FLAGS[command]}
         missing = value_flags(parser) - covered - FREE_TEXT
         assert not missing, f"edgespec {command}: add a bad value of {sorted(missing)} to BAD_FLAGS"
@@ -88,6 +99,7 @@ def command_line(command: str, flag: str, value: str, tmp_path) -> list[str]:
         "serve": ["serve", "--port", "0", *missing_model],
         "plan": ["plan", *missing_model],
         "bench": ["bench", *missing_model, "--prompts", "1"],
+        "heads train": ["heads", "train", *missing_model],
     }[command]
     return [*head, flag, value]
 

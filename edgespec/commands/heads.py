@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import EdgespecError
-from .options import DEFAULT_MODEL, setting
+from .options import DEFAULT_MODEL, parse_threads, setting, whole_number
 
 TRAINING_N_CTX = 2048  # teacher passes label texts in windows of 1024 tokens (heads.teacher.WINDOW)
 MAX_TEXT_FILE_BYTES = 2 << 20  # bigger files are data, not text to learn from
@@ -29,7 +29,7 @@ def add_heads_parser(subparsers) -> None:
     train = commands.add_parser("train", help="train heads for a target model on this machine")
     train.add_argument("paths", nargs="*", type=Path, help="text files or folders to train on (your code, your documents)")
     train.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
-    train.add_argument("--minutes", type=float, default=15.0, help="wall time for the whole run (default: %(default)s)")
+    train.add_argument("--minutes", type=_positive_minutes, default=15.0, help="wall time for the whole run (default: %(default)s)")
     train.add_argument("--history", action="store_true", help="also train on the chat app's saved chats")
     train.add_argument("--batch", action="append", default=[], type=Path, metavar="FILE",
                        help="also train on a batch input or output file (repeatable)")
@@ -38,18 +38,29 @@ def add_heads_parser(subparsers) -> None:
     train.add_argument("--form", choices=("hydra", "medusa"), default="hydra",
                        help="hydra: each head also sees the token chosen before it (default); medusa: the hidden state only")
     train.add_argument("--n-heads", type=int, choices=range(1, 5), default=3, metavar="N", help="heads, 1 to 4 (default: %(default)s)")
-    train.add_argument("--vocab", type=int, default=8192, help="reduced vocabulary the heads rank (default: %(default)s)")
-    train.add_argument("--max-tokens", type=int, default=100_000, help="training positions kept in memory (default: %(default)s)")
+    train.add_argument("--vocab", type=whole_number(2), default=8192, help="reduced vocabulary the heads rank (default: %(default)s)")
+    train.add_argument("--max-tokens", type=whole_number(100), default=100_000, help="training positions kept in memory (default: %(default)s)")
     train.add_argument("--output", type=Path, default=None, help="heads file (default: next to the calibration cache)")
     train.add_argument("--restart", action="store_true", help="discard what an interrupted run left and start afresh")
     train.add_argument("--gpu-layers", type=setting("gpu_layers"), default=None,
                        help="target layers to offload (-1: all; default: from the memory plan)")
-    train.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores, up to 8)")
+    train.add_argument("--threads", type=parse_threads, default=None, help="CPU threads (default: all cores, up to 8)")
     train.set_defaults(func=train_command)
     show = commands.add_parser("show", help="what the heads file of a model says about itself")
     show.add_argument("--model", "-m", default=DEFAULT_MODEL)
     show.add_argument("--heads", type=Path, default=None, help="heads file (default: the model's own)")
     show.set_defaults(func=show_command)
+
+
+def _positive_minutes(text: str) -> float:
+    """An argparse type: a wall time in minutes, above 0 (so a usage error, exit 2, names the flag)."""
+    try:
+        minutes = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of minutes, not {text!r}") from None
+    if not minutes > 0 or minutes == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of minutes, not {text}")
+    return minutes
 
 
 def train_command(args: argparse.Namespace) -> int:
@@ -60,8 +71,6 @@ def train_command(args: argparse.Namespace) -> int:
     from ..heads.training import TrainingPlan
     from ..loading import plan_load
 
-    if args.minutes <= 0 or args.vocab < 2 or args.max_tokens < 100:
-        raise EdgespecError("--minutes must be positive, --vocab at least 2 and --max-tokens at least 100")
     path, _, plan = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False)
     heads_path = args.output or default_heads_path(path)
     if args.restart:
