@@ -12,6 +12,7 @@ refused with one line.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -24,14 +25,31 @@ import numpy as np
 from ..calibration import cache_dir
 from ..errors import EdgespecError
 from ..files import atomic_write
-from ..model_identity import model_identity
 from .network import FORMS, Heads
 
 FORMAT = 1
+_SAMPLE_BYTES = 4 << 20  # of the file's start (the header, the first tensors), middle and end
 
 
 class HeadsFileError(EdgespecError):
     """A heads file is missing, damaged, or made for another model."""
+
+
+def model_identity(path: str | os.PathLike) -> str:
+    """What a model file's content is, whatever its name, place or mtime: a hash of its size and of 4 MiB
+    from its start (the whole GGUF header: metadata and tensor layout), middle and end.
+
+    Reading the whole file (gigabytes) would take seconds; a different model or
+    quantisation differs in its header or its sampled weights.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as handle:
+        for offset in (0, max(0, size // 2 - _SAMPLE_BYTES // 2), max(0, size - _SAMPLE_BYTES)):
+            handle.seek(offset)
+            digest.update(handle.read(_SAMPLE_BYTES))
+    return digest.hexdigest()[:20]
 
 
 def default_heads_path(model_path: str | os.PathLike, identity: str | None = None) -> Path:
