@@ -195,7 +195,7 @@ def print_tables(results: dict, console=None) -> None:
                 f"{row['decode_tps_min']:.1f}-{row['decode_tps_max']:.1f}",
                 _fmt(row["speedup"], ".2f", "x"),
                 _fmt(row["speedup_per_prompt_median"], ".2f", "x"),
-                _paired_cell(row),
+                _fmt(row["speedup_paired_median"], ".2f", "x"),
                 _fmt(row["acceptance_rate"], ".0%"),
                 _fmt(row["target_passes_per_token"], ".2f"),
                 _fmt(row["prefill_seconds_median"], ".2f"),
@@ -208,8 +208,8 @@ def print_tables(results: dict, console=None) -> None:
         console.print(table)
     console.print(
         "speedup: ratio of median decode tok/s to baseline's; per-prompt: median of per-prompt ratios; "
-        "paired: median (and quartiles) of each run's ratio to the baseline run of its own repeat, which "
-        "a drift of the machine's speed between repeats does not sway; "
+        "paired: median of each run's ratio to the baseline run of its own repeat (quartiles in the JSON), "
+        "which a drift of the machine's speed between repeats does not sway; "
         "bound: 1 / (f + (1 - f) / speedup) with f the baseline's prefill share of end-to-end time"
     )
     if meta.get("llama_cpp_bin"):
@@ -222,14 +222,6 @@ def print_tables(results: dict, console=None) -> None:
             f"(closer than {ties[0]['drift_bound']:.2f} logits, twice the drift measured between pass widths); "
             "every other run matched it token for token"
         )
-
-
-def _paired_cell(row: dict) -> str:
-    """The paired median with its quartiles, once there are enough pairs for quartiles to mean something."""
-    median = row.get("speedup_paired_median")
-    if median is None or row.get("paired_runs", 0) < 3:
-        return _fmt(median, ".2f", "x")
-    return f"{median:.2f}x ({row['speedup_paired_q1']:.2f}-{row['speedup_paired_q3']:.2f})"
 
 
 def print_overhead(results: dict, console=None) -> None:
