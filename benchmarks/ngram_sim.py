@@ -180,9 +180,10 @@ def simulate(rows: list[dict], cost: CostModel, learned: dict | None = None, max
     return results
 
 
-def learned_from_others(rows: list[dict], cost: CostModel):
+def learned_from_others(rows: list[dict], cost: CostModel, same_kind: bool = False):
     """For each row, the learned prior that every other row's replay leaves behind (what a machine
-    that ran the other prompts before would start this one from)."""
+    that ran the other prompts before would start this one from); same_kind: only the other prompts
+    of its own kind (suite)."""
     exported = {}
     for row in rows:
         controller = controller_for("ngram", cost, len(cost.forward_seconds) - 1)
@@ -192,7 +193,7 @@ def learned_from_others(rows: list[dict], cost: CostModel):
     def learned(row):
         merged = {}
         for other, counts in exported.items():
-            if other != row["id"]:
+            if other != row["id"] and (not same_kind or other.rsplit("-", 1)[0] == row["id"].rsplit("-", 1)[0]):
                 merged = merge_counts(merged, counts)
         return merged
     return learned
@@ -221,7 +222,8 @@ def main() -> int:
     parser.add_argument("replies", type=Path, nargs="+", help="JSONL files from record_replies.py")
     parser.add_argument("--split", choices=("all", "tune", "check"), default="all",
                         help="tune: the first two prompts of each kind; check: the others")
-    parser.add_argument("--learned", action="store_true", help="start each prompt from the others' learned prior")
+    parser.add_argument("--learned", choices=("mixed", "kind"), nargs="?", const="mixed",
+                        help="start each prompt from the learned prior of the other prompts (kind: of its own kind only)")
     parser.add_argument("--curve", default="bench",
                         help="cost curve: bench (the calibrated one of results/heldout-t0.json), issue, or a bench JSON")
     parser.add_argument("--policy", choices=("edgespec", "llamacpp-simple", "oracle"), default="edgespec",
@@ -241,7 +243,7 @@ def main() -> int:
         results = {row["id"]: replay_oracle(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
                                             cost, len(cost.forward_seconds) - 1, 200) for row in rows}
     else:
-        results = simulate(rows, cost, learned_from_others(rows, cost) if args.learned else None)
+        results = simulate(rows, cost, learned_from_others(rows, cost, args.learned == "kind") if args.learned else None)
     summary = report(rows, results, args.per_prompt)
     if args.json:
         args.json.write_text(json.dumps({"curve": cost.forward_seconds, "split": args.split,

@@ -66,12 +66,6 @@ class DecayedCounts:
         self.hits *= factor
         self.tries *= factor
 
-    def observe_position(self, position: int, accepted: bool) -> None:
-        """One draft position (0-based) reached, and whether it was accepted."""
-        if position < len(self.tries):
-            self.tries[position] += 1.0
-            self.hits[position] += accepted
-
     def observe(self, proposed: int, accepted: int) -> None:
         """A verified draft: the first `accepted` of `proposed` positions kept."""
         depth = len(self.tries)
@@ -85,18 +79,18 @@ class DecayedCounts:
 
 @dataclass
 class _Foreseen:
-    """A foreseen proposal: tokens guessed for context[start:], checked up to `checked`."""
+    """A foreseen proposal: tokens guessed for context[start:] and the copy class of each, checked up to `checked`."""
 
     start: int
     tokens: list[int]
-    signal: int
+    classes: list[int]
     checked: int = 0
 
-    def settle(self, context: list[int], observe: Callable[[int, int, bool], None]) -> bool:
+    def settle(self, context: list[int], observe: Callable[[int, bool], None]) -> bool:
         """Count the newly known positions; True while some are still unknown."""
         while self.checked < len(self.tokens) and self.start + self.checked < len(context):
             accepted = context[self.start + self.checked] == self.tokens[self.checked]
-            observe(self.signal, self.checked, accepted)
+            observe(self.classes[self.checked], accepted)
             self.checked += 1
             if not accepted:
                 return False  # later positions would never have been reached
@@ -139,10 +133,6 @@ class _Estimates:
         if counts is None:
             counts = self._by_signal[signal] = DecayedCounts(self.k_max)
         return counts
-
-    def _observe(self, signal: int, position: int, accepted: bool) -> None:
-        for counts in (self._pooled, self._counts(signal), self._session_counts(signal)):
-            counts.observe_position(position, accepted)
 
     def _session_counts(self, signal: int) -> DecayedCounts:
         counts = self._session.get(signal)
@@ -277,8 +267,7 @@ class HindsightAcceptance:
 
     # -- learning ---------------------------------------------------------------------------
 
-    def _observe(self, signal: int, depth: int, accepted: bool) -> None:
-        copy_class = self._classes(signal)[depth]
+    def _observe(self, copy_class: int, accepted: bool) -> None:
         for hits, tries in ((self._hits, self._tries), (self._session.hits, self._session.tries)):
             tries[copy_class] += 1.0
             hits[copy_class] += accepted
@@ -305,11 +294,12 @@ class HindsightAcceptance:
         """Record a proposal made after context, to be scored by settle() as the text goes on."""
         if context is not self._context:
             self._foreseen, self._context = [], context
-        if not tokens or self._classes(signal)[0] < 0:
+        classes = self._classes(signal)
+        if not tokens or classes[0] < 0:
             return
         self._hits *= self.decay  # once per proposal: the hazards follow this text as it goes on
         self._tries *= self.decay
-        self._foreseen.append(_Foreseen(len(context), list(tokens[: self.k_max]), signal))
+        self._foreseen.append(_Foreseen(len(context), list(tokens[: self.k_max]), classes.tolist()))
 
     def record(self, proposed: int, accepted: int, signal: int = 0) -> None:
         """Nothing more to learn from verification: the draft was this step's foreseen proposal, and the
