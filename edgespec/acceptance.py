@@ -225,12 +225,13 @@ class HindsightAcceptance:
         classes = len(SOURCES) * len(COPY_BUCKETS)
         self._hits, self._tries = np.zeros(classes), np.zeros(classes)
         self._session = DecayedCounts(classes)  # undecayed, since the last export()
-        lengths = np.array([COPY_BUCKETS * len(SOURCES)], float).ravel()
+        lengths = np.tile(np.array(COPY_BUCKETS, float), len(SOURCES))  # each class's shortest copy
         self._prior = lengths / (lengths + COPY_PRIOR_SHIFT)
         for copy_class, (hits, tries) in (learned or {}).items():
-            if 0 <= int(copy_class) < classes and len(tries) and float(tries[0]) > 0:
-                scale = min(1.0, LEARNED_WEIGHT / float(tries[0]))
-                self._hits[int(copy_class)], self._tries[int(copy_class)] = float(hits[0]) * scale, float(tries[0]) * scale
+            copy_class = int(copy_class)
+            if 0 <= copy_class < classes and len(tries) and float(tries[0]) > 0:
+                scale = min(1.0, LEARNED_WEIGHT / float(tries[0]))  # worth at most LEARNED_WEIGHT observations
+                self._hits[copy_class], self._tries[copy_class] = float(hits[0]) * scale, float(tries[0]) * scale
         self._foreseen: list[_Foreseen] = []  # proposals waiting to be checked against the text
         self._context: list[int] | None = None  # the context they were made on
 
