@@ -12,7 +12,11 @@ Run:
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --split check   # prompts 3-4
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --learned       # each prompt starts from the
                                                                      # learned prior of all others
-The default curve is the one measured on an AVX-512 EPYC for Qwen2.5-Coder-1.5B (issue 27).
+    .venv/bin/python benchmarks/ngram_sim.py REPLIES --policy llamacpp-simple   # llama.cpp's ngram-simple
+    .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve issue   # the issue's 16-width curve
+The default curve is the one the engine calibrated for Qwen2.5-Coder-1.5B on the idle AVX-512 EPYC of
+benchmarks/results/heldout-t0.json (33 widths, so drafts of up to 32 tokens); `--curve issue` is the one
+the issue quotes (16 widths), `--curve FILE` another bench JSON's.
 """
 
 from __future__ import annotations
@@ -33,14 +37,23 @@ from edgespec.costs import CostModel  # noqa: E402
 from edgespec.drafters import NgramDrafter  # noqa: E402
 from edgespec.learned import merge_counts  # noqa: E402
 
-# T(n) / T(1) at the measured widths; the widths between are interpolated linearly.
+# T(n) / T(1) at the widths the issue quotes; the widths between are interpolated linearly.
 EPYC_CURVE_POINTS = {1: 1.0, 2: 1.58, 3: 2.23, 4: 2.67, 8: 4.4, 16: 5.2}
+# The bench run whose calibrated curve is the default: what the engine planned with when it was timed.
+BENCH_CURVE = Path(__file__).parent / "results" / "heldout-t0.json"
 END = -1  # the end-of-generation token: no n-gram ever proposes it
 
 
 def interpolated_curve(points: dict[int, float] = EPYC_CURVE_POINTS) -> list[float]:
     widths = sorted(points)
     return [float(np.interp(n, widths, [points[w] for w in widths])) for n in range(1, widths[-1] + 1)]
+
+
+def curve_named(name: str) -> list[float]:
+    """'issue': the issue's curve; 'bench' or a bench JSON's path: the curve that run calibrated."""
+    if name == "issue":
+        return interpolated_curve()
+    return [float(t) for t in json.loads(Path(BENCH_CURVE if name == "bench" else name).read_text())["meta"]["cost_curve_relative"]]
 
 
 @dataclass
@@ -87,6 +100,75 @@ def replay(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: Cos
     return result
 
 
+# llama.cpp's ngram-simple at its defaults (common/ngram-map.cpp, common_ngram_simple_draft): the last
+# LLAMACPP_KEY tokens must occur earlier; the most recent occurrence's next tokens are drafted, at most
+# LLAMACPP_DRAFT_MAX and never fewer than LLAMACPP_KEY.  --spec-draft-n-max does not bound it.
+LLAMACPP_KEY = 12
+LLAMACPP_DRAFT_MAX = 48
+
+
+def llamacpp_simple_draft(context: list[int]) -> list[int]:
+    """What llama.cpp's ngram-simple drafts after context (which ends with the token just sampled)."""
+    history, key = context[:-1], context[-LLAMACPP_KEY:]
+    for start in range(len(history) - LLAMACPP_KEY, 0, -1):  # position 0 never counts as a match
+        if history[start: start + LLAMACPP_KEY] == key:
+            draft = history[start + LLAMACPP_KEY: start + LLAMACPP_KEY + LLAMACPP_DRAFT_MAX]
+            return draft if len(draft) >= LLAMACPP_KEY else []
+    return []
+
+
+def replay_llamacpp_simple(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: CostModel,
+                           max_tokens: int) -> Replay:
+    """The reply decoded as llama-speculative-simple --spec-type ngram-simple would, priced on the same curve
+    (widths past the curve's are priced at its widest's cost per token, as CostModel does)."""
+    truth = list(reply_ids) + ([END] if stopped else [])
+    context, position, result = list(prompt_ids), 0, Replay()
+    while position < len(truth):
+        tokens = llamacpp_simple_draft(context)[: max(0, max_tokens - position - 1)]
+        accepted = 0
+        while accepted < len(tokens) and position + accepted < len(truth) and tokens[accepted] == truth[position + accepted]:
+            accepted += 1
+        result.drafted += cost.target(len(tokens) + 1)
+        result.proposed += len(tokens)
+        result.accepted += accepted
+        result.widths[len(tokens) + 1] = result.widths.get(len(tokens) + 1, 0) + 1
+        emitted = truth[position: position + accepted + 1]
+        context.extend(emitted)
+        position += len(emitted)
+    result.plain = len(truth) * cost.target(1)
+    return result
+
+
+def replay_oracle(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: CostModel, k_max: int,
+                  max_tokens: int) -> Replay:
+    """The fastest any draft-length choice could decode the reply with NgramDrafter's proposals: at T = 0 the
+    context at each position is known (the prompt and the reply so far), so the best k per position follows
+    by dynamic programming from the end.  An upper bound for the controller, not something it could reach."""
+    truth = list(reply_ids) + ([END] if stopped else [])
+    n, drafter = len(truth), NgramDrafter()
+    kept = []  # per position: for each k, how many of a k-token draft would be kept
+    for position in range(n):
+        context = list(prompt_ids) + truth[:position]
+        tokens = drafter.propose(context, min(k_max, max(0, max_tokens - position - 1))).tokens
+        run = 0
+        while run < len(tokens) and position + run < n and tokens[run] == truth[position + run]:
+            run += 1
+        kept.append((len(tokens), run))
+    best, choice = [0.0] * (n + 1), [0] * n
+    for position in range(n - 1, -1, -1):
+        offered, run = kept[position]
+        options = [(cost.target(k + 1) + best[min(n, position + min(k, run) + 1)], k) for k in range(offered + 1)]
+        best[position], choice[position] = min(options)
+    result, position = Replay(plain=n * cost.target(1), drafted=best[0]), 0
+    while position < n:
+        k, run = choice[position], kept[position][1]
+        result.proposed += k
+        result.accepted += min(k, run)
+        result.widths[k + 1] = result.widths.get(k + 1, 0) + 1
+        position += min(k, run) + 1
+    return result
+
+
 def simulate(rows: list[dict], cost: CostModel, learned: dict | None = None, max_tokens: int = 200) -> dict[str, Replay]:
     """Each row replayed by a fresh drafter and controller (a new process), starting from learned or neutral priors."""
     results = {}
@@ -98,9 +180,10 @@ def simulate(rows: list[dict], cost: CostModel, learned: dict | None = None, max
     return results
 
 
-def learned_from_others(rows: list[dict], cost: CostModel):
+def learned_from_others(rows: list[dict], cost: CostModel, same_kind: bool = False):
     """For each row, the learned prior that every other row's replay leaves behind (what a machine
-    that ran the other prompts before would start this one from)."""
+    that ran the other prompts before would start this one from); same_kind: only the other prompts
+    of its own kind (suite)."""
     exported = {}
     for row in rows:
         controller = controller_for("ngram", cost, len(cost.forward_seconds) - 1)
@@ -110,7 +193,7 @@ def learned_from_others(rows: list[dict], cost: CostModel):
     def learned(row):
         merged = {}
         for other, counts in exported.items():
-            if other != row["id"]:
+            if other != row["id"] and (not same_kind or other.rsplit("-", 1)[0] == row["id"].rsplit("-", 1)[0]):
                 merged = merge_counts(merged, counts)
         return merged
     return learned
@@ -139,16 +222,29 @@ def main() -> int:
     parser.add_argument("replies", type=Path, nargs="+", help="JSONL files from record_replies.py")
     parser.add_argument("--split", choices=("all", "tune", "check"), default="all",
                         help="tune: the first two prompts of each kind; check: the others")
-    parser.add_argument("--learned", action="store_true", help="start each prompt from the others' learned prior")
+    parser.add_argument("--learned", choices=("mixed", "kind"), nargs="?", const="mixed",
+                        help="start each prompt from the learned prior of the other prompts (kind: of its own kind only)")
+    parser.add_argument("--curve", default="bench",
+                        help="cost curve: bench (the calibrated one of results/heldout-t0.json), issue, or a bench JSON")
+    parser.add_argument("--policy", choices=("edgespec", "llamacpp-simple", "oracle"), default="edgespec",
+                        help="llamacpp-simple: replay llama.cpp's ngram-simple instead; oracle: the best draft "
+                             "lengths for edgespec's drafter, chosen knowing the reply (an upper bound)")
     parser.add_argument("--json", type=Path, help="write the per-kind figures here")
     parser.add_argument("--per-prompt", action="store_true", help="also show each prompt's figures")
     args = parser.parse_args()
     rows = [json.loads(line) for path in args.replies for line in path.read_text().splitlines() if line.strip()]
     if args.split != "all":
         rows = [row for row in rows if (int(row["id"].rsplit("-", 1)[1]) <= 2) == (args.split == "tune")]
-    cost = CostModel(interpolated_curve())
-    learned = learned_from_others(rows, cost) if args.learned else None
-    summary = report(rows, simulate(rows, cost, learned), args.per_prompt)
+    cost = CostModel(curve_named(args.curve))
+    if args.policy == "llamacpp-simple":
+        results = {row["id"]: replay_llamacpp_simple(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
+                                                     cost, 200) for row in rows}
+    elif args.policy == "oracle":
+        results = {row["id"]: replay_oracle(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
+                                            cost, len(cost.forward_seconds) - 1, 200) for row in rows}
+    else:
+        results = simulate(rows, cost, learned_from_others(rows, cost, args.learned == "kind") if args.learned else None)
+    summary = report(rows, results, args.per_prompt)
     if args.json:
         args.json.write_text(json.dumps({"curve": cost.forward_seconds, "split": args.split,
                                          "learned": args.learned, "kinds": summary}, indent=2) + "\n")

@@ -1,7 +1,7 @@
 """The n-gram simulator (ngram_sim.py) with main's controller and drafter from before issue 27 (commit 12598c1),
 for before/after figures on the same recorded replies.
 
-Run: .venv/bin/python benchmarks/ngram_sim_before.py REPLIES.jsonl [--split tune|check] [--per-prompt]
+Run: .venv/bin/python benchmarks/ngram_sim_before.py REPLIES.jsonl [--split tune|check] [--per-prompt] [--curve issue]
 """
 
 from __future__ import annotations
@@ -59,11 +59,12 @@ def main() -> int:
     parser.add_argument("replies", type=Path, nargs="+")
     parser.add_argument("--split", choices=("all", "tune", "check"), default="all")
     parser.add_argument("--per-prompt", action="store_true")
+    parser.add_argument("--curve", default="bench", help="as ngram_sim.py's --curve")
     args = parser.parse_args()
     rows = [json.loads(line) for path in args.replies for line in path.read_text().splitlines() if line.strip()]
     if args.split != "all":
         rows = [row for row in rows if (int(row["id"].rsplit("-", 1)[1]) <= 2) == (args.split == "tune")]
-    cost = ngram_sim.CostModel(ngram_sim.interpolated_curve())
+    cost = ngram_sim.CostModel(ngram_sim.curve_named(args.curve))
     with tempfile.TemporaryDirectory() as directory:
         controller_module, drafters_module = old_modules(Path(directory))
         results = {row["id"]: ngram_sim.replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop", cost,

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from edgespec.commands.batch.runner import chat_session
-from edgespec.commands.batch.requests import BatchRequest, read_requests
+from edgespec.commands.batch.requests import BatchRequest, for_the_engine, read_requests
 from edgespec.engine import result_of
 from edgespec.loading import load_engine
 from edgespec.ngram_pool import NgramPool
@@ -35,7 +35,7 @@ def run_once(engine, requests: list[BatchRequest], with_pool: bool, max_tokens: 
     rows = []
     for request in requests:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-        ids = chat_session(engine, request.messages, with_last=True).reply_prompt(params)
+        ids = chat_session(engine, request.messages).reply_prompt(params)
         engine.forget_cache()
         engine.forget_learning()
         result = result_of(engine.stream_tokens(ids, params))
@@ -77,7 +77,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    requests = [r for r in read_requests(args.batch) if isinstance(r, BatchRequest)][: args.requests]
+    requests = [r for r in map(for_the_engine, read_requests(args.batch)) if isinstance(r, BatchRequest)][: args.requests]
     engine = load_engine(args.model, "ngram", n_threads=args.threads, pull=False)  # cold: no learned priors
     rows = []
     try:

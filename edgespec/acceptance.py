@@ -1,22 +1,20 @@
 """How often a drafter's guesses are accepted, per draft position: what the draft-length controller plans with.
 
-Each estimate is a decayed count of accepted and tried draft positions, kept per signal class (a
-drafter's own label for how good a guess looks, such as an n-gram match of 8-15 tokens in the
-context) and pooled over all classes.  A class leans on the pooled estimate until it has data of its
-own, and a position with little data leans on the one before it, shrunk a little.
+Each estimate is a decayed count of accepted and tried draft positions.  Two learners fill the counts:
 
-Two learners fill the counts:
+- `VerifiedAcceptance` learns from verification only: what was drafted and how much was kept, per
+  signal class (a drafter's own label for its guess) and pooled over all classes.  A class leans on
+  the pooled estimate until it has data of its own, and a position with little data leans on the one
+  before it, shrunk a little.  A draft model's guesses cost passes, so this is all there is to learn
+  from (the controller probes it now and then when it stops drafting).
+- `HindsightAcceptance` learns from every step: the n-gram drafter's proposals cost nothing, so it
+  shows each step the whole proposal it could make (`watch`), scored token by token against the
+  text that follows, also at steps where nothing was drafted.  Every scored token says how often a
+  copy of about that length goes on (one estimate per source and copy length, whatever the depth).
 
-- `VerifiedAcceptance` learns from verification only: what was drafted and how much was kept.  A
-  draft model's guesses cost passes, so this is all there is to learn from (the controller probes
-  it now and then when it stops drafting).
-- `HindsightAcceptance` learns from every step: a drafter whose proposals cost nothing (n-grams)
-  shows it, each step, the whole proposal it could make (`watch`), scored position by position
-  against the tokens that follow, also at steps where nothing was drafted.
-
-A plan is made on a cautious estimate: the mean less `caution` standard errors of the counts behind
-it.  A drafted position that has been seen rarely counts for little, so a wide pass, whose price is
-paid whether its tail is kept or not, is chosen only on evidence that its tail is kept.
+A hindsight plan is made on a cautious estimate: the mean less `caution` standard errors of the counts
+behind it, so a wide pass, whose price is paid whether its tail is kept or not, is chosen only on
+evidence that copies this long go on.
 
 `export()` hands out what a learner saw since the last export, undecayed, per class; the learned
 prior store (learned.py) keeps it per model, and a new learner can start from it (`learned`).
@@ -28,6 +26,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+
+from .drafters import SOURCES, copy_signal_parts
 
 # The starting guess of the pooled estimate for position 1, and how many observations it counts as:
 # neutral (a coin flip) and weak, so this model's own outcomes here win within a few steps.
@@ -42,13 +42,16 @@ DEPTH_SHRINK = 0.98
 # A learned prior (from earlier runs of this model) counts as at most this many observations per
 # position: enough to skip the first steps of learning, never enough to outvote this text.
 LEARNED_WEIGHT = 2.0
-# How many observations a drafted and rejected position counts as, in hindsight learning (see record).
-REJECTION_WEIGHT = 2.0
 # Standard errors taken off a mean before the controller plans with it (hindsight learners).
 CAUTION = 0.75
 # A hindsight learner observes every step, so it can afford a shorter memory than one that learns
-# from verification only: it notices within a few tokens that a copy has begun or ended.
-HINDSIGHT_DECAY = 0.95
+# from verification only: it notices within a few dozen tokens that copies have become longer or shorter.
+HINDSIGHT_DECAY = 0.97
+# The copy lengths a hindsight learner keeps one hazard for (each bucket from its length to the next),
+# and its guess before any evidence: a copy that has matched m tokens goes on with m / (m + shift),
+# so longer matches are trusted more (what every n-gram drafter assumes, llama.cpp's 12-token key too).
+COPY_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+COPY_PRIOR_SHIFT = 2.0
 VERIFIED_DECAY = 0.95
 
 
@@ -63,12 +66,6 @@ class DecayedCounts:
         self.hits *= factor
         self.tries *= factor
 
-    def observe_position(self, position: int, accepted: bool) -> None:
-        """One draft position (0-based) reached, and whether it was accepted."""
-        if position < len(self.tries):
-            self.tries[position] += 1.0
-            self.hits[position] += accepted
-
     def observe(self, proposed: int, accepted: int) -> None:
         """A verified draft: the first `accepted` of `proposed` positions kept."""
         depth = len(self.tries)
@@ -82,18 +79,18 @@ class DecayedCounts:
 
 @dataclass
 class _Foreseen:
-    """A foreseen proposal: tokens guessed for context[start:], checked up to `checked`."""
+    """A foreseen proposal: tokens guessed for context[start:] and the copy class of each, checked up to `checked`."""
 
     start: int
     tokens: list[int]
-    signal: int
+    classes: list[int]
     checked: int = 0
 
-    def settle(self, context: list[int], observe: Callable[[int, int, bool], None]) -> bool:
+    def settle(self, context: list[int], observe: Callable[[int, bool], None]) -> bool:
         """Count the newly known positions; True while some are still unknown."""
         while self.checked < len(self.tokens) and self.start + self.checked < len(context):
             accepted = context[self.start + self.checked] == self.tokens[self.checked]
-            observe(self.signal, self.checked, accepted)
+            observe(self.classes[self.checked], accepted)
             self.checked += 1
             if not accepted:
                 return False  # later positions would never have been reached
@@ -136,10 +133,6 @@ class _Estimates:
         if counts is None:
             counts = self._by_signal[signal] = DecayedCounts(self.k_max)
         return counts
-
-    def _observe(self, signal: int, position: int, accepted: bool) -> None:
-        for counts in (self._pooled, self._counts(signal), self._session_counts(signal)):
-            counts.observe_position(position, accepted)
 
     def _session_counts(self, signal: int) -> DecayedCounts:
         counts = self._session.get(signal)
@@ -206,16 +199,79 @@ class VerifiedAcceptance(_Estimates):
         self._session_counts(signal).observe(proposed, accepted)
 
 
-class HindsightAcceptance(_Estimates):
-    """Learns from every step's foreseen proposal: for drafters whose proposals cost nothing (n-grams)."""
+class HindsightAcceptance:
+    """Learns from every step's foreseen proposal: for the n-gram drafter, whose proposals cost nothing.
+
+    Its signal is the drafter's copy signal (drafters.ngram_signal): where the match was found and how
+    many tokens it has matched, m.  A drafted token at depth i continues a copy that has matched m + i
+    tokens when it is reached, so every depth of every proposal is an observation of one hazard: how
+    often a copy that has gone on for about that many tokens goes on for one more (COPY_BUCKETS, per
+    source).  All depths learn together, so a wide pass is planned from what the copies of this text did
+    at that length, whichever step saw them, not from the few steps that foresaw that exact depth.
+    Before any evidence a copy of m tokens goes on with probability m / (m + COPY_PRIOR_SHIFT).
+    """
 
     learns_without_drafting = True
 
-    def __init__(self, k_max: int, *, decay: float = HINDSIGHT_DECAY, prior_acceptance: float = NEUTRAL_ACCEPTANCE,
-                 caution: float = CAUTION, learned=None):
-        super().__init__(k_max, decay=decay, prior_acceptance=prior_acceptance, caution=caution, learned=learned)
+    def __init__(self, k_max: int, *, decay: float = HINDSIGHT_DECAY, caution: float = CAUTION,
+                 learned: Mapping[int, tuple[Sequence[float], Sequence[float]]] | None = None):
+        if k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {k_max}")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if caution < 0.0:
+            raise ValueError(f"caution must be >= 0, got {caution}")
+        self.k_max, self.decay, self.caution = k_max, decay, caution
+        classes = len(SOURCES) * len(COPY_BUCKETS)
+        self._hits, self._tries = np.zeros(classes), np.zeros(classes)
+        self._session = DecayedCounts(classes)  # undecayed, since the last export()
+        lengths = np.tile(np.array(COPY_BUCKETS, float), len(SOURCES))  # each class's shortest copy
+        self._prior = lengths / (lengths + COPY_PRIOR_SHIFT)
+        for copy_class, (hits, tries) in (learned or {}).items():
+            copy_class = int(copy_class)
+            if 0 <= copy_class < classes and len(tries) and float(tries[0]) > 0:
+                scale = min(1.0, LEARNED_WEIGHT / float(tries[0]))  # worth at most LEARNED_WEIGHT observations
+                self._hits[copy_class], self._tries[copy_class] = float(hits[0]) * scale, float(tries[0]) * scale
         self._foreseen: list[_Foreseen] = []  # proposals waiting to be checked against the text
         self._context: list[int] | None = None  # the context they were made on
+
+    # -- estimates --------------------------------------------------------------------------
+
+    def _classes(self, signal: int) -> np.ndarray:
+        """The copy class of each draft depth 0..k_max-1 for this signal (-1: no copy, nothing to draft)."""
+        source, length = copy_signal_parts(signal)
+        if length <= 0:
+            return np.full(self.k_max, -1)
+        lengths = np.minimum(length + np.arange(self.k_max), COPY_BUCKETS[-1])
+        return source * len(COPY_BUCKETS) + np.searchsorted(COPY_BUCKETS, lengths, side="right") - 1
+
+    def _rates(self, signal: int) -> tuple[np.ndarray, np.ndarray]:
+        classes = self._classes(signal)
+        if classes[0] < 0:
+            return np.zeros(self.k_max), np.zeros(self.k_max)
+        hits, tries = self._hits[classes], self._tries[classes]
+        return (hits + PRIOR_WEIGHT * self._prior[classes]) / (tries + PRIOR_WEIGHT), tries + PRIOR_WEIGHT
+
+    def mean(self, signal: int = 0) -> np.ndarray:
+        """Estimated acceptance a_1..a_k_max of a draft made on this signal."""
+        return self._rates(signal)[0]
+
+    def planning(self, signal: int = 0) -> np.ndarray:
+        """What the controller plans with: the mean less `caution` standard errors, per depth."""
+        rates, evidence = self._rates(signal)
+        return np.clip(rates - self.caution * np.sqrt(rates * (1.0 - rates) / (evidence + 1.0)), 0.0, 1.0)
+
+    def export(self) -> dict[int, tuple[list[float], list[float]]]:
+        """Per copy class, ([hits], [tries]) observed since the last export; then forget them."""
+        session, self._session = self._session, DecayedCounts(len(self._tries))
+        return {int(c): ([float(session.hits[c])], [float(session.tries[c])]) for c in np.flatnonzero(session.tries)}
+
+    # -- learning ---------------------------------------------------------------------------
+
+    def _observe(self, copy_class: int, accepted: bool) -> None:
+        for hits, tries in ((self._hits, self._tries), (self._session.hits, self._session.tries)):
+            tries[copy_class] += 1.0
+            hits[copy_class] += accepted
 
     def watch(self, context: list[int], signal: int, proposal: Callable[[], Sequence[int]]) -> None:
         """Score the earlier proposals against what context has gained since, then record what the
@@ -229,8 +285,7 @@ class HindsightAcceptance(_Estimates):
         self.foresee(context, proposal(), signal)
 
     def settle(self, context: list[int]) -> None:
-        """Score the recorded proposals against the tokens context has gained since, position by
-        position: each position counts once the token it guessed is known."""
+        """Score the recorded proposals against the tokens context has gained since, depth by depth."""
         if context is not self._context:
             self._foreseen, self._context = [], context  # a new text: old proposals say nothing
             return
@@ -240,16 +295,14 @@ class HindsightAcceptance(_Estimates):
         """Record a proposal made after context, to be scored by settle() as the text goes on."""
         if context is not self._context:
             self._foreseen, self._context = [], context
-        if not tokens:
+        classes = self._classes(signal)
+        if not tokens or classes[0] < 0:
             return
-        for counts in (self._pooled, self._counts(signal)):
-            counts.decay(self.decay)  # once per proposal, as a verified learner decays once per verification
-        self._foreseen.append(_Foreseen(len(context), list(tokens[: self.k_max]), signal))
+        self._hits *= self.decay  # once per proposal: the hazards follow this text as it goes on
+        self._tries *= self.decay
+        self._foreseen.append(_Foreseen(len(context), list(tokens[: self.k_max]), classes.tolist()))
 
     def record(self, proposed: int, accepted: int, signal: int = 0) -> None:
-        """A drafted position that was rejected cost a pass as wide as the draft: it counts REJECTION_WEIGHT
-        times at once (its foreseen proposal counts it once more when settled), so the signal that
-        proposed it pays for a long draft's price at the next step, not after a streak of them."""
-        if accepted < min(proposed, self.k_max):
-            for counts in (self._pooled, self._counts(signal)):
-                counts.tries[accepted] += REJECTION_WEIGHT - 1.0
+        """Nothing more to learn from verification: the draft was this step's foreseen proposal, and the
+        next step's watch() settles it before that step chooses, so a rejected long draft costs its copy
+        class at once.  (Counting the miss again here cost refactors 3% in benchmarks/ngram_sim.py.)"""

@@ -70,19 +70,25 @@ class NoDrafter:
         return NO_PROPOSAL
 
 
-# An n-gram drafter's signal is the class of its match: where it was found and how long it is.  The
-# controller keeps an acceptance estimate per class.  Lengths 1, 2-3, 4-7, 8-15 and 16+ get classes of
-# their own (longer matches are accepted more often, and at every depth, not only the first); 0 means
-# no match.
-LENGTH_CLASSES = 5
+# An n-gram drafter's signal says where its match was found and how many tokens it matched: the length
+# of the copy in progress, counted up to MAX_COPY_LENGTH (beyond the index's longest n-gram, by comparing
+# the context with the text before the match).  The controller's hindsight learner keeps an acceptance
+# estimate per source and copy length (acceptance.py); 0 means no match.
 SOURCES = ("context", "prediction", "pool")
+MAX_COPY_LENGTH = 64
+_SIGNAL_STRIDE = MAX_COPY_LENGTH + 1
 
 
 def ngram_signal(source: str, match_length: int) -> int:
-    """The signal class of a match of this length in this source (0: no match)."""
+    """The signal of a match of this length in this source (0: no match)."""
     if match_length <= 0:
         return 0
-    return SOURCES.index(source) * LENGTH_CLASSES + min(int(match_length).bit_length(), LENGTH_CLASSES)
+    return SOURCES.index(source) * _SIGNAL_STRIDE + min(int(match_length), MAX_COPY_LENGTH)
+
+
+def copy_signal_parts(signal: int) -> tuple[int, int]:
+    """(the source's index in SOURCES, the copy length) of an n-gram signal; length 0 for no match."""
+    return divmod(int(signal), _SIGNAL_STRIDE)
 
 
 class NgramDrafter:
@@ -121,6 +127,14 @@ class NgramDrafter:
         source, n, _ = match
         return Hint(ngram_signal(source, n), None)
 
+    def _copy_length(self, context: list[int], n: int, start: int) -> int:
+        """How many tokens before context's end match those before start: the match of n, extended
+        past the index's longest n-gram up to MAX_COPY_LENGTH."""
+        length = n
+        while length < MAX_COPY_LENGTH and length < start and context[start - 1 - length] == context[-1 - length]:
+            length += 1
+        return length
+
     def propose(self, context, k, params=None, rng=None, stop_below=()) -> Proposal:
         match = self._lookup(context, k) if k > 0 else None
         if match is None:
@@ -134,6 +148,7 @@ class NgramDrafter:
         found = self._context_match(context)
         if found is not None:
             n, start = found
+            n = self._copy_length(context, n, start) if n == self.n_max else n
             period = len(context) - start
             # Past the end of the context, assume the text keeps repeating with the
             # period the match implies: that is what a loop or a copy looks like.

@@ -26,7 +26,7 @@ from .calibration import cache_dir
 from .files import atomic_write
 
 LEARNED_FILE = "learned-acceptance.json"
-FORMAT = 1
+FORMAT = 2  # 2: the n-gram drafter's counts are per copy class (acceptance.HindsightAcceptance)
 # Each finished generation multiplies the stored counts by this before adding its own.
 STORE_KEEP = 0.8
 # The most observations a stored position keeps; older ones are scaled away beyond it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +30,8 @@ RUN_FIELDS = {
 SUMMARY_FIELDS = {
     "temperature", "suite", "config", "drafter", "draft_tokens", "runs", "prompts", "decode_tps_median",
     "decode_tps_min", "decode_tps_max", "speedup", "speedup_per_prompt_median", "speedup_per_prompt_q1",
-    "speedup_per_prompt_q3", "acceptance_rate", "target_passes_per_token", "mean_draft_tokens",
+    "speedup_per_prompt_q3", "speedup_paired_median", "speedup_paired_q1", "speedup_paired_q3", "paired_runs",
+    "acceptance_rate", "target_passes_per_token", "mean_draft_tokens",
     "prefill_seconds_median", "decode_seconds_median", "end_to_end_seconds_median", "end_to_end_speedup",
     "baseline_prefill_share", "end_to_end_bound", "peak_rss_mb", "matches_baseline",
 }
@@ -168,6 +170,46 @@ def test_end_to_end_bound_follows_the_prefill_share():
     assert report.end_to_end_bound(0.2, 2.5) == pytest.approx(1 / (0.2 + 0.8 / 2.5))
     assert report.end_to_end_bound(0.0, 3.0) == pytest.approx(3.0)
     assert report.end_to_end_bound(1.0, 3.0) == pytest.approx(1.0)
+
+
+def _timed_run(config, repeat, tps, prompt="p1"):
+    return {"temperature": 0.0, "suite": "s", "prompt_id": prompt, "config": config, "repeat": repeat,
+            "decode_tokens_per_second": tps}
+
+
+def test_paired_ratios_see_through_a_machine_whose_speed_drifts_between_repeats():
+    # plain decoding ran at 34, 23, 30, 22 and 26 tok/s in five repeats; in each repeat drafting was 8-12%
+    # faster than the plain run next to it, except the last, where both met a slow spell
+    plain = [34.0, 23.0, 30.0, 22.0, 26.0]
+    gains = [1.10, 1.12, 1.08, 1.10, 0.90]
+    baseline = [_timed_run("baseline", r, tps) for r, tps in enumerate(plain)]
+    runs = [_timed_run("ngram", r, tps * gain) for r, (tps, gain) in enumerate(zip(plain, gains))]
+    ratios = report.paired_speedups(runs, baseline)
+    assert ratios == pytest.approx(gains)
+    assert statistics.median(ratios) == pytest.approx(1.10)
+
+
+def test_a_run_pairs_only_with_the_baseline_of_its_own_prompt_temperature_and_repeat():
+    baseline = [_timed_run("baseline", 0, 20.0), _timed_run("baseline", 1, 40.0), _timed_run("baseline", 0, 10.0, "p2")]
+    runs = [_timed_run("ngram", 0, 30.0), _timed_run("ngram", 1, 30.0), _timed_run("ngram", 0, 30.0, "p2"),
+            _timed_run("ngram", 2, 99.0), dict(_timed_run("ngram", 0, 99.0), temperature=0.7)]
+    assert report.paired_speedups(runs, baseline) == pytest.approx([1.5, 0.75, 3.0])
+
+
+def test_the_summary_row_carries_the_paired_median_and_quartiles():
+    config = configs.BenchConfig("ngram-auto", "ngram", "auto")
+    base = [dict(_timed_run("baseline", r, tps), end_to_end_seconds=1.0, prefill_seconds=0.1, peak_rss_mb=1.0,
+                 matches_baseline=None) for r, tps in enumerate([20.0, 40.0, 30.0, 25.0])]
+    mine = [dict(b, config="ngram-auto", decode_tokens_per_second=b["decode_tokens_per_second"] * ratio,
+                 draft_tokens_accepted=1, draft_tokens_proposed=2, target_forward_passes=1, tokens_generated=2,
+                 steps=1, decode_seconds=1.0) for b, ratio in zip(base, [1.0, 1.2, 1.1, 1.3])]
+    for b in base:
+        b.update(draft_tokens_accepted=0, draft_tokens_proposed=0, target_forward_passes=2, tokens_generated=2,
+                 steps=2, decode_seconds=1.0)
+    row = report._summary_row(0.0, "s", config, mine, base)
+    assert row["speedup_paired_median"] == pytest.approx(1.15)
+    assert row["paired_runs"] == 4
+    assert row["speedup_paired_q1"] <= 1.15 <= row["speedup_paired_q3"]
 
 
 def test_workload_suites_are_complete_and_well_formed():

@@ -212,9 +212,9 @@ class ScriptedDrafter(Drafter):
         self.right = False
 
     def peek(self, context):
-        from edgespec.drafters import Hint
+        from edgespec.drafters import Hint, ngram_signal
 
-        return Hint(0, None)
+        return Hint(ngram_signal("context", 8), None)  # an 8-token match, right or wrong alike
 
     def propose(self, context, k, params, rng, stop_below=()):
         from edgespec.drafters import Proposal

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from edgespec.acceptance import COPY_BUCKETS
 from edgespec.controller import controller_for
 from edgespec.costs import CostModel
 from edgespec.learned import STORE_MAX_TRIES, LearnedAcceptance, forget_all, merge_counts
@@ -18,9 +19,9 @@ def model_file(tmp_path):
     return path
 
 
-def copying_counts(depth=15, tries=40.0):
-    """What a generation that copied all the time leaves: every position of signal 4 always accepted."""
-    return {4: ([tries] * depth, [tries] * depth)}
+def copying_counts(tries=40.0):
+    """What a generation that copied all the time leaves: every copy of 4 or more tokens went on."""
+    return {c: ([tries], [tries]) for c in range(COPY_BUCKETS.index(4), len(COPY_BUCKETS))}
 
 
 def test_merge_fades_the_old_counts_and_caps_them():
@@ -38,7 +39,7 @@ def test_a_new_controller_starts_from_what_the_model_learned(model_file, tmp_pat
     warm = controller_for("ngram", CURVE, 15, learned=LearnedAcceptance(model_file, store.path).prior("ngram"))
     assert warm.acceptance(4)[0] > cold.acceptance(4)[0]
     assert warm.choose(4) > cold.choose(4) == 0
-    assert warm.acceptance(3)[0] == pytest.approx(cold.acceptance(3)[0])  # other signals keep the neutral prior
+    assert warm.acceptance(3)[0] == pytest.approx(cold.acceptance(3)[0])  # shorter copies keep the neutral prior
 
 
 def test_a_learned_prior_counts_for_little_against_the_text_at_hand(model_file, tmp_path):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from edgespec.drafters import NgramDrafter, ngram_signal
+from edgespec.drafters import MAX_COPY_LENGTH, NgramDrafter, copy_signal_parts, ngram_signal
 from edgespec.ngram_pool import NgramPool, TokenIndex
 
 
@@ -68,7 +68,9 @@ def test_the_drafter_asks_the_pool_only_without_a_usable_context_match():
 
 def test_signal_classes_separate_sources_and_lengths():
     signals = {ngram_signal(source, n) for source in ("context", "prediction", "pool") for n in (1, 2, 4, 8, 16, 40)}
-    assert len(signals) == 15 and 0 not in signals
+    assert len(signals) == 18 and 0 not in signals
     assert ngram_signal("pool", 0) == 0
+    assert ngram_signal("context", MAX_COPY_LENGTH) == ngram_signal("context", 500)  # lengths are counted so far
+    assert copy_signal_parts(ngram_signal("pool", 40)) == (2, 40)
     with pytest.raises(ValueError):
         ngram_signal("elsewhere", 3)

@@ -30,6 +30,7 @@ def _summary_row(temperature: float, suite: str, config: BenchConfig, runs: list
     base_tps = statistics.median(r["decode_tokens_per_second"] for r in baseline)
     speedup = statistics.median(tps) / base_tps if base_tps else None
     per_prompt = _per_prompt_speedups(runs, baseline)
+    paired = paired_speedups(runs, baseline)
     prefill_share = _prefill_share(baseline)
     e2e = statistics.median(r["end_to_end_seconds"] for r in runs)
     base_e2e = statistics.median(r["end_to_end_seconds"] for r in baseline)
@@ -49,6 +50,10 @@ def _summary_row(temperature: float, suite: str, config: BenchConfig, runs: list
         "speedup_per_prompt_median": statistics.median(per_prompt) if per_prompt else None,
         "speedup_per_prompt_q1": _quantile(per_prompt, 0.25),
         "speedup_per_prompt_q3": _quantile(per_prompt, 0.75),
+        "speedup_paired_median": statistics.median(paired) if paired else None,
+        "speedup_paired_q1": _quantile(paired, 0.25),
+        "speedup_paired_q3": _quantile(paired, 0.75),
+        "paired_runs": len(paired),
         "acceptance_rate": _pooled(runs, "draft_tokens_accepted", "draft_tokens_proposed"),
         "target_passes_per_token": _pooled(runs, "target_forward_passes", "tokens_generated"),
         "mean_draft_tokens": _pooled(runs, "draft_tokens_proposed", "steps"),
@@ -75,6 +80,23 @@ def _per_prompt_speedups(runs: list[dict], baseline: list[dict]) -> list[float]:
         base = [r["decode_tokens_per_second"] for r in baseline if r["prompt_id"] == prompt_id]
         if mine and base and statistics.median(base) > 0:
             ratios.append(statistics.median(mine) / statistics.median(base))
+    return ratios
+
+
+def paired_speedups(runs: list[dict], baseline: list[dict]) -> list[float]:
+    """Each run's decode tok/s over the baseline run of the same prompt, temperature and repeat.
+
+    The bench interleaves its configurations, so a repeat's baseline run is the plain run nearest in
+    time: a machine whose speed drifts between repeats (other work, clocks, heat) moves both runs of a
+    pair alike, and the median of these ratios is not swayed by which repeats ran fast, as a ratio of
+    medians over all repeats is.  Runs without a partner are left out.
+    """
+    plain = {(r["temperature"], r["prompt_id"], r["repeat"]): r["decode_tokens_per_second"] for r in baseline}
+    ratios = []
+    for r in runs:
+        base = plain.get((r["temperature"], r["prompt_id"], r["repeat"]))
+        if base:
+            ratios.append(r["decode_tokens_per_second"] / base)
     return ratios
 
 
@@ -158,7 +180,7 @@ def print_tables(results: dict, console=None) -> None:
     )
     for temperature in meta["temperatures"]:
         table = Table(title=f"T = {temperature:g}" + (" (token ids checked against baseline)" if temperature == 0 else ""))
-        for column in ("suite", "config", "decode tok/s", "min-max", "speedup", "per-prompt", "accept", "passes/tok",
+        for column in ("suite", "config", "decode tok/s", "min-max", "speedup", "per-prompt", "paired", "accept", "passes/tok",
                        "prefill s", "e2e s", "e2e speedup", "bound", "peak RSS MB", "same as base"):
             table.add_column(column, justify="left" if column in ("suite", "config") else "right")
         previous_suite = None
@@ -173,6 +195,7 @@ def print_tables(results: dict, console=None) -> None:
                 f"{row['decode_tps_min']:.1f}-{row['decode_tps_max']:.1f}",
                 _fmt(row["speedup"], ".2f", "x"),
                 _fmt(row["speedup_per_prompt_median"], ".2f", "x"),
+                _fmt(row["speedup_paired_median"], ".2f", "x"),
                 _fmt(row["acceptance_rate"], ".0%"),
                 _fmt(row["target_passes_per_token"], ".2f"),
                 _fmt(row["prefill_seconds_median"], ".2f"),
@@ -185,6 +208,8 @@ def print_tables(results: dict, console=None) -> None:
         console.print(table)
     console.print(
         "speedup: ratio of median decode tok/s to baseline's; per-prompt: median of per-prompt ratios; "
+        "paired: median of each run's ratio to the baseline run of its own repeat (quartiles in the JSON), "
+        "which a drift of the machine's speed between repeats does not sway; "
         "bound: 1 / (f + (1 - f) / speedup) with f the baseline's prefill share of end-to-end time"
     )
     if meta.get("llama_cpp_bin"):

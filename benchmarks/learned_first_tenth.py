@@ -1,0 +1,103 @@
+"""Learned priors on a new kind of prompt: the first and the tenth `edgespec run` of that kind.
+
+For each kind, a fresh cache dir (EDGESPEC_CACHE_DIR, with this machine's calibration copied in so that
+no run measures the cost curve again) starts with no learned priors.  Then `edgespec run --draft ngram`
+runs RUNS times on the kind's prompts in turn (run i takes prompt i mod the kind's count), each run
+learning into that dir as every `edgespec run` does; next to each, in alternating order, a plain run
+(`--draft none`) of the same prompt.  A run's figure is its decode tok/s over its plain partner's: the
+machine's drift between runs moves both alike.  T = 0: a pair whose tokens differ is flagged (a near-tie
+of the target's two best tokens, where pass widths' kernels drift; not an error).
+
+Run on an idle machine (about 2 x RUNS x 10 s per kind for Qwen2.5-Coder-1.5B on 2 cores):
+    .venv/bin/python benchmarks/learned_first_tenth.py --json benchmarks/results/learned-first-tenth.json
+Smoke test (tiny):
+    .venv/bin/python benchmarks/learned_first_tenth.py --model smollm2-135m-instruct --kinds extract --runs 2 --max-tokens 16
+What it should show: the tenth run's ratio at least the first's on every kind (the priors learned this
+kind's acceptance), and never below 0.98.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from edgespec.calibration import cache_dir
+from edgespec.commands.bench.workloads import load_workloads
+
+HELDOUT = Path(__file__).parent / "workloads-heldout"
+KINDS = ("extract", "refactor", "code-edit", "summary-quote", "chat")
+EDGESPEC = Path(sys.executable).with_name("edgespec")
+
+
+def run_once(prompt: str, draft: str, cache: Path, args) -> dict:
+    """One `edgespec run --json` in the given cache dir: its stats and token ids."""
+    command = [str(EDGESPEC), "run", "--model", args.model, "--draft", draft, "--temperature", "0",
+               "--max-tokens", str(args.max_tokens), "--no-prompt-cache", "--json", prompt]
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "EDGESPEC_CACHE_DIR": str(cache)},
+                          timeout=args.timeout)
+    if done.returncode != 0:
+        raise SystemExit(f"edgespec run failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout)
+
+
+def one_kind(kind: str, args) -> list[dict]:
+    """RUNS drafted runs of this kind from no learned priors, each with its plain partner."""
+    prompts = load_workloads([kind], directory=args.workloads)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="edgespec-first-tenth-") as directory:
+        cache = Path(directory)
+        calibration = cache_dir() / "calibration.json"
+        if calibration.is_file():
+            shutil.copy(calibration, cache / "calibration.json")
+        for i in range(args.runs):
+            prompt = prompts[i % len(prompts)]
+            order = ("ngram", "none") if i % 2 == 0 else ("none", "ngram")
+            result = {draft: run_once(prompt.prompt, draft, cache, args) for draft in order}
+            drafted, plain = result["ngram"], result["none"]
+            tps, base = drafted["stats"]["decode_tokens_per_second"], plain["stats"]["decode_tokens_per_second"]
+            rows.append({"kind": kind, "run": i + 1, "prompt_id": prompt.id, "tok_s": tps, "plain_tok_s": base,
+                         "ratio": tps / base if base else None, "acceptance": drafted["stats"]["acceptance_rate"],
+                         "same_tokens": drafted["token_ids"] == plain["token_ids"]})
+            print(f"{kind} run {i + 1} ({prompt.id}): {tps:.1f} tok/s, plain {base:.1f}, "
+                  f"x{rows[-1]['ratio']:.2f}", file=sys.stderr)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated held-out kinds")
+    parser.add_argument("--workloads", type=Path, default=HELDOUT)
+    parser.add_argument("--runs", type=int, default=10, help="drafted runs per kind (each with a plain partner)")
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    rows = [row for kind in args.kinds.split(",") for row in one_kind(kind, args)]
+    summary = {}
+    for kind in dict.fromkeys(row["kind"] for row in rows):
+        mine = [row for row in rows if row["kind"] == kind]
+        summary[kind] = {"first": mine[0]["ratio"], "last": mine[-1]["ratio"], "runs": len(mine),
+                         "median_after_first": statistics.median(r["ratio"] for r in mine[1:]) if len(mine) > 1 else None}
+        print(f"{kind:14s} first x{mine[0]['ratio']:.2f}  run {len(mine)} x{mine[-1]['ratio']:.2f}", file=sys.stderr)
+    exact = all(row["same_tokens"] for row in rows)
+    print(json.dumps({"summary": summary, "same_tokens": exact}, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "same_tokens": exact, "runs": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
