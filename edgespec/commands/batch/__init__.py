@@ -231,7 +231,10 @@ def parallel_for(engine, asked: int | None, pending: int) -> int:
             raise BatchError(f"--parallel {asked} needs a KV cache per request, and the memory budget has room for "
                              f"{fit}: use --parallel {fit} or less, or a smaller --n-ctx")
         return asked
-    parallel = best_parallel(engine.cost, max(1, min(MAX_PARALLEL, fit, pending)))
+    limit = max(1, min(MAX_PARALLEL, fit, pending))
+    if limit > 1:
+        engine.measure_sequences()
+    parallel = best_parallel(engine.cost, limit)
     if parallel > 1:
         print_notice(f"decoding {parallel} requests together (the most tokens per second on this machine's "
                      "cost curve; --parallel N to choose)")
