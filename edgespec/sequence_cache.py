@@ -82,7 +82,7 @@ class SequenceCache:
         order prompts lists them, (seq, context) each, the cache holding a prefix of context[:-1].
 
         A prompt first takes what another sequence has cached of it meanwhile
-        (share_prefix); one that shares MIN_COPIED_PREFIX more tokens with an
+        (share_prefix), and may need no chunk after that; one that shares MIN_COPIED_PREFIX more tokens with an
         earlier prompt than it holds, while that one is still computing them,
         gets no chunk until it can take them from there.
         """
@@ -93,10 +93,8 @@ class SequenceCache:
             if any(self._computing_prefix_of(context, seq, *earlier) for earlier in prompts[:i]):
                 continue
             held = self.share_prefix(context, seq, among=self.model.n_seq)
-            chunk = context[held : min(len(context) - 1, held + budget)]
-            if chunk:
-                chunks[seq] = chunk
-                budget -= len(chunk)
+            chunks[seq] = context[held : min(len(context) - 1, held + budget)]  # [] when it got all it needs
+            budget -= len(chunks[seq])
         return chunks
 
     def _computing_prefix_of(self, context: list[int], seq: int, other_seq: int, other: list[int]) -> bool:
