@@ -148,3 +148,17 @@ def test_a_request_cancelled_while_its_prompt_is_fed_ends_without_a_token(engine
     assert results["long"].finish_reason == "cancelled" and results["long"].token_ids == []
     assert "long" not in first_step
     assert results["short"].token_ids == engine.generate("The cat sat on", params, raw=True).token_ids
+
+
+def test_a_prompt_that_another_is_still_being_fed_waits_for_its_cells_and_shares_them(engine):
+    document = "The cat sat on the mat and the dog sat on the log. " * 7
+    prompt = engine.prompt_tokens(document, raw=True)
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    alone = engine.generate(document, params, raw=True).token_ids
+    engine.forget_cache()
+    pending = iter([Job(i, prompt, params) for i in range(2)])
+    results, first_step, _ = run_with_passes(engine, lambda wait: next(pending, None), parallel=2)
+    assert results[0].token_ids == results[1].token_ids == alone
+    assert first_step == {0: 1, 1: 2}, "the second waited one pass for the first one's cells"
+    assert results[0].stats.prompt_tokens_reused < 16
+    assert results[1].stats.prompt_tokens_reused == len(prompt) - 1
