@@ -8,12 +8,14 @@ import math
 import pytest
 
 from edgespec.costs import CostModel, prefill_rows
+from edgespec.drafting import joint_draft_lengths
 from edgespec.generation import Done, Failed, Step
 from edgespec.loading import load_engine
 from edgespec.phases import PhaseClock
 from edgespec.sampling import SamplingParams
 from edgespec.scheduler import Job, best_parallel
 from test_batch import models  # noqa: F401
+from test_batch_parallel import trained_choice
 
 CPU_LIKE = tuple(1.0 + (n - 1) / 3 for n in range(1, 34))  # a pass over n rows: 1 + (n - 1) / 3 single steps
 FLAT_TO_16 = (1.0,) * 16  # a GPU-like curve: free rows up to 16, then every row costs (extrapolated)
@@ -42,6 +44,20 @@ def test_the_default_number_of_sequences_counts_what_several_contexts_cost():
     # each sequence's own context makes a pass over 8 of them cost twice one sequence's 8 rows
     dear = CostModel(cheap.forward_seconds, sequences=((2, 1, 1.0), (4, 1, 1.1), (8, 1, 2.0)))
     assert best_parallel(dear, 8) == 4
+
+
+def test_each_steps_rows_are_priced_over_the_sequences_that_share_the_pass():
+    choices = [trained_choice(0.9)] * 3
+    cheap = joint_draft_lengths(choices, CostModel(CPU_LIKE))
+    assert all(k > 0 for k in cheap) and sum(cheap) > 3
+    # passes over sequences of two rows each cost three times one sequence's pass over as many rows:
+    # only the row that keeps them at about one each (4 rows over 3 sequences) pays
+    dear = CostModel(CPU_LIKE, sequences=((2, 1, 1.0), (2, 2, 3.0), (4, 1, 1.0), (4, 2, 3.0)))
+    assert sum(joint_draft_lengths(choices, dear)) == 1
+    # prompt rows the pass carries make the pass dearer already, so drafted rows cost relatively less
+    flat = CostModel(FLAT_TO_16)
+    assert sum(joint_draft_lengths(choices, flat, prompt_rows=0)) == 13
+    assert sum(joint_draft_lengths(choices, flat, prompt_rows=13)) > 13
 
 
 def test_a_prompt_chunk_is_as_wide_as_its_tokens_stay_cheap():
