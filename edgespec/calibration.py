@@ -1,8 +1,11 @@
 """Times one target pass over n tokens, n = 1..max_width, and caches the curve per model and machine.
 
-The engine supplies `measure(n) -> seconds`: one forward pass over n tokens that returns n rows
+The caller supplies `measure(n) -> seconds`: one forward pass over n tokens that returns n rows
 of logits (as verification does), with the KV cache restored afterwards. Widths are measured in
 the order the controller needs them most, within a time budget, and the rest is interpolated.
+cost_profile.py's Calibrator runs it, with the width probe and the cost of passes over several
+sequences, and keeps the results here (CalibrationCache); StepTimeWatch flags a curve that no
+longer matches the passes seen.
 
 The first load of a model on a machine measures for at most WIDTH_PROBE_BUDGET_SECONDS +
 CURVE_BUDGET_SECONDS, plus a few passes measured whatever they cost (the exact-width probe's
@@ -210,6 +213,9 @@ class CachedCalibration:
     forward_seconds: tuple[float, ...]
     stale: bool
     drift: dict[int, float] = field(default_factory=dict)  # largest logit difference from one-token passes, per width
+    # (n sequences, rows each, cost against one sequence's pass of as many rows): CostModel.sequences;
+    # () until a pass over several sequences is first needed (entries written before it was measured too)
+    sequences: tuple[tuple[int, int, float], ...] = ()
 
 
 class CalibrationCache:
@@ -248,11 +254,14 @@ class CalibrationCache:
             curve = tuple(float(s) for s in entry["forward_seconds"])
             stale = bool(entry["stale"]) or not 0 <= age <= self.max_age_seconds
             drift = {int(w): float(d) for w, d in entry.get("drift", [])}
+            sequences = tuple((int(n), int(rows), float(f)) for n, rows, f in entry.get("sequences", []))
         except (TypeError, KeyError, ValueError):
             return None  # missing or hand-edited entry: measure again
         if max_width < 1 or not curve or not all(math.isfinite(s) and s > 0 for s in curve):
             return None
-        return CachedCalibration(max_width, curve, stale, drift)
+        if not all(n >= 1 and rows >= 1 and math.isfinite(f) and f > 0 for n, rows, f in sequences):
+            sequences = ()  # measured again when needed
+        return CachedCalibration(max_width, curve, stale, drift, sequences)
 
     def store(self, key: CalibrationKey, max_width: int, forward_seconds: tuple[float, ...], now: float | None = None,
               drift: dict[int, float] | None = None) -> None:
@@ -266,6 +275,14 @@ class CalibrationCache:
             "stale": False,
         }
         self._write(entries)
+
+    def store_sequences(self, key: CalibrationKey, sequences: tuple[tuple[int, int, float], ...]) -> None:
+        """Add the cost of passes over several sequences to the entry (its age and staleness unchanged)."""
+        entries = self._read()
+        entry = entries.get(key.digest())
+        if isinstance(entry, dict):
+            entry["sequences"] = [list(point) for point in sequences]
+            self._write(entries)
 
     def mark_stale(self, key: CalibrationKey, now: float | None = None, min_age_seconds: float = 0.0) -> bool:
         """Mark the entry to be measured again, unless it was measured less than min_age_seconds

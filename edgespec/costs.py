@@ -1,8 +1,9 @@
-"""What a target pass costs per width, and what a drafter could gain against that cost.
+"""What a target pass costs per width and per number of sequences, and what a drafter could gain.
 
-The engine measures the curve at load (calibration.py) or is given one; the draft-length
-controllers choose k against it, and `--draft auto` asks best_speedup whether a draft model
-can pay on this machine at all.
+The engine measures the curve at load (cost_profile.py) or is given one; the draft-length
+controllers choose k against it, `--draft auto` asks best_speedup whether a draft model can pay
+on this machine at all, and the scheduler prices passes shared by several sequences with
+pass_seconds (how many to decode together, each one's draft rows, a new prompt's chunk).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ class CostModel:
     forward_seconds: Sequence[float]
     draft_seconds_per_token: float = 0.0
     heads_seconds_per_token: float = 0.0  # drafting heads' numpy time per drafted token (0 when none are loaded)
+    # (n sequences, rows each, a pass over them / one sequence's pass over as many rows): what spreading a
+    # pass's rows over sequences, each with its own context, costs; () prices them as one sequence's rows
+    sequences: Sequence[tuple[int, int, float]] = ()
 
     def __post_init__(self) -> None:
         seconds = tuple(float(s) for s in self.forward_seconds)
@@ -32,6 +36,11 @@ class CostModel:
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
             object.__setattr__(self, name, value)
+        grid = tuple((int(n), int(rows), float(factor)) for n, rows, factor in self.sequences)
+        if not all(n >= 1 and rows >= 1 and math.isfinite(factor) and factor > 0 for n, rows, factor in grid):
+            raise ValueError(f"sequences must be (n >= 1, rows >= 1, factor > 0) triples, got {grid!r}")
+        object.__setattr__(self, "sequences", grid)
+        object.__setattr__(self, "_factors", {})
 
     def target(self, n: int) -> float:
         if n < 1:
@@ -42,6 +51,31 @@ class CostModel:
         # Unmeasured widths get no batching gain beyond the widest measured pass: over-estimating
         # keeps the controller off widths nobody timed.
         return max(self.forward_seconds) * n / measured
+
+    def pass_seconds(self, n_sequences: int, rows: int) -> float:
+        """One pass over `rows` rows spread over n_sequences sequences, each with its own context
+        (0 for no rows: a pass not taken)."""
+        if rows < 1:
+            return 0.0
+        single = self.target(rows)
+        if n_sequences <= 1 or not self.sequences:
+            return single
+        return single * self._factor(n_sequences, max(1, round(rows / n_sequences)))
+
+    def _factor(self, n_sequences: int, rows_each: int) -> float:
+        """The grid's factor, interpolated over rows each and then over sequences (clamped at its edges);
+        one sequence's factor is 1 by definition."""
+        key = (n_sequences, rows_each)
+        factor = self._factors.get(key)
+        if factor is None:
+            by_n: dict[int, list[tuple[int, float]]] = {}
+            for n, rows, f in sorted(self.sequences):
+                by_n.setdefault(n, []).append((rows, f))
+            counts = [1] + [n for n in sorted(by_n) if n > 1]
+            at_rows = [1.0] + [float(np.interp(rows_each, [r for r, _ in by_n[n]], [f for _, f in by_n[n]]))
+                               for n in counts[1:]]
+            factor = self._factors[key] = float(np.interp(n_sequences, counts, at_rows))
+        return factor
 
     def draft(self, k: int) -> float:
         return k * self.draft_seconds_per_token
@@ -62,3 +96,28 @@ def best_speedup(cost: CostModel, acceptance: float, k_max: int) -> tuple[int, f
     ]
     k = int(np.argmax(speedups))
     return k, float(speedups[k])
+
+
+# How much dearer per prompt token than the cheapest chunk a wider chunk may be: within it, a wider chunk
+# wins, since the new sequence starts decoding passes sooner (until then its place in the pass is idle).
+PREFILL_TOLERANCE = 0.1
+
+
+def prefill_rows(cost: CostModel, n_sequences: int, rows: int, budget: int) -> int:
+    """How many prompt tokens to feed into a pass over `rows` decode rows of n_sequences sequences (one more
+    sequence, the new one, gets the prompt rows): at most budget.
+
+    A prompt token folded into a pass costs what it adds to the pass, (T(rows + c) - T(rows)) / c per token
+    for a chunk of c; the weights are read for the decode rows anyway.  The widest chunk whose tokens cost
+    at most PREFILL_TOLERANCE more than the cheapest chunk's wins.  On a CPU (a curve that grows slower
+    than its width) that is the whole budget; on a curve that turns steeper past some width (a GPU's
+    compute limit) the chunk stops there, and the running sequences' steps stay short.
+    """
+    if budget <= 1:
+        return max(budget, 0)
+    base = cost.pass_seconds(n_sequences, rows)
+    chunks = sorted({budget} | {c for c in (2 ** i for i in range(budget.bit_length())) if c < budget}
+                    | {w - rows for w in range(rows + 1, len(cost.forward_seconds) + 1) if w - rows < budget})
+    per_token = [(cost.pass_seconds(n_sequences + 1, rows + c) - base) / c for c in chunks]
+    cheapest = min(per_token)
+    return max(c for c, seconds in zip(chunks, per_token) if seconds <= cheapest + abs(cheapest) * PREFILL_TOLERANCE)

@@ -24,10 +24,12 @@ import numpy as np
 
 from .backend import LlamaModel
 from .calibration import StepTimeWatch
+from .costs import prefill_rows
 from .drafting import Draft, DraftChoice, DraftPlanner
 from .drafters import NgramDrafter
 from .errors import ContextOverflowError, CorruptModelError, EdgespecError
 from .generation import Done, Drafting, Failed, Generation, Step, Token
+from .limits import MAX_OUTPUT_ROWS
 from .ngram_pool import NgramPool, TokenIndex
 from .sampling import SamplingParams, SparseProbs, to_probs
 from .sequence_cache import SequenceCache
@@ -58,16 +60,19 @@ class Decoder:
     # -- starting a generation -----------------------------------------------
 
     def start(self, prompt_ids: Sequence[int], params: SamplingParams, drafting: Drafting, seq: int = 0,
-              shift: bool = False, prediction: Sequence[int] | None = None, pool: NgramPool | None = None
-              ) -> Generation:
+              shift: bool = False, prediction: Sequence[int] | None = None, pool: NgramPool | None = None,
+              chunked: bool = False) -> Generation:
         """A generation after prompt_ids, its prompt in sequence seq's cache (all but the last token).
 
         shift: the caller accepts a cache with a dropped span shifted out
         (SequenceCache.shift_out_dropped_span) for one recomputed; never under
         bit_exact.  prediction: tokens the output is expected to mostly repeat,
         a draft source (every token is verified); pool: the pool of other texts
-        its n-gram drafts may come from (None: the decoder's).  Raises
-        EdgespecError for a prompt that cannot run.
+        its n-gram drafts may come from (None: the decoder's).  chunked: what
+        no cache holds of the prompt is fed by the next steps, in chunks inside
+        their passes (the scheduler's generations decoded together, which draft
+        with n-grams or heads, never the draft model).  Raises EdgespecError
+        for a prompt that cannot run.
         """
         self.check_prompt(prompt_ids)
         planner = self.planner
@@ -83,7 +88,12 @@ class Decoder:
                                 TextAssembler(params.stop), seq, pool=pool)
         started = time.perf_counter()
         try:
-            counters.prompt_tokens_reused = self._prefill(generation, shift and self.shifts_context)
+            if chunked:
+                counters.prompt_tokens_reused = self.cache.prepare(generation.context, seq)
+                generation.prefilling = counters.prompt_tokens_reused < len(prompt_ids) - 1
+                generation.prefill_start = started
+            else:
+                counters.prompt_tokens_reused = self._prefill(generation, shift and self.shifts_context)
         except EdgespecError:
             self.target.rewind(0, seq)
             raise
@@ -112,7 +122,8 @@ class Decoder:
         return reused
 
     def _drafts_with_draft_model(self, generation: Generation) -> bool:
-        return self.draft_cache is not None and generation.counters.mode in DRAFT_MODEL_MODES
+        return (self.draft_cache is not None and generation.counters.mode in DRAFT_MODEL_MODES
+                and "draft-model" in generation.drafting.drafters)
 
     @property
     def shifts_context(self) -> bool:
@@ -132,29 +143,46 @@ class Decoder:
         together: the drafts' lengths are chosen together for the shared
         pass; otherwise (one generation) by its own controller.  A finished
         generation (cancelled by the caller, or out of context) gets its Done
-        without a pass.
+        without a pass.  A generation whose prompt is still being fed gets a
+        chunk of it into the pass (SequenceCache.prompt_chunks, sized on the
+        cost curve), and its first step in the pass that feeds the last chunk.
         """
-        running, rooms = [], []
+        running, rooms, filling = [], [], []
         for generation in generations:
             room = self.n_ctx - len(generation.context)
             if room <= 0 and not generation.finished:
                 generation.finish("context")
             if generation.finished:
                 yield generation, self.end(generation)
+            elif generation.prefilling:
+                filling.append(generation)
             else:
                 running.append(generation)
                 rooms.append(room)
-        if not running:
+        feeds = self.prompt_chunks(filling, len(running)) if filling else {}
+        fed = [generation for generation in filling if generation.seq in feeds]
+        feeding = []  # those whose prompt is not whole after this pass
+        for generation in fed:
+            if len(self.target.cached_of(generation.seq)) + len(feeds[generation.seq]) < len(generation.context) - 1:
+                feeding.append(generation)
+            else:  # its prompt is whole after this pass: it takes its first step in it
+                running.append(generation)
+                rooms.append(self.n_ctx - len(generation.context))
+        if not running and not feeding:
             return
-        choices, lengths = self.choose_lengths(running, rooms, together)
+        prompt_rows = sum(len(chunk) for chunk in feeds.values())
+        choices, lengths = self.choose_lengths(running, rooms, together, prompt_rows, len(feeding))
         drafts = [self.propose(generation, choice, k) for generation, choice, k in zip(running, choices, lengths)]
+        passed_at = time.perf_counter()
         try:
-            rows = self.run_pass(running, drafts, observe=not together)
+            rows = self.run_pass(running, drafts, observe=not together, feeds=feeds)
         except EdgespecError as err:  # the pass failed for all of them
-            for generation in running:
+            for generation in running + feeding:
                 self.target.rewind(0, generation.seq)
                 yield generation, Failed(err)
             return
+        for generation in fed:
+            self.fed(generation, feeds[generation.seq], passed_at)
         for generation, draft, logits in zip(running, drafts, rows):
             try:
                 yield generation, self.conclude(generation, draft, logits)
@@ -165,23 +193,45 @@ class Decoder:
             if generation.finished:
                 yield generation, self.end(generation)
 
-    def choose_lengths(self, generations: Sequence[Generation], rooms: Sequence[int], together: bool
-                       ) -> tuple[list[DraftChoice], list[int]]:
-        """Each generation's drafter and draft length for the next pass."""
-        return self.planner.choose(generations, rooms, together)
+    def prompt_chunks(self, filling: Sequence[Generation], decode_rows: int) -> dict[int, list[int]]:
+        """The chunk of each waiting prompt that goes into the next pass, by sequence: as many prompt tokens in
+        all as the cost curve says a pass over decode_rows other rows should carry (costs.prefill_rows)."""
+        budget = prefill_rows(self.planner.cost, decode_rows, decode_rows, self.target.n_batch - MAX_OUTPUT_ROWS)
+        return self.cache.prompt_chunks([(g.seq, g.context) for g in filling], budget)
+
+    def fed(self, generation: Generation, chunk: list[int], passed_at: float) -> None:
+        """Count a chunk of the prompt as fed in the pass begun at passed_at; when it was the last, the
+        prompt's figures are final and decoding began with that pass."""
+        generation.prompt_evaluated += len(chunk)
+        if len(self.target.cached_of(generation.seq)) >= len(generation.context) - 1:
+            generation.prefilling = False
+            counters = generation.counters
+            counters.prompt_tokens_reused = len(generation.context) - 1 - generation.prompt_evaluated
+            counters.prefill_seconds = passed_at - generation.prefill_start
+            generation.decode_start = passed_at
+
+    def choose_lengths(self, generations: Sequence[Generation], rooms: Sequence[int], together: bool,
+                       prompt_rows: int = 0, prompt_sequences: int = 0) -> tuple[list[DraftChoice], list[int]]:
+        """Each generation's drafter and draft length for the next pass, which also carries prompt_rows rows
+        of prompt_sequences other sequences' prompts."""
+        return self.planner.choose(generations, rooms, together, prompt_rows, prompt_sequences)
 
     def propose(self, generation: Generation, choice: DraftChoice, k: int) -> Draft:
         return self.planner.propose(generation, choice, k)
 
-    def run_pass(self, generations: Sequence[Generation], drafts: Sequence[Draft], observe: bool) -> list[np.ndarray]:
-        """One target pass over each generation's [last token, *draft]: each one's rows of logits, read-only
-        views of llama.cpp's buffer, valid until the next pass.  observe: time it for the step watch."""
+    def run_pass(self, generations: Sequence[Generation], drafts: Sequence[Draft], observe: bool,
+                 feeds: dict[int, list[int]] | None = None) -> list[np.ndarray]:
+        """One target pass over each generation's [last token, *draft], after its prompt chunk if feeds has
+        one, and over the other chunks of feeds: each generation's rows of logits, read-only views of
+        llama.cpp's buffer, valid until the next pass.  observe: time it for the step watch."""
         target = self.target
-        for generation in generations:  # each cache holds context[:-1]
+        for generation in generations:  # each cache holds context[:-1] (a fed one, all but its chunk)
             target.rewind(len(generation.context) - 1, generation.seq)
-        if len(generations) > 1:
-            return target.decode_sequences([(g.seq, [g.context[-1], *d.tokens], len(d.tokens) + 1)
-                                            for g, d in zip(generations, drafts)])
+        if len(generations) > 1 or feeds:
+            feeds = dict(feeds or {})
+            parts = [(g.seq, [*feeds.pop(g.seq, []), g.context[-1], *d.tokens], len(d.tokens) + 1)
+                     for g, d in zip(generations, drafts)]
+            return target.decode_sequences(parts + [(seq, chunk, 0) for seq, chunk in feeds.items()])[: len(parts)]
         (generation,), (draft,) = generations, drafts
         started = time.perf_counter()
         logits = target.decode([generation.context[-1], *draft.tokens], n_logits=len(draft.tokens) + 1,

@@ -49,15 +49,24 @@ class Draft:
     source: str = ""  # where the drafter found the tokens ("context", "prediction", "pool")
 
 
-def joint_draft_lengths(choices: Sequence[DraftChoice], cost: CostModel, max_rows: int = MAX_OUTPUT_ROWS) -> list[int]:
+def joint_draft_lengths(choices: Sequence[DraftChoice], cost: CostModel, max_rows: int = MAX_OUTPUT_ROWS,
+                        prompt_rows: int = 0, prompt_sequences: int = 0) -> list[int]:
     """Each sequence's draft length for one shared pass, chosen together for the most expected tokens per second.
 
     Every sequence's own token is one row.  A drafted token i of sequence s is
     accepted with probability reach = a_1 * ... * a_i (its controller's
     estimates), so adding the rows in order of reach gives, for each pass
     width, the most expected tokens; the width with the best tokens / T(width)
-    wins (the narrower one on a tie).  A fixed draft length is kept as given.
+    wins (the narrower one on a tie), T priced over the pass's sequences
+    (CostModel.pass_seconds), including prompt_rows rows of the prompts of
+    prompt_sequences more sequences that the pass also feeds.  A fixed draft
+    length is kept as given.
     """
+    n_sequences = len(choices) + prompt_sequences
+
+    def seconds(width: int) -> float:
+        return cost.pass_seconds(n_sequences, width + prompt_rows)
+
     lengths = [0] * len(choices)
     width, tokens, offers = len(choices), float(len(choices)), []
     for i, choice in enumerate(choices):
@@ -71,10 +80,10 @@ def joint_draft_lengths(choices: Sequence[DraftChoice], cost: CostModel, max_row
         else:
             offers += [(-float(r), i) for r in reach]
     offers.sort()  # highest reach first; a sequence's own offers keep their order
-    best_rate, best_n, rate_tokens = tokens / cost.target(width), 0, tokens
+    best_rate, best_n, rate_tokens = tokens / seconds(width), 0, tokens
     for n, (negative_reach, _) in enumerate(offers[: max(0, max_rows - width)], start=1):
         rate_tokens -= negative_reach
-        rate = rate_tokens / cost.target(width + n)
+        rate = rate_tokens / seconds(width + n)
         if rate > best_rate:
             best_rate, best_n = rate, n
     for _, i in offers[:best_n]:
@@ -184,16 +193,18 @@ class DraftPlanner:
                                                                      prior_acceptance=prior)
         return controller
 
-    def choose(self, generations: Sequence[Generation], rooms: Sequence[int], together: bool
-               ) -> tuple[list[DraftChoice], list[int]]:
+    def choose(self, generations: Sequence[Generation], rooms: Sequence[int], together: bool,
+               prompt_rows: int = 0, prompt_sequences: int = 0) -> tuple[list[DraftChoice], list[int]]:
         """Each generation's drafter for the next pass and how many tokens it drafts.
 
         A lone generation's length is its drafter's controller's choice; the
-        lengths of generations that share the pass are chosen together.
+        lengths of generations that share the pass are chosen together, priced
+        with the prompt rows the pass also carries (joint_draft_lengths).
         """
         choices = [self.choice(generation, room) for generation, room in zip(generations, rooms)]
         if together:
-            return choices, joint_draft_lengths(choices, self.cost)
+            return choices, joint_draft_lengths(choices, self.cost, prompt_rows=prompt_rows,
+                                                prompt_sequences=prompt_sequences)
         return choices, [c.controller.choose(c.hint.signal, c.cap) if c.controller is not None else 0 for c in choices]
 
     @staticmethod

@@ -15,16 +15,15 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .backend import RUNTIME, LlamaModel, probe_pass_widths, probe_tokens, time_forward
-from .calibration import PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CalibrationCache, CalibrationKey, StepTimeWatch, measure_curve
+from .backend import LlamaModel
+from .calibration import CalibrationCache
+from .cost_profile import Calibrator, CostProfile, given_profile
 from .costs import CostModel
-from .draft_cost import draft_token_share
 from .chat_template import ChatTemplate
 from .decoder import Decoder
 from .drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
 from .drafting import DraftPlanner
 from .generation import Done, Failed, GenerationResult, Step, Token, result_of
-from .limits import MAX_DRAFT_TOKENS
 from .ngram_pool import NgramPool
 from .errors import EdgespecError
 from .notices import print_notice
@@ -43,9 +42,8 @@ class Engine:
         self.target = target
         self.draft = draft
         self.plan = plan  # the memory plan it was loaded with (edgespec.planner.Plan), for its reason and display
-        self.kernel_drift: dict[int, float] = {}  # per checked width: largest logit difference from one-token passes
-        self._calibration: tuple[CalibrationCache, CalibrationKey] | None = None  # None: the curve was given
-        self._stale_curve = False  # a stale cached curve is in use until recalibrate()
+        self.profile: CostProfile | None = None  # what passes cost here, once calibrated; replaced, never changed
+        self._calibrator: Calibrator | None = None  # None: the curve was given
         self._phase_clock: PhaseClock | None = None
         self.prefix_caches: list[PrefixStore] = []  # where KV snapshots of long prompts are kept and restored from
         drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
@@ -86,7 +84,7 @@ class Engine:
         notice: Callable[[str], None] | None = None,
         measure_stale_curve: bool = True,
     ) -> None:
-        """Measure (or load) what each verification width costs and how far its logits drift.
+        """Measure (or load) what each verification width costs and how far its logits drift: the profile.
 
         Verification passes may be as wide as the cost curve pays for, up to
         MAX_DRAFT_TOKENS + 1 tokens; acceptance is exact rejection sampling
@@ -95,16 +93,16 @@ class Engine:
         number of rows), so the probe also finds the widest pass that is
         bit-identical (the cap under bit_exact) and the largest logit drift of
         each checked width (kernel_drift).  The first load of a model on a
-        machine measures all of it (within the budgets in calibration.py) and
-        says so through notice; later loads read the cache.
+        machine measures all of it (cost_profile.Calibrator, within the budgets
+        in calibration.py) and says so through notice; later loads read the cache.
 
         cost_curve fixes the curve instead: seconds (or any one unit) per
         target pass over 1, 2, ... tokens; a CostModel also fixes the draft
-        model's cost per drafted token, else it is 0.  Then nothing is timed
-        or cached, the controllers' choices do not depend on the machine's
-        speed or load, and drafts are at most len(cost_curve) - 1 tokens: the
-        width probe (which compares logits, not times) checks only those
-        widths, all of them.
+        model's cost per drafted token (else 0) and what passes over several
+        sequences cost (else as one sequence's).  Then nothing is timed or
+        cached, the controllers' choices do not depend on the machine's speed
+        or load, and drafts are at most len(cost_curve) - 1 tokens: the width
+        probe (which compares logits, not times) checks only those widths.
 
         A cached curve that is stale (marked so by StepTimeWatch, or old) is
         measured again here, unless measure_stale_curve is False: then it is
@@ -112,56 +110,43 @@ class Engine:
         when the caller is idle (the chat app does so between replies).
         """
         if cost_curve is not None:
-            self._use_given_curve(cost_curve if isinstance(cost_curve, CostModel) else CostModel(cost_curve))
+            self._calibrator = None
+            self._use(given_profile(self.target, cost_curve if isinstance(cost_curve, CostModel)
+                                    else CostModel(cost_curve)))
             return
-        cache = cache or CalibrationCache()
-        key = CalibrationKey.for_model(self.target.path, self.target.n_gpu_layers, self.target.n_threads, RUNTIME,
-                                       kv_cache=self.target.kv_cache_label)
-        cached = cache.read(key)
-        self._calibration = cache, key
-        self._stale_curve = False
-        if cached is None:
-            (notice or print_notice)("measuring this model's speed, once (a few seconds; later runs reuse it) ...")
-            probe = probe_pass_widths(
-                self.target, probe_tokens(self.target), MAX_DRAFT_TOKENS + 1, PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS)
-            width, drift = probe.exact_width, probe.drift
-            curve = self._measure_and_store(width, drift, notice or print_notice)
-        elif cached.stale and measure_stale_curve:
-            (notice or print_notice)("measuring this model's speed again: the last measurement no longer "
-                                      "matches this machine (a few seconds) ...")
-            width, drift = cached.max_width, cached.drift
-            curve = self._measure_and_store(width, drift, notice or print_notice)
-        else:
-            width, drift, curve = cached.max_width, cached.drift, cached.forward_seconds
-            self._stale_curve = cached.stale
-        self._use_measured(width, drift, curve, notice or print_notice)
-
-    def _use_given_curve(self, cost: CostModel) -> None:
-        """Verify on a given cost curve: nothing is timed or cached; only the pass widths are probed."""
-        widest = min(len(cost.forward_seconds), MAX_DRAFT_TOKENS + 1)
-        probe = probe_pass_widths(self.target, probe_tokens(self.target), widest, PLANNED_WIDTHS)
-        self._calibration, self._stale_curve, self.decoder.step_watch = None, False, None
-        self._use_cost(probe.exact_width, probe.drift, cost, plain_step_seconds=None, widest=widest)
+        self._calibrator = Calibrator(self.target, cache or CalibrationCache(), notice or print_notice)
+        self._use(self._calibrator.load(self.draft, self._heads_seconds(), measure_stale_curve))
 
     def recalibrate(self) -> None:
-        """Measure the cost curve again and use it from the next generation on.
+        """Measure the cost curve again and use the new profile from the next generation on.
 
         Takes the generation lock, so it never runs inside a generation: a
         running one finishes first, and the next one waits (a few seconds at
         most, CURVE_BUDGET_SECONDS).  Does nothing when the curve was given.
         """
         with self._lock:
-            if self._calibration is None:
-                return
-            self._stale_curve = False
-            curve = self._measure_and_store(self.exact_width, self.kernel_drift)
-            self._use_measured(self.exact_width, self.kernel_drift, curve)
+            if self._calibrator is not None:
+                self._use(self._calibrator.measure_again(self.profile, self.draft, self._heads_seconds()))
+
+    def measure_sequences(self) -> None:
+        """Make sure the profile prices passes over several sequences (measured once per model and machine,
+        then cached); a given curve prices them as it says."""
+        if self.profile is None:
+            self.calibrate()
+        with self._lock:
+            if self._calibrator is not None:
+                self._use(self._calibrator.with_sequences(self.profile))
 
     @property
     def calibration_due(self) -> bool:
         """The cost curve in use no longer matches this machine: call recalibrate() when idle."""
         watch = self.decoder.step_watch
-        return self._calibration is not None and (self._stale_curve or (watch is not None and watch.drifted))
+        return self._calibrator is not None and (self.profile.stale or (watch is not None and watch.drifted))
+
+    @property
+    def kernel_drift(self) -> dict[int, float]:
+        """Per checked width: the largest logit difference from one-token passes (empty before calibration)."""
+        return self.profile.kernel_drift if self.profile is not None else {}
 
     def drift_bound(self) -> float:
         """Twice the largest logit drift measured between wide and one-token passes.
@@ -172,29 +157,18 @@ class Engine:
         """
         return 2.0 * max(self.kernel_drift.values(), default=0.0)
 
-    def _measure_and_store(self, width: int, drift: dict[int, float], notice=None) -> tuple[float, ...]:
-        cache, key = self._calibration
-        filler = max(self.target.bos_id, 0)
-        curve = measure_curve(lambda n: time_forward(self.target, n, filler), MAX_DRAFT_TOKENS + 1, notice=notice)
-        cache.store(key, width, curve, drift=drift)
-        return curve
-
-    def _use_measured(self, width: int, drift: dict[int, float], curve: tuple[float, ...], notice=None) -> None:
-        cache, key = self._calibration
-        self.decoder.step_watch = StepTimeWatch(cache, key, curve)
-        draft_seconds = 0.0
-        if self.draft is not None:  # timed against target passes timed alongside, then scaled to the curve
-            draft_seconds = curve[0] * draft_token_share(self.target, self.draft, notice)
+    def _heads_seconds(self) -> float:
         heads = self.planner.drafters.get("heads")
-        heads_seconds = heads.seconds_per_token() if heads is not None else 0.0
-        self._use_cost(width, drift, CostModel(curve, draft_seconds, heads_seconds), curve[0],
-                       widest=MAX_DRAFT_TOKENS + 1)
+        return heads.seconds_per_token() if heads is not None else 0.0
 
-    def _use_cost(self, width: int, drift: dict[int, float], cost: CostModel, plain_step_seconds: float | None,
-                  widest: int) -> None:
-        self.decoder.plain_step_seconds = plain_step_seconds
-        self.kernel_drift = dict(drift)
-        self.planner.use_cost(cost, widest, width)
+    def _use(self, profile: CostProfile) -> None:
+        """Plan every pass on this profile from now on."""
+        if profile is self.profile:
+            return
+        self.profile = profile
+        self.decoder.step_watch = self._calibrator.watch(profile) if self._calibrator is not None else None
+        self.decoder.plain_step_seconds = profile.plain_step_seconds
+        self.planner.use_cost(profile.cost, profile.widest, profile.exact_width)
 
     def drop_draft(self, reason: str) -> None:
         """Close the draft model and draft with n-grams alone from now on; reason says why (the plan shows it)."""
@@ -383,8 +357,11 @@ class Engine:
                 yield event
 
     def scheduler(self, parallel: int) -> Scheduler:
-        """The decoding loop over this engine's decoder, `parallel` generations at a time (calibrated first)."""
-        if self.cost is None:
+        """The decoding loop over this engine's decoder, `parallel` generations at a time (calibrated first,
+        with the cost of passes over several sequences when parallel > 1)."""
+        if self.profile is None:
             self.calibrate()
+        if parallel > 1:
+            self.measure_sequences()
         return Scheduler(self.decoder, parallel)
 

@@ -104,6 +104,11 @@ class Generation:
     draft_passes_at_start: int = 0  # the draft model's pass count when decoding began
     pool: NgramPool | None = None  # where its prompt and output go for other generations' drafts
     pass_seconds: float | None = None  # its last target pass, when timed (a lone generation on a measured curve)
+    # its prompt is being fed into the cache in chunks, inside other sequences' passes (Decoder.step);
+    # prompt_evaluated counts the tokens fed so far, prefill_start when the feeding began
+    prefilling: bool = False
+    prompt_evaluated: int = 0
+    prefill_start: float = 0.0
 
     @property
     def finished(self) -> bool:

@@ -1,10 +1,13 @@
 """The decoding loop: jobs start in free sequences of the target's context, one shared pass per step.
 
-One pass over n rows costs T(n) whoever the rows belong to, and on a CPU T(n)
-grows far slower than n.  The scheduler keeps up to `parallel` generations in
-the target's context (one shared KV buffer) and runs one decoder step per
-pass over every active sequence's last token and draft; a finished sequence's
-place goes to the next job at once (continuous batching).
+One pass over n rows costs about T(n) whoever the rows belong to (the profile
+measures what spreading them over sequences adds), and on a CPU T(n) grows far
+slower than n.  The scheduler keeps up to `parallel` generations in the
+target's context (one shared KV buffer) and runs one decoder step per pass
+over every active sequence's last token and draft; a finished sequence's
+place goes to the next job at once (continuous batching), and the new job's
+prompt is fed in chunks inside the passes that decode the others, sized on
+the cost curve, rather than in passes of its own while they wait.
 
 Each sequence has its own drafting (n-gram index, draft-length controllers),
 its own random stream, and verifies its own rows by rejection sampling, so
@@ -51,8 +54,13 @@ class Job:
 
 
 def best_parallel(cost: CostModel, limit: int) -> int:
-    """The number of sequences, 1..limit, whose one-token rows give the most tokens per second on this curve."""
-    rates = [n / cost.target(n) for n in range(1, limit + 1)]
+    """The number of sequences, 1..limit, that gives the most tokens per second over all of them, each
+    bringing the one row every step has (its own token), in passes priced over that many sequences.
+
+    Drafted rows are not counted: they join a step only where they pay for their width at the step's
+    acceptance (joint_draft_lengths), which no curve knows beforehand.
+    """
+    rates = [n / cost.pass_seconds(n, n) for n in range(1, limit + 1)]
     return int(np.argmax(rates)) + 1
 
 
@@ -115,7 +123,7 @@ class Scheduler:
                 decoder.cache.share_prefix(list(job.prompt_ids), seq, among=self.parallel)
             return decoder.start(job.prompt_ids, job.params, self._drafting(seq), seq,
                                  shift=job.shift_dropped_span and self.parallel == 1, prediction=job.prediction,
-                                 pool=job.pool)
+                                 pool=job.pool, chunked=self.parallel > 1)
         except EdgespecError as err:
             return Failed(err)
 

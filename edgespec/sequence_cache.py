@@ -10,6 +10,11 @@ A new prompt's prefill evaluates only what no cache holds already:
 - a chat that dropped its oldest turn: the turn is shifted out of the cache,
   as llama.cpp's context shift does, when the caller allows it.
 
+What is left is evaluated at once (prefill), or, for sequences decoded
+together, fed in chunks inside the passes that decode the others
+(prompt_chunks): a prompt that another prompt still being fed shares a long
+prefix with waits for that prefix's cells, then shares them.
+
 When a sequence's generation ends, its cache is offered to the prompt cache,
 which keeps what pays.  The target and the draft model each have one.
 """
@@ -71,6 +76,33 @@ class SequenceCache:
             model.copy_sequence(best, seq, keep)
         model.rewind(keep, seq)
         return keep
+
+    def prompt_chunks(self, prompts: Sequence[tuple[int, list[int]]], budget: int) -> dict[int, list[int]]:
+        """The next chunk of each prompt still being fed, by sequence: budget tokens in all, given out in the
+        order prompts lists them, (seq, context) each, the cache holding a prefix of context[:-1].
+
+        A prompt first takes what another sequence has cached of it meanwhile
+        (share_prefix), and may need no chunk after that; one that shares MIN_COPIED_PREFIX more tokens with an
+        earlier prompt than it holds, while that one is still computing them,
+        gets no chunk until it can take them from there.
+        """
+        chunks: dict[int, list[int]] = {}
+        for i, (seq, context) in enumerate(prompts):
+            if budget <= 0:
+                break
+            if any(self._computing_prefix_of(context, seq, *earlier) for earlier in prompts[:i]):
+                continue
+            held = self.share_prefix(context, seq, among=self.model.n_seq)
+            chunks[seq] = context[held : min(len(context) - 1, held + budget)]  # [] when it got all it needs
+            budget -= len(chunks[seq])
+        return chunks
+
+    def _computing_prefix_of(self, context: list[int], seq: int, other_seq: int, other: list[int]) -> bool:
+        """Whether sequence other_seq, being fed prompt other, has yet to compute a prefix it shares with
+        context that is worth sharing with sequence seq."""
+        common = common_prefix_length(other[:-1], context[:-1])
+        return (common - len(self.model.cached_of(seq)) >= MIN_COPIED_PREFIX
+                and len(self.model.cached_of(other_seq)) < common)
 
     def restore_prefix(self, context: list[int], seq: int = 0) -> int:
         """How many leading tokens of context[:-1] sequence seq's cache holds, after restoring a kept

@@ -1,4 +1,5 @@
-"""Measuring a model's passes: how far wide passes part from one-token ones, and what a pass costs."""
+"""Measuring a model's passes: how far wide passes part from one-token ones, and what a pass costs
+over one sequence or several."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from ..limits import MAX_OUTPUT_ROWS
+from .context import Context
 from .model import LlamaModel
 
 
@@ -91,6 +93,53 @@ def time_forward(model: LlamaModel, n_tokens: int, filler: int) -> float:
     elapsed = time.perf_counter() - start
     model.context.forward_passes -= 1
     model.rewind(n_keep)
+    return elapsed
+
+
+def time_sequence_passes(model: LlamaModel, grid: Sequence[tuple[int, int]], depth: int, filler: int,
+                         budget_seconds: float, turns: int = 2) -> list[tuple[int, int, float]]:
+    """What a pass over several sequences costs against one sequence's pass over as many rows.
+
+    For each (n, rows) of grid, fewest rows first: a pass adding `rows` rows
+    (logits for each) to each of n sequences, every one `depth` tokens deep
+    in cells of its own, timed in turns with a pass adding n x rows rows to
+    one of them (so both meet the same load); (n, rows, the ratio of their
+    fastest times).  A point is skipped once the time spent would pass
+    budget_seconds (the first is always measured).  The passes run in a small
+    context of their own, freed afterwards: the model's caches are untouched.
+    """
+    most, widest = max(n for n, _ in grid), max(n * rows for n, rows in grid)
+    context = Context(model.weights, model.n_vocab, n_ctx=depth + widest, n_batch=max(depth, widest), n_seq=most,
+                      n_threads=model.n_threads, type_k=model.type_k, type_v=model.type_v,
+                      flash_attn=model.flash_attn)
+    try:
+        prompt = [filler] * depth
+        context.decode(prompt, n_logits=0)  # one prefill; its cells are copied into the other sequences
+        state = context.state_bytes(0)
+        for seq in range(1, most):
+            context.load_state(state, prompt, seq)
+        _timed_pass(context, [(0, [filler], 1)], depth)  # the first pass of a context allocates its buffers
+        points, spent = [], 0.0
+        for n, rows in sorted(grid, key=lambda point: (point[0] * point[1], point[0])):
+            if points and spent > budget_seconds:
+                break
+            shared, alone = [], []
+            for _ in range(turns):
+                shared.append(_timed_pass(context, [(seq, [filler] * rows, rows) for seq in range(n)], depth))
+                alone.append(_timed_pass(context, [(0, [filler] * (n * rows), n * rows)], depth))
+            spent += sum(shared) + sum(alone)
+            points.append((n, rows, min(shared) / min(alone)))
+        return points
+    finally:
+        context.free()
+
+
+def _timed_pass(context: Context, parts: list[tuple[int, list[int], int]], depth: int) -> float:
+    started = time.perf_counter()
+    context.decode_sequences(parts)
+    elapsed = time.perf_counter() - started
+    for seq, _, _ in parts:
+        context.rewind(depth, seq)
     return elapsed
 
 

@@ -226,12 +226,15 @@ def parallel_for(engine, asked: int | None, pending: int) -> int:
                          "to plain decoding (--bit-exact)")
         return 1
     fit = _sequences_that_fit(engine)
+    if asked is not None and asked > fit:
+        raise BatchError(f"--parallel {asked} needs a KV cache per request, and the memory budget has room for "
+                         f"{fit}: use --parallel {fit} or less, or a smaller --n-ctx")
+    limit = asked if asked is not None else max(1, min(MAX_PARALLEL, fit, pending))
+    if limit > 1:
+        engine.measure_sequences()  # once per model and machine, and before the batch's clock starts
     if asked is not None:
-        if asked > fit:
-            raise BatchError(f"--parallel {asked} needs a KV cache per request, and the memory budget has room for "
-                             f"{fit}: use --parallel {fit} or less, or a smaller --n-ctx")
         return asked
-    parallel = best_parallel(engine.cost, max(1, min(MAX_PARALLEL, fit, pending)))
+    parallel = best_parallel(engine.cost, limit)
     if parallel > 1:
         print_notice(f"decoding {parallel} requests together (the most tokens per second on this machine's "
                      "cost curve; --parallel N to choose)")
