@@ -52,6 +52,9 @@ BATCH_LINES = [
     for i, text in enumerate(PROMPTS + CHAT_TURNS)
 ] + [{"custom_id": "raw", "method": "POST", "url": "/v1/completions",
       "body": {"prompt": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n", "max_tokens": 24}}]
+# The catalog's drafts for Qwen2.5-Coder-1.5B, its default (Q4_K_M) first.
+QWEN_DRAFTS = ("qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct")
+MODES = ("none", "ngram", "draft-model", "combined")
 # Batch figures that depend on time, not on the tokens.
 TIMED = {"prefill_seconds", "decode_seconds", "decode_tokens_per_second"}
 
@@ -70,8 +73,10 @@ def models(names: list[str]) -> dict[str, tuple[str, str]]:
         with contextlib.suppress(Exception):
             target = resolve_model("qwen2.5-coder-1.5b-instruct", pull=False)
             draft = "ngram"
-            with contextlib.suppress(Exception):
-                draft = str(resolve_model("qwen2.5-coder-0.5b-instruct", pull=False))
+            for name in QWEN_DRAFTS:  # the first one present
+                with contextlib.suppress(Exception):
+                    draft = str(resolve_model(name, pull=False))
+                    break
             found["qwen"] = (str(target), draft)
     return found
 
@@ -80,14 +85,13 @@ def params(temperature: float, seed: int | None, max_tokens: int = 24) -> Sampli
     return SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
 
 
-def single_runs(target: str, draft: str, n_ctx: int = 2048) -> dict:
+def single_runs(target: str, draft: str, modes: tuple[str, ...] = MODES, n_ctx: int = 2048) -> dict:
     """Token ids per configuration, one generation at a time on one engine (which learns across them)."""
     out = {}
     engine = loading.load_engine(target, draft, n_ctx=n_ctx, pull=False, cost_curve=FIXED_CURVE,
                                  notice=lambda text: None)
     try:
-        modes = ["none", "ngram"] + (["draft-model", "combined"] if draft != "ngram" else [])
-        for mode in modes:
+        for mode in [mode for mode in modes if draft != "ngram" or mode in ("none", "ngram")]:
             for bit_exact in (False, True):
                 for temperature, seed in TEMPERATURES:
                     engine.configure(mode=mode, bit_exact=bit_exact)
@@ -122,7 +126,7 @@ def shifted_chat_runs(target: str, draft: str) -> dict:
     return out
 
 
-def batch_runs(target: str, draft: str) -> dict:
+def batch_runs(target: str, draft: str, modes: tuple[str, ...] = MODES) -> dict:
     """The records of `edgespec batch` (text and token figures) at --parallel 1 and 3, per configuration."""
     out = {}
     original = loading.load_engine
@@ -135,7 +139,9 @@ def batch_runs(target: str, draft: str) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             batch_in = Path(tmp) / "in.jsonl"
             batch_in.write_text("".join(json.dumps(line) + "\n" for line in BATCH_LINES))
-            for drafting in ("none", draft):
+            # --draft none, and the given draft: a model (the engine picks per step: "combined") or n-grams
+            chosen = {"none": "none", draft: "ngram" if draft == "ngram" else "combined"}
+            for drafting in [name for name, mode in chosen.items() if mode in modes]:
                 for bit_exact in (False, True):
                     for temperature, seed in TEMPERATURES:
                         for parallel in (1, 3):
@@ -170,14 +176,15 @@ def _batch(batch_in, batch_out, target, drafting, bit_exact, temperature, seed, 
     return dict(sorted(records.items()))
 
 
-def record_all(names: list[str]) -> dict:
+def record_all(names: list[str], modes: tuple[str, ...] = MODES) -> dict:
     out = {}
     for name, (target, draft) in models(names).items():
         print(f"{name}: one sequence at a time ...", file=sys.stderr)
-        out.update({f"{name}/{key}": value for key, value in single_runs(target, draft).items()})
-        out.update({f"{name}/{key}": value for key, value in shifted_chat_runs(target, draft).items()})
+        out.update({f"{name}/{key}": value for key, value in single_runs(target, draft, modes).items()})
+        if "combined" in modes or draft == "ngram" and "ngram" in modes:  # the engine's own mode
+            out.update({f"{name}/{key}": value for key, value in shifted_chat_runs(target, draft).items()})
         print(f"{name}: batches ...", file=sys.stderr)
-        out.update({f"{name}/{key}": value for key, value in batch_runs(target, draft).items()})
+        out.update({f"{name}/{key}": value for key, value in batch_runs(target, draft, modes).items()})
     return out
 
 
@@ -186,8 +193,10 @@ def main() -> int:
     parser.add_argument("action", choices=("record", "compare"))
     parser.add_argument("file", type=Path, help="the recording (JSON) to write or compare with")
     parser.add_argument("--models", default="smollm2,tiny,qwen", help="comma-separated: smollm2, tiny, qwen")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated drafting modes to run (default: all, {','.join(MODES)})")
     args = parser.parse_args()
-    now = record_all(args.models.split(","))
+    now = record_all(args.models.split(","), tuple(args.modes.split(",")))
     if args.action == "record":
         args.file.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
         print(f"recorded {len(now)} configurations in {args.file}", file=sys.stderr)

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ChatTemplateError
+from .errors import ChatTemplateError, Setting
 
 # For GGUF files without a template: plain role-prefixed turns.
 FALLBACK_TEMPLATE = (
@@ -54,7 +54,8 @@ def _sentinel(index: int) -> str:
 
 
 def _failure(detail: str) -> ChatTemplateError:
-    return ChatTemplateError(f"the model's chat template failed: {_one_line(detail)} (use --raw to send the prompt as is)")
+    return ChatTemplateError(f"the model's chat template failed: {_one_line(detail)} (use ", Setting("raw", True),
+                             " to send the prompt as is)")
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -72,7 +73,7 @@ class RenderedChat:
 
 class ChatTemplate:
     def __init__(self, source: str | None, *, bos_token: str, eos_token: str):
-        # compiled on first render, in the sandbox: a broken template must not stop --raw use
+        # compiled on first render, in the sandbox: a broken template must not stop raw prompts
         self.source = source or FALLBACK_TEMPLATE
         self.bos_token, self.eos_token = bos_token, eos_token
 

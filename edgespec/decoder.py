@@ -27,7 +27,7 @@ from .calibration import StepTimeWatch
 from .costs import prefill_rows
 from .drafting import Draft, DraftChoice, DraftPlanner
 from .drafters import NgramDrafter
-from .errors import ContextOverflowError, CorruptModelError, EdgespecError
+from .errors import ContextOverflowError, CorruptModelError, EdgespecError, Setting
 from .generation import Done, Drafting, Failed, Generation, Step, Token
 from .limits import MAX_OUTPUT_ROWS
 from .ngram_pool import NgramPool, TokenIndex
@@ -108,8 +108,8 @@ class Decoder:
             raise EdgespecError("the prompt is empty (give some text to continue)")
         if len(prompt_ids) >= self.n_ctx:
             raise ContextOverflowError(
-                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.n_ctx} (raise --n-ctx or shorten the prompt)"
-            )
+                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.n_ctx} (raise ", Setting("n_ctx"),
+                " or shorten the prompt)")
 
     def _prefill(self, generation: Generation, shift: bool) -> int:
         """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);

@@ -22,7 +22,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from .backend import LlamaModel, common_prefix_length
-from .errors import VocabMismatchError
+from .errors import Setting, VocabMismatchError
 from .ngram_pool import NgramPool, TokenIndex
 from .limits import MODES  # noqa: F401  (the modes these drafters implement; the chat app reads them here)
 from .sampling import SamplingParams, sample, to_probs
@@ -282,7 +282,8 @@ def check_vocab_compatible(target: LlamaModel, draft: LlamaModel) -> None:
     """Raise VocabMismatchError, naming both files and the difference, unless the draft can draft for the target."""
     def mismatch(what: str) -> VocabMismatchError:
         return VocabMismatchError(
-            f"draft {draft.path.name} cannot draft for target {target.path.name}: {what} (use a draft from the target's model family, or --draft ngram)"
+            f"draft {draft.path.name} cannot draft for target {target.path.name}: {what} (use a draft from the "
+            "target's model family, or ", Setting("draft", "ngram"), ")"
         )
 
     if abs(target.n_vocab - draft.n_vocab) > MAX_VOCAB_SIZE_DIFFERENCE:

@@ -23,7 +23,7 @@ import numpy as np
 from .controller import DraftLengthController, controller_for
 from .costs import CostModel
 from .drafters import Drafter, Hint, NgramDrafter, NoDrafter
-from .errors import EdgespecError
+from .errors import EdgespecError, Setting
 from .generation import Drafting, Generation
 from .learned import LearnedAcceptance
 from .limits import MAX_DRAFT_TOKENS, MAX_OUTPUT_ROWS
@@ -112,7 +112,8 @@ class DraftPlanner:
         """Switch the drafting mode, the draft length and/or bit-exactness; what is left None stays."""
         if mode is not None and mode not in self.drafters:
             have = ", ".join(self.drafters)
-            raise EdgespecError(f"drafting mode {mode!r} is not available (available: {have}; draft-model needs --draft FILE)")
+            raise EdgespecError(f"drafting mode {mode!r} is not available (available: {have}; draft-model needs a "
+                                "draft model: give its GGUF file as ", Setting("draft"), ")")
         if draft_tokens is not None and draft_tokens != "auto" and not (
                 isinstance(draft_tokens, int) and 0 <= draft_tokens <= MAX_DRAFT_TOKENS):
             raise EdgespecError(f"draft tokens must be 'auto' or a whole number from 0 to {MAX_DRAFT_TOKENS}, not {draft_tokens!r}")

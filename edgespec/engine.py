@@ -25,7 +25,7 @@ from .drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
 from .drafting import DraftPlanner
 from .generation import Done, Failed, GenerationResult, Step, Token, result_of
 from .ngram_pool import NgramPool
-from .errors import EdgespecError
+from .errors import EdgespecError, Setting
 from .notices import print_notice
 from .phases import PhaseClock
 from .prefix_cache import PrefixStore
@@ -234,7 +234,8 @@ class Engine:
                   bit_exact: bool | None = None) -> None:
         """Switch the drafting mode, the draft length and/or the exactness guarantee; what is left None stays."""
         if bit_exact and self.target.flash_attn:
-            raise EdgespecError("bit-exact verification needs flash attention off; load the model without --flash-attn")
+            raise EdgespecError("bit-exact verification needs flash attention off; load the model without ",
+                                Setting("flash_attn", True))
         if hasattr(self, "planner"):
             self.planner.configure(mode=mode, draft_tokens=draft_tokens, bit_exact=bit_exact)
 

@@ -1,15 +1,60 @@
 """Errors that reach a user.
 
 Every class here carries a one-line message that names the problem and the
-fix; the CLI (edgespec.commands.main) and the chat app print ``str(error)``
+fix; the CLI (edgespec.commands.main), the chat app and the server show it
 and never a traceback.
+
+A fix that changes a setting names it as a Setting, so that each audience
+reads it in its own words: str(error) names the Python parameter, as library
+users pass it (``raise n_ctx``, ``draft='ngram'``); the CLI and the chat app
+word it as a flag (``--n-ctx``, ``--draft ngram``: ``error.worded(as_flag)``);
+the server as what a request or its operator can change.
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A setting an error's fix names: a keyword of edgespec.load or Engine.generate, and the value to
+    give it, if the fix says one."""
+
+    name: str
+    value: object = None
+
+    def __str__(self) -> str:
+        return self.name if self.value is None else f"{self.name}={self.value!r}"
+
+
+# The command line's flag for a setting whose flag is not its name with dashes (n_ctx -> --n-ctx).
+_FLAGS = {"n_threads": "--threads", "n_gpu_layers": "--gpu-layers", "draft_gpu_layers": "--draft-gpu-layers"}
+
+
+def as_flag(setting: Setting) -> str:
+    """The setting as the command line spells it: --n-ctx, --draft ngram, --flash-attn (for True)."""
+    flag = _FLAGS.get(setting.name, "--" + setting.name.replace("_", "-"))
+    return flag if setting.value is None or setting.value is True else f"{flag} {setting.value}"
 
 
 class EdgespecError(Exception):
-    """Base class for errors meant for the user."""
+    """Base class for errors meant for the user.
+
+    The message comes in parts, text and the Settings its fix names:
+    EdgespecError("the prompt is too long (raise ", Setting("n_ctx"), " or shorten it)").
+    """
 
     exit_code = 1  # what `edgespec` exits with when this error ends a command
+
+    def __init__(self, *message: str | Setting):
+        super().__init__("".join(map(str, message)))
+        self.message = message
+
+    def worded(self, word: Callable[[Setting], str]) -> str:
+        """The message with each Setting worded by word (str(error) words them as Python parameters)."""
+        return "".join(part if isinstance(part, str) else word(part) for part in self.message)
 
 
 class UsageError(EdgespecError):

@@ -17,7 +17,7 @@ from .drafters import check_vocab_compatible
 from .learned import LearnedAcceptance
 from .ngram_pool import NgramPool
 from .engine import Engine
-from .errors import EdgespecError
+from .errors import EdgespecError, Setting
 from .heads.attach import heads_drafter, trained_heads
 from .limits import KV_TYPES, SettingError, checked_kv_type
 from .fetch import resolve_draft, resolve_model
@@ -214,14 +214,15 @@ def _draft_token_share(engine: Engine) -> float:
 def kv_cache_notice(kv_type: str, draft_kv_type: str, flash_attn: bool, bit_exact: bool) -> str | None:
     """What the KV cache choice trades away, in one line (None for the default f16 cache);
     EdgespecError for a choice that cannot be kept."""
-    for name, value in (("--kv-type", kv_type), ("--draft-kv-type", draft_kv_type)):
+    for name, value in (("kv_type", kv_type), ("draft_kv_type", draft_kv_type)):
         try:
             checked_kv_type(value)
         except SettingError:
-            raise EdgespecError(f"{name} must be one of {', '.join(KV_TYPES)}, not {value!r}") from None
+            raise EdgespecError(Setting(name), f" must be one of {', '.join(KV_TYPES)}, not {value!r}") from None
     if flash_attn and bit_exact:
-        raise EdgespecError("--flash-attn and --bit-exact cannot go together: with flash attention a token's logits "
-                            "depend on how many tokens share its pass (drop one of the two)")
+        raise EdgespecError(Setting("flash_attn", True), " and ", Setting("bit_exact", True), " cannot go together: "
+                            "with flash attention a token's logits depend on how many tokens share its pass (drop one "
+                            "of the two)")
     if flash_attn:
         return ("flash attention on: the KV cache types apply to keys and values, and verification is exact in "
                 "distribution but no longer bit for bit plain decoding's (--bit-exact needs it off)")
@@ -271,7 +272,7 @@ def _load_heads(target, heads_path, required: bool, notice):
         if required:
             target.close()
             raise EdgespecError(f"no heads are trained for {target.path.name} (train them with "
-                                f"`edgespec heads train --model {target.path}`, or use --draft ngram)")
+                                f"`edgespec heads train --model {target.path}`, or use ", Setting("draft", "ngram"), ")")
         return None
     try:
         return heads_drafter(target, heads_path)

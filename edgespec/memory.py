@@ -14,7 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, Setting
 from edgespec.units import GiB, MiB, format_size
 
 # NVML reports free VRAM before this process has a CUDA context; the context,
@@ -26,6 +26,10 @@ CUDA_HEADROOM_BYTES = 1 * GiB
 # only read through PyObjC's Metal bindings.  Apple sets it to about 2/3 of
 # unified memory on small Macs and 3/4 on large ones; 70% sits between.
 METAL_SHARE_OF_UNIFIED_MEMORY = 0.70
+
+
+# How to give the budget by hand, where it cannot be read.
+_BUDGET_EXAMPLE = (Setting("memory_budget"), ", e.g. ", Setting("memory_budget", "6GiB"))
 
 
 class MemoryDetectionError(EdgespecError):
@@ -80,7 +84,7 @@ def ram_budget() -> MemoryBudget:
         # compressor free memory on demand, so most of RAM is usable.
         return MemoryBudget("cpu", total, int(total * METAL_SHARE_OF_UNIFIED_MEMORY),
                             f"RAM: {METAL_SHARE_OF_UNIFIED_MEMORY:.0%} of physical memory from sysconf")
-    raise MemoryDetectionError("could not read how much memory is free; pass --memory-budget, e.g. --memory-budget 6GiB")
+    raise MemoryDetectionError("could not read how much memory is free; pass ", *_BUDGET_EXAMPLE)
 
 
 def parse_meminfo(text: str) -> dict[str, int]:
@@ -156,7 +160,7 @@ def _nvidia_smi_budget() -> MemoryBudget | None:
 def _metal_budget() -> MemoryBudget:
     total, _ = _sysconf_memory()
     if total is None:
-        raise MemoryDetectionError("could not read the Mac's memory size; pass --memory-budget, e.g. --memory-budget 6GiB")
+        raise MemoryDetectionError("could not read the Mac's memory size; pass ", *_BUDGET_EXAMPLE)
     return MemoryBudget(
         "metal", total, int(total * METAL_SHARE_OF_UNIFIED_MEMORY),
         f"Metal: {METAL_SHARE_OF_UNIFIED_MEMORY:.0%} of {format_size(total)} unified memory "

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Iterator
 
 from .engine import Done, Engine, GenerationResult, Step, result_of
-from .errors import ContextOverflowError, EdgespecError
+from .errors import ContextOverflowError, EdgespecError, Setting
 from .sampling import SamplingParams
 
 CONTEXT_POLICIES = ("drop-oldest", "error")
@@ -134,8 +134,8 @@ class ChatSession:
                 self.first_visible -= dropped
                 raise ContextOverflowError(
                     f"the conversation needs {len(prompt_ids)} tokens plus {reserve} for the reply, "
-                    f"but the context holds {self.engine.n_ctx} (start a new chat, shorten the message, or raise --n-ctx)"
-                )
+                    f"but the context holds {self.engine.n_ctx} (start a new chat, shorten the message, or raise ",
+                    Setting("n_ctx"), ")")
             dropped += next_turn - self.first_visible
             self.first_visible = next_turn
         notice = None

@@ -301,6 +301,7 @@ def test_bad_lines_get_error_records_and_the_rest_succeed(models, tmp_path, caps
             assert record["error"]["code"] == expected_errors[custom_id] and record["error"]["message"]
         else:
             assert_openai_success(record, custom_id)
+    assert "(raise --n-ctx or shorten the prompt)" in by_id["too-long"]["error"]["message"]  # batch's own flag
     summary = json.loads(summary_path.read_text())
     assert (summary["requests_ok"], summary["requests_failed"]) == (4, 5)
     assert "4 ok, 5 failed of 9" in capsys.readouterr().err

@@ -46,12 +46,46 @@ def test_prompts_are_recalled_oldest_first_without_repeats(tmp_path):
     assert store.recent_prompts() == ["b", "a", "c"]
 
 
-def test_plain_speed_accumulates_tokens_and_seconds(tmp_path):
-    store = ChatStore(tmp_path / "h.sqlite3")
-    assert store.plain_speed("m") is None
-    store.add_plain_speed("m", 10, 0.5)
-    store.add_plain_speed("m", 30, 1.5)
-    assert store.plain_speed("m") == (40, 2.0)
+# A history as edgespec wrote it at schema 2: chats (renamed), prompts and the plain_speed table.
+SCHEMA_2 = """
+CREATE TABLE chats (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, created_at REAL NOT NULL,
+    updated_at REAL NOT NULL, target TEXT NOT NULL, n_messages INTEGER NOT NULL, settings TEXT NOT NULL,
+    session TEXT NOT NULL, extras TEXT NOT NULL, renamed INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX chats_by_update ON chats (updated_at DESC);
+CREATE TABLE prompts (id INTEGER PRIMARY KEY AUTOINCREMENT, text TEXT NOT NULL, created_at REAL NOT NULL);
+CREATE TABLE plain_speed (target TEXT PRIMARY KEY, tokens INTEGER NOT NULL, seconds REAL NOT NULL);
+INSERT INTO chats VALUES (7, 'kept', 1.0, 2.0, '/m/a.gguf', 1, '{"draft_tokens": 3}',
+    '{"messages": [{"role": "user", "content": "hi"}]}', '{}', 1);
+INSERT INTO prompts (text, created_at) VALUES ('hi', 1.0);
+INSERT INTO plain_speed VALUES ('/m/a.gguf:100', 40, 2.0);
+PRAGMA user_version = 2;
+"""
+
+
+def test_a_schema_2_history_keeps_its_chats_and_prompts_and_loses_the_unused_plain_speed_table(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript(SCHEMA_2)
+    old.close()
+
+    store = ChatStore(path)
+    assert [(c.id, c.title, c.n_messages) for c in store.list_chats()] == [(7, "kept", 1)]
+    chat = store.load_chat(7)
+    assert (chat.settings, chat.session["messages"][0]["content"]) == ({"draft_tokens": 3}, "hi")
+    assert store.recent_prompts() == ["hi"]
+    store.save_chat(7, "a new title", "/m/a.gguf", {}, {"messages": []}, {})
+    assert store.load_chat(7).title == "kept"  # the user's name survives the migration
+    store.close()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "plain_speed" not in tables and {"chats", "prompts"} <= tables
+
+
+def test_a_new_history_has_no_plain_speed_table(tmp_path):
+    ChatStore(tmp_path / "h.sqlite3").close()
+    db = sqlite3.connect(tmp_path / "h.sqlite3")
+    assert db.execute("SELECT name FROM sqlite_master WHERE name = 'plain_speed'").fetchone() is None
 
 
 def test_data_dir_follows_environment(tmp_path, monkeypatch):
@@ -89,7 +123,7 @@ def test_a_schema_1_history_is_migrated_and_a_renamed_chat_keeps_its_name(tmp_pa
     db.commit()
     db.close()
     store = ChatStore(path)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     [old] = store.list_chats()
     assert old.title == "old chat"
     store.rename_chat(old.id, "named by me")

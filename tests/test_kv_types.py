@@ -36,7 +36,7 @@ def test_flash_attention_quantises_the_values_too_and_lifts_the_bit_exact_guaran
         assert not engine.bit_exact
     finally:
         engine.close()
-    with pytest.raises(EdgespecError, match="--flash-attn and --bit-exact"):
+    with pytest.raises(EdgespecError, match="flash_attn=True and bit_exact=True"):  # the library names parameters
         load(smollm2_path, flash_attn=True, bit_exact=True)
 
 

@@ -248,6 +248,7 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
     with pytest.raises(openai.BadRequestError) as caught:  # ~20000 byte tokens: more than the 16384-token context
         server.client().completions.create(model="tiny", prompt="q" * 20_000, max_tokens=4)
     assert caught.value.code == "context_length_exceeded"
+    assert "(raise the server's --n-ctx or shorten the prompt)" in caught.value.message  # the client's words
     assert server.client().completions.create(model="tiny", prompt="Hello", max_tokens=3).usage.completion_tokens == 3
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 
 from textual.app import SystemCommand
 
-from edgespec import EdgespecError
+from edgespec.errors import EdgespecError, as_flag
 from edgespec.drafters import MODES
 from tui import stats as stats_text
 from tui.chat import ChatController
@@ -205,7 +205,7 @@ class ChatActions:
         try:
             self.open_chat(chat_id)
         except EdgespecError as error:  # e.g. the stored chat is damaged
-            self.notify(str(error), severity="error", markup=False)
+            self.notify(error.worded(as_flag), severity="error", markup=False)
 
     def action_settings(self) -> None:
         def apply(answer: tuple[ChatSettings, bool] | None) -> None:

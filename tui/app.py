@@ -27,7 +27,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Header
 
-from edgespec import EdgespecError
+from edgespec.errors import EdgespecError, as_flag
 from tui import stats as stats_text
 from tui.actions import ChatActions
 from tui.chat import ChatController, ReplyStream
@@ -197,7 +197,7 @@ class ChatApp(ChatActions, App):
         try:
             self.chat.stream_reply(stream, events)
         except EdgespecError as error:
-            stream.error = str(error)
+            stream.error = error.worded(as_flag)
         except Exception as error:  # a bug must not end the app with a traceback
             self.log.error(traceback.format_exc())
             stream.error = f"generation failed: {type(error).__name__}: {error}"
@@ -275,7 +275,7 @@ class ChatApp(ChatActions, App):
         try:
             self.chat.apply_settings(settings)
         except EdgespecError as error:  # bit-exact over a flash-attention cache: the rest still applies
-            self.notify(str(error), severity="error", markup=False)
+            self.notify(error.worded(as_flag), severity="error", markup=False)
             self.chat.apply_settings(replace(settings, bit_exact=False))
         self.show_models()
 

@@ -21,6 +21,7 @@ from textual.app import App
 from textual.message import Message
 
 from edgespec import EdgespecError, Engine
+from edgespec.errors import as_flag
 from edgespec.catalog import default_pair
 from edgespec.loading import load_engine, use_prompt_cache
 from tui.config import ChatConfig
@@ -112,7 +113,7 @@ class EngineHost:
             if config.prompt_cache:  # a reopened chat restores its history instead of prefilling it
                 use_prompt_cache(engine, config.prompt_cache_size, notice, keep_every_prompt=True)
         except EdgespecError as error:
-            self.app.post_message(self.LoadFailed(str(error), notices))
+            self.app.post_message(self.LoadFailed(error.worded(as_flag), notices))
         except Exception as error:  # a bug must not end the app with a traceback
             self.app.log.error(traceback.format_exc())
             self.app.post_message(self.LoadFailed(f"loading failed: {type(error).__name__}: {error}", notices))

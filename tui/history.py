@@ -1,9 +1,10 @@
-"""Saved chats, sent prompts and measured plain decoding speeds, in one SQLite file.
+"""Saved chats and sent prompts, in one SQLite file.
 
 The file is platformdirs.user_data_dir("edgespec")/history.sqlite3 (or
 $EDGESPEC_DATA_DIR/history.sqlite3).  Each save is one transaction in WAL
 mode, so killing the app mid-reply loses at most the reply being generated.
-The schema version is SQLite's user_version.
+The schema version is SQLite's user_version; _MIGRATIONS bring an older
+file up to it, so a file any earlier edgespec wrote keeps its chats.
 
 A file SQLite finds corrupt, when it opens or in any later query, is moved
 aside to a timestamped backup (with its -wal and -shm files) and replaced by
@@ -27,7 +28,7 @@ import platformdirs
 
 from edgespec.errors import EdgespecError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 HISTORY_FILE = "history.sqlite3"
 _SIDECARS = ("-wal", "-shm")  # SQLite's names for a WAL database's other files
 
@@ -49,16 +50,14 @@ CREATE TABLE prompts (
     text TEXT NOT NULL,
     created_at REAL NOT NULL
 );
-CREATE TABLE plain_speed (
-    target TEXT PRIMARY KEY,  -- model path and size: a replaced file is a new model
-    tokens INTEGER NOT NULL,
-    seconds REAL NOT NULL
-);
 """
 
 # What brings a history of schema n (created by _SCHEMA as 1) up to n + 1.
 _MIGRATIONS = {
     1: "ALTER TABLE chats ADD COLUMN renamed INTEGER NOT NULL DEFAULT 0;  -- 1: the user named it; saves keep the title",
+    # Schemas 1 and 2 kept plain decoding speeds per model, which nothing read: the chat app
+    # measures plain speed from the steps of its replies (ChatController.plain_speed).
+    2: "DROP TABLE IF EXISTS plain_speed;",
 }
 
 
@@ -275,22 +274,6 @@ class ChatStore:
         rows = self._db.execute(
             "SELECT text FROM prompts GROUP BY text ORDER BY MAX(id) DESC LIMIT ?", (limit,))
         return [text for (text,) in rows][::-1]
-
-    @_recovering
-    def add_plain_speed(self, target: str, tokens: int, seconds: float) -> None:
-        """Add a reply decoded without drafting to the model's plain-speed measurement."""
-        with self._transaction():
-            self._db.execute(
-                "INSERT INTO plain_speed (target, tokens, seconds) VALUES (?, ?, ?)"
-                " ON CONFLICT (target) DO UPDATE SET tokens = tokens + excluded.tokens,"
-                " seconds = seconds + excluded.seconds", (target, tokens, seconds))
-
-    @_recovering
-    def plain_speed(self, target: str) -> tuple[int, float] | None:
-        """(tokens, seconds) decoded without drafting so far, or None."""
-        row = self._db.execute(
-            "SELECT tokens, seconds FROM plain_speed WHERE target = ?", (target,)).fetchone()
-        return (row[0], row[1]) if row else None
 
 
 class _Transaction:

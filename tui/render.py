@@ -18,7 +18,6 @@ from rich.syntax import PygmentsSyntaxTheme
 from rich.text import Text
 
 CODE_THEME = "monokai"
-CODE_BACKGROUND = "#272822"
 DEFAULT_DRAFT_TINT = "#24513a"
 
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\s`]*)")

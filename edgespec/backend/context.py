@@ -18,13 +18,18 @@ import numpy as np
 
 import llama_cpp
 
-from ..errors import ContextOverflowError, DecodeError, ModelLoadError
+from ..errors import ContextOverflowError, DecodeError, ModelLoadError, Setting
 from ..limits import MAX_OUTPUT_ROWS, N_UBATCH
 from .batch import TokenBatch
 from .runtime import forget_log, last_error, logged_kv_buffer_bytes
 from .state import state_buffer
 
 _GGML_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+
+
+def _overflow(n_tokens: int, n_ctx: int) -> ContextOverflowError:
+    return ContextOverflowError(f"{n_tokens} tokens do not fit in the {n_ctx}-token context (raise ", Setting("n_ctx"),
+                                " or shorten the input)")
 
 
 class Context:
@@ -71,10 +76,9 @@ class Context:
         forget_log()
         ctx = llama_cpp.llama_init_from_model(weights.handle, params)
         if not ctx:
-            raise ModelLoadError(
-                f"llama.cpp could not create a {n_ctx}-token context for {self._path}: {last_error()} "
-                f"(try a smaller --n-ctx{'' if self.type_k == 'f16' else ', or --kv-type f16'})"
-            )
+            smaller_cache = () if self.type_k == "f16" else (", or ", Setting("kv_type", "f16"))
+            raise ModelLoadError(f"llama.cpp could not create a {n_ctx}-token context for {self._path}: {last_error()} "
+                                 "(try a smaller ", Setting("n_ctx"), *smaller_cache, ")")
         return ctx
 
     def free(self) -> None:
@@ -183,9 +187,7 @@ class Context:
             return None
         cached = self._cached_by_seq[seq]
         if len(cached) + len(tokens) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{len(cached) + len(tokens)} tokens do not fit in the {self.n_ctx}-token context (raise --n-ctx or shorten the input)"
-            )
+            raise _overflow(len(cached) + len(tokens), self.n_ctx)
         if n_logits > min(MAX_OUTPUT_ROWS, self.n_batch) or n_logits > len(tokens):
             raise ValueError(f"cannot return {n_logits} logits rows for {len(tokens)} tokens")
         first_row = len(tokens) - n_logits
@@ -227,8 +229,7 @@ class Context:
         for seq, part, n_logits in parts:
             cached = self._cached_by_seq[seq]
             if len(cached) + len(part) > self.n_ctx:
-                raise ContextOverflowError(
-                    f"{len(cached) + len(part)} tokens do not fit in the {self.n_ctx}-token context (raise --n-ctx or shorten the input)")
+                raise _overflow(len(cached) + len(part), self.n_ctx)
             seq_ids += [seq] * len(part)
             positions += range(len(cached), len(cached) + len(part))
             outputs += [0] * (len(part) - n_logits) + [1] * n_logits

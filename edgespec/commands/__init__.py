@@ -1,9 +1,9 @@
 """The `edgespec` command line: run, chat, batch, serve, bench, plan, models; one module per command.
 
 `main` is the one place a user error becomes an exit code: an EdgespecError
-prints "edgespec: <message>" on stderr and exits with the error's exit_code
-(1 unless its class says otherwise, e.g. a refused batch exits 2); Ctrl-C
-exits 130. Usage errors exit 2 on every command: argparse's own, a bad value
+prints "edgespec: <message>" on stderr, the settings it names worded as
+flags, and exits with the error's exit_code (1 unless its class says
+otherwise, e.g. a refused batch exits 2); Ctrl-C exits 130. Usage errors exit 2 on every command: argparse's own, a bad value
 the flags' types refuse, and a UsageError (flags that cannot go together).
 """
 
@@ -14,7 +14,7 @@ import os
 import sys
 
 from .. import __version__
-from ..errors import EdgespecError
+from ..errors import EdgespecError, as_flag
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except EdgespecError as error:
-        print(f"edgespec: {error}", file=sys.stderr)
+        print(f"edgespec: {error.worded(as_flag)}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("edgespec: interrupted", file=sys.stderr)

@@ -177,7 +177,7 @@ def engine_from_args(args: argparse.Namespace, **overrides):
     try:  # flags that cannot go together are a usage error, found before anything loads
         kv_cache_notice(args.kv_type, args.draft_kv_type or args.kv_type, args.flash_attn, args.bit_exact)
     except EdgespecError as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(*error.message) from None
     engine = load_engine(
         args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
         draft_gpu_layers=args.draft_gpu_layers, draft_tokens=args.draft_tokens,

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..errors import EdgespecError, Setting, as_flag
 from ..prediction import prediction_text
 from ..sampling import SamplingParams
 from ..stats import Stats
@@ -63,6 +64,16 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def worded_for_requests(error: EdgespecError, operator: str = "the server's ") -> str:
+    """An engine's error as the sender of a request reads it: a prompt sent as is is a /v1/completions
+    request, and the other settings are the flags the server (operator: or a local batch) was started with."""
+
+    def word(setting: Setting) -> str:
+        return 'a "/v1/completions" request' if setting.name == "raw" else operator + as_flag(setting)
+
+    return error.worded(word)
 
 
 def bad_param(param: str, message: str, code: str = "invalid_value") -> ApiError:

@@ -27,7 +27,7 @@ from ..errors import ContextOverflowError, EdgespecError
 from ..generation import Done, Failed, GenerationResult
 from ..ngram_pool import NgramPool
 from ..scheduler import Job as ScheduledJob
-from .protocol import ApiError, CompletionRequest
+from .protocol import ApiError, CompletionRequest, worded_for_requests
 
 # Clients (API keys) whose recent texts the server keeps for n-gram drafts, each in a pool of its own.
 MAX_CLIENT_POOLS = 8
@@ -179,10 +179,10 @@ class EngineWorker:
     @staticmethod
     def _api_error(job: Job, error: Exception) -> ApiError:
         if isinstance(error, ContextOverflowError):
-            return ApiError(400, str(error), param="messages" if job.request.chat else "prompt",
+            return ApiError(400, worded_for_requests(error), param="messages" if job.request.chat else "prompt",
                             code="context_length_exceeded")
         if isinstance(error, EdgespecError):
-            return ApiError(400, str(error))
+            return ApiError(400, worded_for_requests(error))
         log.error("request failed inside the engine: %s: %s", type(error).__name__, error)
         return ApiError(500, f"internal error: {type(error).__name__}", type="server_error")
 

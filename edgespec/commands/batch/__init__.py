@@ -115,7 +115,7 @@ def handle_batch(args) -> int:
     except BatchError:
         raise
     except EdgespecError as err:  # e.g. the model failed to load: the batch is refused
-        raise BatchError(str(err)) from None
+        raise BatchError(*err.message) from None
     except KeyboardInterrupt:
         raise BatchInterrupted(f"interrupted; {_resume_hint(args)}") from None
 

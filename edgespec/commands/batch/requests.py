@@ -16,11 +16,17 @@ from pathlib import Path
 
 from ...chat_template import MAX_RENDER_CHARS
 from ...errors import EdgespecError
-from ...server.protocol import ApiError, check_body
+from ...server.protocol import ApiError, check_body, worded_for_requests
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EXIT_REFUSED = 2
+
+
+def failure_text(reason: object) -> str:
+    """What a request's error record says of why it failed: an engine error's settings worded for a batch
+    (its flags; a "/v1/completions" request for a prompt sent as is)."""
+    return worded_for_requests(reason, operator="") if isinstance(reason, EdgespecError) else str(reason)
 
 
 class BatchError(EdgespecError):

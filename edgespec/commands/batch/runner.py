@@ -23,7 +23,7 @@ from ...scheduler import Job
 from ...session import ChatSession
 from ...stats import Stats
 from .output import RecordWriter, error_record, is_done, is_success, success_record
-from .requests import COMPLETIONS_URL, BatchError, BatchRequest, InvalidRequest
+from .requests import COMPLETIONS_URL, BatchError, BatchRequest, InvalidRequest, failure_text
 
 
 # What the progress bar reads of the requests in flight, summed over them.
@@ -167,7 +167,7 @@ def run_batch(
         in_flight.pop(entry.custom_id, None)
         if isinstance(event, Failed):
             code = "context_length_exceeded" if isinstance(event.error, ContextOverflowError) else "generation_failed"
-            write(entry, error_record(entry.custom_id, code, f"line {entry.line}: {event.error}", entry.fingerprint))
+            write(entry, error_record(entry.custom_id, code, f"line {entry.line}: {failure_text(event.error)}", entry.fingerprint))
         elif event.result.finish_reason != "cancelled":
             tally.add(event.result.stats)
             write(entry, success_record(entry, event.result, model_name))
@@ -222,7 +222,7 @@ def _job(engine, request: BatchRequest, base_params) -> Job | dict:
     request's error record, never the end of the batch.
     """
     def failed(code: str, reason: object) -> dict:
-        return error_record(request.custom_id, code, f"line {request.line}: {reason}", request.fingerprint)
+        return error_record(request.custom_id, code, f"line {request.line}: {failure_text(reason)}", request.fingerprint)
 
     try:
         params = dataclasses.replace(base_params, **dict(request.overrides))

@@ -95,7 +95,7 @@ def handle_bench(args) -> int:
     except (ExactnessError, BenchError):
         raise
     except EdgespecError as err:  # e.g. the model failed to load: the bench is refused
-        raise BenchError(str(err)) from None
+        raise BenchError(*err.message) from None
 
 
 def _bench_command(args) -> int:
