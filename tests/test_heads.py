@@ -33,7 +33,7 @@ def trained(tiny_models, target, tmp_path_factory):
 
 
 _PLAN = TrainingPlan(vocab_size=64, batch=64, max_epochs=3.0)
-_BUDGET = Budget(seconds=600.0, max_tokens=1500, max_reply=48)
+_BUDGET = Budget(seconds=600.0, max_tokens=1500, max_reply=48, heldout_reply=48)
 
 
 def _sources(model) -> Sources:
@@ -107,7 +107,7 @@ def test_a_damaged_heads_file_is_refused_with_one_line(trained, tmp_path, damage
 
 
 def test_ctrl_c_while_training_leaves_a_resume_file_and_no_half_written_heads(tiny_models, target, tmp_path):
-    path = tmp_path / "heads.npz"
+    path = tmp_path / "heads" / "heads.npz"  # a folder of its own: the cache dir (model identities) is elsewhere
     steps = []
 
     def interrupt_while_training(phase, *_):
@@ -120,10 +120,10 @@ def test_ctrl_c_while_training_leaves_a_resume_file_and_no_half_written_heads(ti
     with pytest.raises(TrainingInterrupted) as stopped:
         train_heads(target, lm_head, _sources(target), _PLAN, _BUDGET, path, interrupt_while_training)
     assert "\n" not in str(stopped.value) and stopped.value.exit_code == 130
-    assert sorted(p.name for p in tmp_path.iterdir()) == [resume_path_for(path).name]  # no temporary files either
+    assert sorted(p.name for p in path.parent.iterdir()) == [resume_path_for(path).name]  # no temporary files either
     record = train_heads(target, lm_head, Sources(), _PLAN, _BUDGET, path, _quiet)  # resumes: no data needed
     assert record.training_tokens > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
 
 def test_heads_draft_from_a_hidden_state_and_stop_when_unsure(trained, tiny_models):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..model_identity import loaded_model_identity
 from .drafter import HeadsDrafter
 from .projection import LmHead
 from .store import default_heads_path, load_heads
@@ -20,5 +21,7 @@ def heads_drafter(target, heads_path: str | os.PathLike | None = None) -> HeadsD
     """The heads in heads_path (default: the target's own) drafting for target, a HiddenStateModel;
     HeadsFileError (one line) when there are none, or they are damaged or another model's."""
     lm_head = LmHead(target.path)
-    record, heads = load_heads(heads_path or default_heads_path(target.path), target.path, lm_head.rows)
+    identity = loaded_model_identity(target)  # the file as it was loaded, whatever happened to it since
+    record, heads = load_heads(heads_path or default_heads_path(target.path, identity), target.path, lm_head.rows,
+                               identity)
     return HeadsDrafter(target, heads, lm_head.row, heldout_top1=record.heldout_top1)

@@ -42,6 +42,20 @@ def reduced_vocabulary(top: np.ndarray, size: int) -> np.ndarray:
     return ids[order].astype(np.int32)
 
 
+def seconds_per_example(plan: TrainingPlan, data: TeacherData, lm_head, n_vocab: int, steps: int = 3) -> float:
+    """What training costs here per example (a head-1 position, every head trained on it): the quickest of a
+    few minibatch steps on data, with a vocabulary of the plan's size.  Heads made for this are thrown away."""
+    vocab = np.arange(min(plan.vocab_size, n_vocab), dtype=np.int32)
+    heads = Heads.fresh(plan.form, plan.n_heads, vocab, lm_head.rows(vocab))
+    trainer = Trainer(heads, Adam(plan.rate), data, data, lm_head, n_vocab, plan)
+    best = float("inf")
+    for _ in range(steps):
+        started, seen = time.perf_counter(), trainer.examples_seen
+        trainer.step()
+        best = min(best, (time.perf_counter() - started) / max(trainer.examples_seen - seen, 1))
+    return best
+
+
 class TokenRows:
     """The lm_head rows of every token a TeacherData holds, gathered once (what Hydra-style heads see)."""
 
@@ -58,7 +72,7 @@ class Trainer:
 
     def __init__(self, heads: Heads, adam: Adam, data: TeacherData, heldout: TeacherData, lm_head, n_vocab: int,
                  plan: TrainingPlan, seconds_spent: float = 0.0, examples_seen: int = 0):
-        self.heads, self.adam, self.plan = heads, adam, plan
+        self.heads, self.adam, self.plan, self.n_vocab = heads, adam, plan, n_vocab
         self.data, self.heldout = data.join(), heldout.join()
         self.adam.start(heads)
         self._index_of = np.full(n_vocab, -1, dtype=np.int32)
@@ -112,6 +126,17 @@ class Trainer:
             top3.append(hits3 / max(len(positions), 1))
             counted = counted or len(positions)
         return top1, top3, counted
+
+    def grown(self, data: TeacherData, lm_head) -> Trainer:
+        """This trainer, its heads and optimizer carried on, training on data (more of it) from now on.
+
+        The reduced vocabulary is chosen again from the larger data; the heads'
+        trained part lives in hidden space, so it does not depend on it.
+        """
+        vocab = reduced_vocabulary(data.join().top, self.plan.vocab_size)
+        heads = Heads(self.heads.form, vocab, lm_head.rows(vocab), self.heads.a, self.heads.b, self.heads.bias)
+        return Trainer(heads, self.adam, data, self.heldout, lm_head, self.n_vocab, self.plan, self.seconds_spent,
+                       self.examples_seen)
 
     def state(self) -> dict[str, np.ndarray]:
         """Everything a resumed run needs, as arrays (the resume file)."""
