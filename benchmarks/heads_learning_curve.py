@@ -17,8 +17,8 @@ to compare forms, vocabularies and learning rates on it offline.
 Run on an idle machine (Qwen2.5-Coder-1.5B; about 38 minutes in all):
   .venv/bin/python benchmarks/heads_learning_curve.py --minutes 35 --json benchmarks/results/heads_learning_curve.json
 Check the script quickly:
-  .venv/bin/python benchmarks/heads_learning_curve.py --model smollm2-135m-instruct --minutes 0.5 \\
-      --round-minutes 0.1 --vocab 512 --work /tmp/heads-curve-check
+  .venv/bin/python benchmarks/heads_learning_curve.py --model smollm2-135m-instruct --minutes 1 \\
+      --round-minutes 0.2 --heldout-reply 32 --max-reply 32 --vocab 512 --work /tmp/heads-curve-check
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ def run(args) -> dict:
     clock.until("collect", float("inf"), lambda end: answer_prompts(
         model, [chat([{"role": "user", "content": p}], True) for p in HELDOUT_PROMPTS], heldout, "heldout",
         args.heldout_reply, end, quiet, args.sequences))
+    print(f"held-out replies: {len(heldout)} positions in {clock.minutes:.1f} min", file=sys.stderr, flush=True)
     answering = Answering(model, [chat([{"role": "user", "content": p}], True) for p in TRAINING_PROMPTS], data,
                           "built-in prompts", args.max_reply, args.sequences)
     trainer, points, end = None, [], args.minutes * 60
