@@ -119,7 +119,9 @@ def _summary(record) -> str:
 def _sources(model, args: argparse.Namespace):
     from ..heads.job import Sources
     from ..heads.prompts import HELDOUT_PROMPTS, TRAINING_PROMPTS
+    from ..heads.store import default_heads_path
     from ..heads.teacher import ChatTokens
+    from ..heads.usage import read_usage, usage_dir
 
     chat_ids = ChatTokens(model)
 
@@ -130,7 +132,8 @@ def _sources(model, args: argparse.Namespace):
         texts += [("batch", chat_ids(messages, False)) for messages in _batch_conversations(batch_file)]
     prompts = [chat_ids([{"role": "user", "content": p}], True) for p in TRAINING_PROMPTS] if args.builtin else []
     heldout = [chat_ids([{"role": "user", "content": p}], True) for p in HELDOUT_PROMPTS]
-    return Sources(texts, prompts, heldout)
+    usage = read_usage(usage_dir(default_heads_path(model.path)), model.n_embd, args.max_tokens)
+    return Sources(texts, prompts, heldout, usage)
 
 
 def _text_files(paths: list[Path]):

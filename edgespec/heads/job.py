@@ -59,6 +59,7 @@ class Sources:
     texts: list = field(default_factory=list)  # (kind, token ids): the user's files, then their usage
     prompts: list = field(default_factory=list)  # built-in prompts (token ids) the target answers itself
     heldout_prompts: list = field(default_factory=list)
+    usage: TeacherData | None = None  # kept while heads drafted (heads.usage): labelled already, used first
 
 
 Progress = Callable[[str, int, "float | None", float], None]  # phase, tokens, accuracy so far, seconds left
@@ -113,6 +114,8 @@ def _collect(model, lm_head, sources: Sources, plan: TrainingPlan, budget: Budge
     def enough() -> bool:
         return end - time.monotonic() <= budget.epochs * len(data) * per_example
 
+    if sources.usage is not None:
+        data.extend(sources.usage, "usage", budget.max_tokens)
     label_texts(model, sources.texts, data, end, budget.max_tokens, report("labelling text"), enough)
     if len(data) < budget.max_tokens:
         answer_prompts(model, sources.prompts, data, "built-in prompts", budget.max_reply, end,

@@ -66,6 +66,15 @@ class TeacherData:
         self.ends = np.append(self.ends, len(self) + len(tokens))
         self.sources[source] = self.sources.get(source, 0) + len(tokens)
 
+    def extend(self, other: TeacherData, source: str, max_tokens: int) -> None:
+        """Append other's texts, whole, while the positions stay within max_tokens."""
+        other.join()
+        starts = np.concatenate([[0], other.ends[:-1]]).astype(np.int64)
+        for start, end in zip(starts, other.ends):
+            if len(self) + end - start > max_tokens:
+                return
+            self.add(other.tokens[start:end], other.hidden[start:end], other.top[start:end], source)
+
     def join(self) -> TeacherData:
         """Make tokens, hidden and top hold every text added; returns self."""
         pieces = self.__dict__.pop("_pieces", None)
