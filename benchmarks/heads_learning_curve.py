@@ -77,6 +77,13 @@ def checkpoint(clock: Clock, data: TeacherData, trainer: Trainer) -> dict:
     return point
 
 
+def save(args, data: TeacherData, heldout: TeacherData) -> Path:
+    args.work.mkdir(parents=True, exist_ok=True)
+    path = args.work / f"{Path(args.model_path).stem}-data.npz"
+    np.savez(path, **data.arrays("data_"), **heldout.arrays("heldout_"))
+    return path
+
+
 def run(args) -> dict:
     model = HiddenStateModel(args.model_path, n_ctx=1024, n_threads=args.threads)
     lm_head, chat, clock = LmHead(args.model_path), ChatTokens(model), Clock()
@@ -104,11 +111,10 @@ def run(args) -> dict:
         trainer = train_round(trainer, data, heldout.join(), lm_head, model, args)
         clock.until("train", min(args.round_minutes * 60, end - clock.minutes * 60), train)
         points.append(checkpoint(clock, data, trainer))
+        save(args, data, heldout)  # after every round: a run stopped early still leaves its data
+    answering.keep_unfinished(quiet)  # for heads_forms.py: the replies cut short count there too
     model.close()
-    args.work.mkdir(parents=True, exist_ok=True)
-    saved = args.work / f"{Path(args.model_path).stem}-data.npz"
-    np.savez(saved, **data.arrays("data_"), **heldout.arrays("heldout_"))
-    print(f"the collected data is in {saved}", file=sys.stderr)
+    print(f"the collected data is in {save(args, data, heldout)}", file=sys.stderr)
     return {"model": args.model_path.name, "form": args.form, "vocab": args.vocab, "rate": args.rate,
             "epochs": args.epochs, "sequences": args.sequences, "heldout_positions": len(heldout),
             "prompts_left": not answering.finished, "points": points}
