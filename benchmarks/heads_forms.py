@@ -44,11 +44,11 @@ def subset(data: TeacherData, n_tokens: int) -> TeacherData:
 
 
 def curve(data, heldout, lm_head, n_vocab, config: str, args) -> list[dict]:
-    form, vocab_size, rate, *schedule = config.split(":")
-    decay = schedule == ["decay"]
+    form, vocab_size, rate, *options = config.split(":")
+    decay, fill = "decay" in options, "fill" in options
     plan = TrainingPlan(form=form, n_heads=args.n_heads, vocab_size=int(vocab_size), rate=float(rate),
                         batch=args.batch, max_epochs=1e9)
-    vocab = reduced_vocabulary(data.top, plan.vocab_size)
+    vocab = reduced_vocabulary(data.top, plan.vocab_size, fill)
     heads = Heads.fresh(form, plan.n_heads, vocab, lm_head.rows(vocab))
     trainer = Trainer(heads, Adam(plan.rate), data, heldout, lm_head, n_vocab, plan)
     points = []
@@ -68,7 +68,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True, help="a data file of heads_learning_curve.py")
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="the model the data is of")
-    parser.add_argument("--configs", default="hydra:8192:3e-4,medusa:8192:3e-4", help="form:vocabulary:rate[:decay],...")
+    parser.add_argument("--configs", default="hydra:8192:3e-4,medusa:8192:3e-4", help="form:vocabulary:rate[:decay][:fill],...")
     parser.add_argument("--data-tokens", default="", help="comma-separated training data sizes (default: all)")
     parser.add_argument("--examples", type=int, default=80_000, help="examples (head-1 positions) to train on")
     parser.add_argument("--every", type=int, default=20_000, help="examples between held-out scores")

@@ -35,11 +35,17 @@ class TrainingPlan:
     max_epochs: float = 8.0  # passes over the data after which more steps would only fit it by heart
 
 
-def reduced_vocabulary(top: np.ndarray, size: int) -> np.ndarray:
-    """The size tokens the target predicts most often in top, most frequent first (ties by id)."""
+def reduced_vocabulary(top: np.ndarray, size: int, fill: bool = False) -> np.ndarray:
+    """The size tokens the target predicts most often in top, most frequent first (ties by id); with fill,
+    a top with fewer distinct tokens is filled up with the lowest ids it lacks (a BPE vocabulary lists its
+    tokens roughly by how common they were when it was made)."""
     ids, counts = np.unique(top, return_counts=True)
     order = np.lexsort((ids, -counts))[:size]
-    return ids[order].astype(np.int32)
+    vocab = ids[order].astype(np.int32)
+    if fill and len(vocab) < size:
+        lacking = np.setdiff1d(np.arange(2 * size, dtype=np.int32), vocab)[:size - len(vocab)]
+        vocab = np.concatenate([vocab, lacking])
+    return vocab
 
 
 def seconds_per_example(plan: TrainingPlan, data: TeacherData, lm_head, n_vocab: int, steps: int = 3) -> float:
