@@ -20,7 +20,7 @@ import io
 import json
 import time
 import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -31,7 +31,7 @@ from ..files import atomic_write
 from ..model_identity import loaded_model_identity
 from .network import Adam, Heads
 from .store import HeadsRecord, save_heads
-from .teacher import TeacherData, answer_prompts, label_texts
+from .teacher import Answering, TeacherData, answer_prompts, label_texts
 from .training import Trainer, TrainingPlan, reduced_vocabulary, seconds_per_example
 
 
@@ -112,19 +112,45 @@ def _collect(model, lm_head, sources: Sources, plan: TrainingPlan, budget: Budge
     if not len(heldout):
         raise EdgespecError("the time budget ran out before the target answered one held-out prompt "
                             "(give more --minutes)")
-    per_example = seconds_per_example(plan, heldout.join(), lm_head, model.n_vocab)
+    training_time = _TrainingTime(plan, heldout.join(), lm_head, model.n_vocab)
+    answering = Answering(model, sources.prompts, data, "built-in prompts", budget.max_reply, budget.sequences)
 
     def enough() -> bool:
-        return end - time.monotonic() <= budget.epochs * len(data) * per_example
+        training = budget.epochs * (len(data) + answering.in_flight) * training_time.per_example(data)
+        return end - time.monotonic() <= training
 
     if sources.usage is not None:
         data.extend(sources.usage, "usage", budget.max_tokens)
     label_texts(model, sources.texts, data, end, budget.max_tokens, report("labelling text"), enough)
     if len(data) < budget.max_tokens:
-        answer_prompts(model, sources.prompts, data, "built-in prompts", budget.max_reply, end,
-                       report("answering prompts"), budget.sequences, enough)
+        answering.run(end, report("answering prompts"), enough)
+        answering.keep_unfinished(report("answering prompts"))
     if len(data) < 2:
         raise EdgespecError("no training text was labelled within the time budget (give more --minutes or some text)")
+
+
+class _TrainingTime:
+    """What training costs here per example, for the data collected so far: its cost grows with the reduced
+    vocabulary, which is all the distinct tokens the data has (up to the plan's size), so it is timed at two
+    sizes and the data's distinct tokens, counted now and then, pick the cost between them."""
+
+    SMALL_VOCAB = 256
+    RECOUNT_SECONDS = 15.0
+
+    def __init__(self, plan: TrainingPlan, heldout: TeacherData, lm_head, n_vocab: int):
+        self._plan = plan
+        self._small = seconds_per_example(replace(plan, vocab_size=self.SMALL_VOCAB), heldout, lm_head, n_vocab)
+        self._large = seconds_per_example(plan, heldout, lm_head, n_vocab)
+        self._counted_at, self._estimate = -float("inf"), self._large
+
+    def per_example(self, data: TeacherData) -> float:
+        if time.monotonic() - self._counted_at > self.RECOUNT_SECONDS:
+            distinct = len(np.unique(data.join().top)) if len(data) else 0
+            size, small = self._plan.vocab_size, self.SMALL_VOCAB
+            share = min(max(distinct - small, 0) / max(size - small, 1), 1.0)
+            self._estimate = max(self._small + share * (self._large - self._small), 1e-9)
+            self._counted_at = time.monotonic()
+        return self._estimate
 
 
 def _new_trainer(plan: TrainingPlan, data: TeacherData, heldout: TeacherData, lm_head, n_vocab: int) -> Trainer:

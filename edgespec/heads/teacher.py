@@ -147,6 +147,11 @@ class Answering:
     def finished(self) -> bool:
         return not (self._queue or self._replies)
 
+    @property
+    def in_flight(self) -> int:
+        """Positions of the replies being written: data gets them when a reply ends (or keep_unfinished)."""
+        return sum(len(reply.top) for reply in self._replies.values())
+
     def run(self, deadline: float, progress: Callable[[int], None], enough: Callable[[], bool] = lambda: False) -> bool:
         """Answer until every prompt is answered (returns True), the deadline (time.monotonic) passes or enough()."""
         model, replies = self.model, self._replies
