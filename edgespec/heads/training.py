@@ -29,7 +29,8 @@ EVAL_BATCH = 512
 # 954 held-out ones: Hydra 32.4% head-1 top-1 after 4 epochs, Medusa 32.1% (heads 2 and 3: 14.6/7.1% against
 # 12.9/5.8%); on half the data a rate of 1e-3 beat 3e-4 at every epoch (27.3% against 22.2% after 2, 30.6%
 # against 27.0% after 5), and filling the vocabulary up with unseen tokens lost top-1 (26.7% against 27.7%).
-# Data counts most: 6,349 positions level off near 27.5%, 13,313 near 32.5%.
+# At 1e-3 on all 13,313: 34.3% after 4 epochs (heads 2 and 3: 16.7/10.0%); a rate decaying linearly to a tenth
+# did not help (32.2%).  Data counts most: at 3e-4, 6,349 positions level off near 27.5%, 13,313 near 32.5%.
 @dataclass(frozen=True)
 class TrainingPlan:
     form: str = "hydra"
