@@ -8,10 +8,11 @@ import pytest
 from edgespec.backend import LlamaModel
 from edgespec.backend.hidden import HiddenStateModel
 from edgespec.heads.job import Budget, Sources, TrainingInterrupted, resume_path_for, train_heads
-from edgespec.heads.network import Heads
+from edgespec.heads.network import Adam, Heads
 from edgespec.heads.projection import LmHead
 from edgespec.heads.store import HeadsFileError, load_heads, read_heads
-from edgespec.heads.training import TrainingPlan
+from edgespec.heads.teacher import TeacherData
+from edgespec.heads.training import Trainer, TrainingPlan, reduced_vocabulary, seconds_per_example
 from tinygguf import write_tiny_model
 
 TEXT = "Hello world, the cat sat on the mat and the dog sat with the cat. " * 3
@@ -33,7 +34,7 @@ def trained(tiny_models, target, tmp_path_factory):
 
 
 _PLAN = TrainingPlan(vocab_size=64, batch=64, max_epochs=3.0)
-_BUDGET = Budget(seconds=600.0, max_tokens=1500, max_reply=48)
+_BUDGET = Budget(seconds=600.0, max_tokens=1500, max_reply=48, heldout_reply=48)
 
 
 def _sources(model) -> Sources:
@@ -107,7 +108,7 @@ def test_a_damaged_heads_file_is_refused_with_one_line(trained, tmp_path, damage
 
 
 def test_ctrl_c_while_training_leaves_a_resume_file_and_no_half_written_heads(tiny_models, target, tmp_path):
-    path = tmp_path / "heads.npz"
+    path = tmp_path / "heads" / "heads.npz"  # a folder of its own: the cache dir (model identities) is elsewhere
     steps = []
 
     def interrupt_while_training(phase, *_):
@@ -120,10 +121,10 @@ def test_ctrl_c_while_training_leaves_a_resume_file_and_no_half_written_heads(ti
     with pytest.raises(TrainingInterrupted) as stopped:
         train_heads(target, lm_head, _sources(target), _PLAN, _BUDGET, path, interrupt_while_training)
     assert "\n" not in str(stopped.value) and stopped.value.exit_code == 130
-    assert sorted(p.name for p in tmp_path.iterdir()) == [resume_path_for(path).name]  # no temporary files either
+    assert sorted(p.name for p in path.parent.iterdir()) == [resume_path_for(path).name]  # no temporary files either
     record = train_heads(target, lm_head, Sources(), _PLAN, _BUDGET, path, _quiet)  # resumes: no data needed
     assert record.training_tokens > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
 
 def test_heads_draft_from_a_hidden_state_and_stop_when_unsure(trained, tiny_models):
@@ -133,3 +134,43 @@ def test_heads_draft_from_a_hidden_state_and_stop_when_unsure(trained, tiny_mode
     drafted = heads.draft(hidden, 5, 3, lm_head.row)
     assert len(drafted) == 3 and all(t in set(heads.vocab.tolist()) for t in drafted)
     assert heads.draft(hidden, 5, 3, lm_head.row, stop_below=(1.01,)) == []
+
+
+def test_the_built_in_prompts_are_many_distinct_and_never_the_held_out_ones():
+    from edgespec.heads.prompts import HELDOUT_PROMPTS, TRAINING_PROMPTS
+
+    assert len(TRAINING_PROMPTS) >= 500 and len(set(TRAINING_PROMPTS)) == len(TRAINING_PROMPTS)
+    assert not set(HELDOUT_PROMPTS) & set(TRAINING_PROMPTS)
+    first = TRAINING_PROMPTS[:40]  # what a short run answers: code, explanations, changes and prose mixed
+    assert any(p.startswith("Write a ") and "function" in p for p in first)
+    assert any(p.startswith(("Explain", "What is")) for p in first) and any("\n\n" in p for p in first)
+
+
+def test_a_reduced_vocabulary_is_by_frequency_and_filled_up_from_the_lowest_ids_when_asked():
+    top = np.array([7, 7, 7, 3, 3, 9])
+    assert reduced_vocabulary(top, 2).tolist() == [7, 3]
+    assert reduced_vocabulary(top, 5).tolist() == [7, 3, 9]
+    assert reduced_vocabulary(top, 5, fill=True).tolist() == [7, 3, 9, 0, 1]
+
+
+def test_a_grown_trainer_carries_its_heads_on_over_more_data(tiny_models, target):
+    lm_head = LmHead(tiny_models["target"])
+    ids = target.tokenize(TEXT, add_special=True)
+    data, heldout = TeacherData.empty(target.n_embd), TeacherData.empty(target.n_embd)
+    target.rewind(0)
+    heldout.add(ids[:20], *target.teacher_pass(ids[:20]), "heldout")
+    target.rewind(0)
+    data.add(ids[:30], *target.teacher_pass(ids[:30]), "files")
+    plan = TrainingPlan(vocab_size=64, batch=16)
+    vocab = reduced_vocabulary(data.join().top, plan.vocab_size)
+    trainer = Trainer(Heads.fresh("hydra", 3, vocab, lm_head.rows(vocab)), Adam(plan.rate), data, heldout, lm_head,
+                      target.n_vocab, plan)
+    trainer.step()
+    target.rewind(0)
+    hidden, top = target.teacher_pass(ids)
+    data.add(ids, hidden, top, "files")
+    grown = trainer.grown(data, lm_head)
+    assert grown.heads.a is trainer.heads.a and grown.adam is trainer.adam
+    assert len(grown.data) == 30 + len(ids) and grown.examples_seen == trainer.examples_seen
+    assert grown.heads.vocab.tolist() == reduced_vocabulary(data.join().top, 64).tolist()
+    assert seconds_per_example(plan, heldout, lm_head, target.n_vocab) > 0

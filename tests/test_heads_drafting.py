@@ -31,7 +31,7 @@ def trained_heads(tiny_models, directory, epochs: float):
                       [target.tokenize(p, add_special=True) for p in PROMPTS], [target.tokenize("The dog", add_special=True)])
     path = directory / "target.npz"
     train_heads(target, LmHead(tiny_models["target"]), sources, TrainingPlan(vocab_size=128, batch=64, max_epochs=epochs),
-                Budget(seconds=600.0, max_tokens=2000, max_reply=64), path, lambda *_: None)
+                Budget(seconds=600.0, max_tokens=2000, max_reply=64, heldout_reply=64), path, lambda *_: None)
     target.close()
     return path
 

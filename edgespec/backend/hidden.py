@@ -8,11 +8,17 @@ the embeddings output is switched on only for passes that want every row
 anyway (verification and teacher passes) and off for a prompt's prefill,
 whose rows nobody reads.  A model without heads is a plain LlamaModel:
 nothing here runs for it.
+
+With a usage sink set, the hidden states of rows that verification kept
+(their tokens stayed in the cache) are handed to it, with the tokens that
+followed them, once those are known: training data for heads that costs no
+teacher pass (heads.usage).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+import time
 from typing import Sequence
 
 import numpy as np
@@ -48,13 +54,20 @@ class HiddenStateModel(LlamaModel):
 
     def reserve_sequences(self, n_seq: int) -> None:
         fresh = n_seq != self.n_seq
+        if fresh:
+            self._hand_over_kept()  # while the caches still hold the tokens that followed
         super().reserve_sequences(n_seq)
         if fresh:
             self._fresh_context()
 
+    usage_sink = None  # called with (tokens, hidden after each but the last) of kept rows; flush() at close
+    usage_seconds = 0.0  # spent keeping them (benchmarks/heads_usage_cost.py)
+
     def _fresh_context(self) -> None:
         self._hidden_output = False  # llama.cpp's default for a new context
         self._last_pass: dict[int, HiddenPass] = {}
+        self._kept: dict[int, _KeptRows] = {}
+        self._drafting: set[int] = set()  # sequences heads draft for (hidden_before asked), whose rows are kept
         if self.context.pools_hidden_states:
             self.close()
             raise ModelLoadError(f"{self.path.name} pools its hidden states (an embedding model?): "
@@ -67,6 +80,7 @@ class HiddenStateModel(LlamaModel):
 
     def decode(self, tokens: Sequence[int], n_logits: int = 1, *, copy: bool = True, seq: int = 0):
         every_row = 0 < len(tokens) == n_logits
+        self._keep_rows(seq, len(self.cached_of(seq)))
         self._output_hidden(every_row)
         first = len(self.cached_of(seq))
         logits = super().decode(tokens, n_logits, copy=copy, seq=seq)
@@ -79,6 +93,8 @@ class HiddenStateModel(LlamaModel):
 
     def decode_sequences(self, parts):
         every_row = all(0 < len(part) == n_logits for _, part, n_logits in parts)
+        for seq, _, _ in parts:
+            self._keep_rows(seq, len(self.cached_of(seq)))
         self._output_hidden(every_row)
         firsts = [len(self.cached_of(seq)) for seq, _, _ in parts]
         views = super().decode_sequences(parts)
@@ -94,26 +110,77 @@ class HiddenStateModel(LlamaModel):
         return views
 
     def rewind(self, n_keep: int, seq: int = 0) -> None:
+        self._keep_rows(seq, n_keep)
+        self._stop_keeping(seq, below=n_keep)
         kept = self._last_pass.get(seq)
         if kept is not None and n_keep <= kept.first:
             del self._last_pass[seq]
         super().rewind(n_keep, seq)
 
     def copy_sequence(self, source: int, dest: int, n_keep: int) -> None:
+        self._stop_keeping(dest)
         self._last_pass.pop(dest, None)
         super().copy_sequence(source, dest, n_keep)
 
     def load_state(self, data, tokens: Sequence[int], seq: int = 0) -> bool:
+        self._stop_keeping(seq)
         self._last_pass.pop(seq, None)
         return super().load_state(data, tokens, seq)
 
     def drop_span(self, start: int, end: int, seq: int = 0) -> None:
+        self._stop_keeping(seq)
         self._last_pass.pop(seq, None)  # the positions it kept have moved
         super().drop_span(start, end, seq)
 
+    def close(self) -> None:
+        if getattr(self, "_kept", None) and self.context is not None:
+            self._hand_over_kept()
+        if self.usage_sink is not None:
+            self.usage_sink.flush()
+            self.usage_sink = None
+        super().close()
+
+    def _keep_rows(self, seq: int, n_kept: int) -> None:
+        """Note the rows of the sequence's last every-row pass whose tokens are still the first n_kept cached."""
+        last = self._last_pass.get(seq)
+        if self.usage_sink is None or last is None or seq not in self._drafting:
+            return
+        started = time.perf_counter()
+        kept = self._kept.get(seq)
+        if kept is not None and kept.end < last.first:  # a pass without hidden states came between
+            self._hand_over_kept(seq)
+            kept = None
+        if kept is None:
+            kept = self._kept[seq] = _KeptRows(last.first)
+        kept.extend(last, min(n_kept, last.first + len(last.tokens)))
+        self.usage_seconds += time.perf_counter() - started
+
+    def _stop_keeping(self, seq: int, below: int = 0) -> None:
+        """The cache goes back below the kept rows' end, or holds something else now: hand them over, and
+        keep rows again once heads draft for this sequence again (not for a probe's passes)."""
+        kept = self._kept.get(seq)
+        if kept is None or below < kept.end:
+            self._hand_over_kept(seq, below)
+            self._drafting.discard(seq)
+
+    def _hand_over_kept(self, seq: int | None = None, below: int = 0) -> None:
+        """Give the sink the kept rows of seq (every sequence when None) whose following tokens are about to
+        go (a rewind below them, another prompt or context): (tokens, hidden), a token more than rows."""
+        if self.usage_sink is None or not getattr(self, "_kept", None):
+            return
+        started = time.perf_counter()
+        for s in [seq] if seq is not None else list(self._kept):
+            kept = self._kept.get(s)
+            if kept is not None and below < kept.end:  # a rewind to kept.end drops only what was not kept
+                del self._kept[s]
+                kept.hand_over(self.cached_of(s), self.usage_sink)
+        self.usage_seconds += time.perf_counter() - started
+
     def hidden_before(self, context: Sequence[int], seq: int = 0) -> np.ndarray | None:
         """The hidden state that predicted context[-1] (at position len(context) - 2), when the sequence's
-        last every-row pass computed it on these very tokens; else None."""
+        last every-row pass computed it on these very tokens; else None.  Asking marks the sequence as one
+        heads draft for, whose kept rows go to the usage sink."""
+        self._drafting.add(seq)
         kept = self._last_pass.get(seq)
         if kept is None:
             return None
@@ -143,3 +210,23 @@ class HiddenStateModel(LlamaModel):
             top[start:start + len(chunk)] = logits.argmax(axis=1)
             hidden[start:start + len(chunk)] = self._last_pass[seq].rows
         return hidden, top
+
+
+class _KeptRows:
+    """Hidden states of consecutive cache positions whose tokens verification kept, first to end (exclusive)."""
+
+    def __init__(self, first: int):
+        self.first = self.end = first
+        self.rows: list[np.ndarray] = []
+
+    def extend(self, last: HiddenPass, upto: int) -> None:
+        start = max(self.end, last.first)
+        if upto > start:
+            self.rows.append(last.rows[start - last.first:upto - last.first].astype(np.float16))
+            self.end = upto
+
+    def hand_over(self, cached: list[int], sink) -> None:
+        """(tokens at first..end-1, their hidden states) to sink, as far as the token after each is cached."""
+        end = min(self.end, len(cached) - 1)
+        if end - self.first >= 2:
+            sink(list(cached[self.first:end + 1]), np.concatenate(self.rows)[:end - self.first])

@@ -18,7 +18,9 @@ from pathlib import Path
 from ..errors import EdgespecError
 from .options import DEFAULT_MODEL, parse_threads, setting, whole_number
 
-TRAINING_N_CTX = 2048  # teacher passes label texts in windows of 1024 tokens (heads.teacher.WINDOW)
+# Per sequence (prompts are answered 16 at a time): a prompt of up to 512 tokens and its reply fit, and
+# text is labelled in windows of 1023 tokens.
+TRAINING_N_CTX = 1024
 MAX_TEXT_FILE_BYTES = 2 << 20  # bigger files are data, not text to learn from
 _SKIPPED_FOLDERS = {".git", ".venv", "node_modules", "__pycache__", ".mypy_cache", ".tox", "dist", "build"}
 
@@ -94,7 +96,8 @@ def train_command(args: argparse.Namespace) -> int:
 
 def show_command(args: argparse.Namespace) -> int:
     from ..fetch import resolve_model
-    from ..heads.store import HeadsFileError, default_heads_path, model_identity, read_heads
+    from ..heads.store import HeadsFileError, default_heads_path, read_heads
+    from ..model_identity import model_identity
 
     path = resolve_model(args.model, pull=False)
     heads_path = args.heads or default_heads_path(path)
@@ -116,7 +119,9 @@ def _summary(record) -> str:
 def _sources(model, args: argparse.Namespace):
     from ..heads.job import Sources
     from ..heads.prompts import HELDOUT_PROMPTS, TRAINING_PROMPTS
+    from ..heads.store import default_heads_path
     from ..heads.teacher import ChatTokens
+    from ..heads.usage import read_usage, usage_dir
 
     chat_ids = ChatTokens(model)
 
@@ -127,7 +132,8 @@ def _sources(model, args: argparse.Namespace):
         texts += [("batch", chat_ids(messages, False)) for messages in _batch_conversations(batch_file)]
     prompts = [chat_ids([{"role": "user", "content": p}], True) for p in TRAINING_PROMPTS] if args.builtin else []
     heldout = [chat_ids([{"role": "user", "content": p}], True) for p in HELDOUT_PROMPTS]
-    return Sources(texts, prompts, heldout)
+    usage = read_usage(usage_dir(default_heads_path(model.path)), model.n_embd, args.max_tokens)
+    return Sources(texts, prompts, heldout, usage)
 
 
 def _text_files(paths: list[Path]):

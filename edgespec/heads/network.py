@@ -12,9 +12,10 @@ predicts most often), so logits_j ranks those tokens only.  e(y) is the
 lm_head row of a token: y_0 is the token the target chose after h, y_{j-1}
 for j > 1 the token head j - 1 drafted (in training: the text's own token).
 With B = 0 this is Medusa's head; seeing the chosen token makes it
-Hydra-style, and is the default because it measured better (see
-benchmarks/heads_learning_curve.py).  A, B and b start at zero, so an
-untrained head predicts what the lm_head itself would from h.
+Hydra-style, and is the default because it measured at least as good at
+every head (benchmarks/heads_forms.py; figures in heads.training).  A, B
+and b start at zero, so an untrained head predicts what the lm_head itself
+would from h.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The heads file: trained heads for one model file, stored next to the calibration cache.
 
 A heads file is a numpy .npz archive (no pickles) holding the heads' arrays
-and one JSON record: the format version, the model's identity (a hash of
-the file's content, not its path), the form, the training data's size and
-the held-out accuracy per head.  Its default place is
+and one JSON record: the format version, the model's identity (what its
+content is, not its path: edgespec.model_identity, as the prompt cache keys
+its snapshots), the form, the training data's size and the held-out
+accuracy per head.  Its default place is
 ``<cache dir>/heads/<model file stem>-<identity>.npz``, so a model file that
 is replaced gets no stale heads.  A file that belongs to another model, or
 that numpy or zip cannot read back whole (every member has a CRC), is
@@ -12,7 +13,6 @@ refused with one line.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -25,31 +25,14 @@ import numpy as np
 from ..calibration import cache_dir
 from ..errors import EdgespecError
 from ..files import atomic_write
+from ..model_identity import model_identity
 from .network import FORMS, Heads
 
-FORMAT = 1
-_SAMPLE_BYTES = 4 << 20  # of the file's start (the header, the first tensors), middle and end
+FORMAT = 2  # 2: the model named by edgespec.model_identity (1 had a hash of its own)
 
 
 class HeadsFileError(EdgespecError):
     """A heads file is missing, damaged, or made for another model."""
-
-
-def model_identity(path: str | os.PathLike) -> str:
-    """What a model file's content is, whatever its name, place or mtime: a hash of its size and of 4 MiB
-    from its start (the whole GGUF header: metadata and tensor layout), middle and end.
-
-    Reading the whole file (gigabytes) would take seconds; a different model or
-    quantisation differs in its header or its sampled weights.
-    """
-    path = Path(path)
-    size = path.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as handle:
-        for offset in (0, max(0, size // 2 - _SAMPLE_BYTES // 2), max(0, size - _SAMPLE_BYTES)):
-            handle.seek(offset)
-            digest.update(handle.read(_SAMPLE_BYTES))
-    return digest.hexdigest()[:20]
 
 
 def default_heads_path(model_path: str | os.PathLike, identity: str | None = None) -> Path:
@@ -105,11 +88,13 @@ def read_heads(path: str | os.PathLike) -> tuple[HeadsRecord, dict[str, np.ndarr
     return record, arrays
 
 
-def load_heads(path: str | os.PathLike, model_path: str | os.PathLike, projection_rows) -> tuple[HeadsRecord, Heads]:
-    """The heads in path, for the model file at model_path; refused with one line when they belong to another
-    model.  projection_rows(vocab) gives the lm_head rows of their reduced vocabulary."""
+def load_heads(path: str | os.PathLike, model_path: str | os.PathLike, projection_rows,
+               identity: str | None = None) -> tuple[HeadsRecord, Heads]:
+    """The heads in path, for the model file at model_path (whose identity, when known, is given); refused with
+    one line when they belong to another model.  projection_rows(vocab) gives the lm_head rows of their
+    reduced vocabulary."""
     record, arrays = read_heads(path)
-    identity = model_identity(model_path)
+    identity = identity or model_identity(model_path)
     if record.model_identity != identity:
         raise HeadsFileError(f"heads file {Path(path).name} was trained for {record.model_name} (another model "
                              f"file), not {Path(model_path).name} (train heads for it with `edgespec heads train`)")

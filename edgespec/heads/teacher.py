@@ -66,6 +66,15 @@ class TeacherData:
         self.ends = np.append(self.ends, len(self) + len(tokens))
         self.sources[source] = self.sources.get(source, 0) + len(tokens)
 
+    def extend(self, other: TeacherData, source: str, max_tokens: int) -> None:
+        """Append other's texts, whole, while the positions stay within max_tokens."""
+        other.join()
+        starts = np.concatenate([[0], other.ends[:-1]]).astype(np.int64)
+        for start, end in zip(starts, other.ends):
+            if len(self) + end - start > max_tokens:
+                return
+            self.add(other.tokens[start:end], other.hidden[start:end], other.top[start:end], source)
+
     def join(self) -> TeacherData:
         """Make tokens, hidden and top hold every text added; returns self."""
         pieces = self.__dict__.pop("_pieces", None)
@@ -89,13 +98,13 @@ class TeacherData:
 
 
 def label_texts(model, texts: Iterable[tuple[str, list[int]]], data: TeacherData, deadline: float,
-                max_tokens: int, progress: Callable[[int], None]) -> None:
+                max_tokens: int, progress: Callable[[int], None], enough: Callable[[], bool] = lambda: False) -> None:
     """Add (source, tokens) texts to data through teacher passes, in windows of WINDOW tokens, until the
-    deadline (time.monotonic) or max_tokens positions."""
+    deadline (time.monotonic), max_tokens positions or enough()."""
     window = min(WINDOW, model.n_ctx - 1)
     for source, tokens in texts:
         for start in range(0, len(tokens), window):
-            if time.monotonic() > deadline or len(data) >= max_tokens:
+            if time.monotonic() > deadline or len(data) >= max_tokens or enough():
                 return
             piece = tokens[start:start + min(window, max_tokens - len(data))]
             if len(piece) < 2:
@@ -107,27 +116,61 @@ def label_texts(model, texts: Iterable[tuple[str, list[int]]], data: TeacherData
 
 
 def answer_prompts(model, prompts: Iterable[list[int]], data: TeacherData, source: str, max_reply: int,
-                   deadline: float, progress: Callable[[int], None], together: int = 8) -> None:
-    """Let the target answer each prompt (token ids) greedily and add [last prompt token, *reply] to data:
-    the positions whose next token is the reply's, with the hidden states the replying passes computed.
+                   deadline: float, progress: Callable[[int], None], together: int = 16,
+                   enough: Callable[[], bool] = lambda: False) -> None:
+    """Let the target answer each prompt (token ids) greedily until the deadline (time.monotonic) or enough(),
+    adding [last prompt token, *reply] of each to data; replies cut short count too."""
+    answering = Answering(model, prompts, data, source, max_reply, together)
+    answering.run(deadline, progress, enough)
+    answering.keep_unfinished(progress)
 
-    Up to `together` prompts are answered in one pass (a sequence each), which
-    on a CPU costs little more than one: plain decoding's throughput, several times over.
+
+class Answering:
+    """Prompts the target is answering greedily, several at once, over as many calls of run as it takes.
+
+    Each reply adds [last prompt token, *reply] to data: the positions whose
+    next token is the reply's, with the hidden states the replying passes
+    computed.  Up to `together` prompts are answered in one pass (a sequence
+    each): on a CPU a pass over 16 rows costs about 4 single-row passes (the
+    measured cost curve), so this is several times plain decoding's throughput.
     """
-    queue, replies = list(prompts), {}
-    together = max(1, min(together, len(queue)))
-    model.reserve_sequences(together)
-    while (queue or replies) and time.monotonic() < deadline:
-        for seq in set(range(together)) - replies.keys():
-            if queue:
-                replies[seq] = _Reply.start(model, queue.pop(0), seq)
-        parts = [(seq, [reply.tokens[-1]], 1) for seq, reply in replies.items()]
-        for (seq, _, _), logits in zip(parts, model.decode_sequences(parts)):
-            replies[seq].add(model.last_hidden(seq)[0], int(np.argmax(logits[0])))
-            if replies[seq].finished(model, max_reply):
-                replies.pop(seq).keep(data, source, progress)
-    for reply in replies.values():  # cut short by the deadline: what was answered still counts
-        reply.keep(data, source, progress)
+
+    def __init__(self, model, prompts: Iterable[list[int]], data: TeacherData, source: str, max_reply: int,
+                 together: int = 16):
+        self.model, self.data, self.source, self.max_reply = model, data, source, max_reply
+        self._queue = list(prompts)
+        self._together = max(1, min(together, len(self._queue)))
+        self._replies: dict[int, _Reply] = {}
+        model.reserve_sequences(self._together)
+
+    @property
+    def finished(self) -> bool:
+        return not (self._queue or self._replies)
+
+    @property
+    def in_flight(self) -> int:
+        """Positions of the replies being written: data gets them when a reply ends (or keep_unfinished)."""
+        return sum(len(reply.top) for reply in self._replies.values())
+
+    def run(self, deadline: float, progress: Callable[[int], None], enough: Callable[[], bool] = lambda: False) -> bool:
+        """Answer until every prompt is answered (returns True), the deadline (time.monotonic) passes or enough()."""
+        model, replies = self.model, self._replies
+        while not self.finished and time.monotonic() < deadline and not enough():
+            for seq in set(range(self._together)) - replies.keys():
+                if self._queue:
+                    replies[seq] = _Reply.start(model, self._queue.pop(0), seq)
+            parts = [(seq, [reply.tokens[-1]], 1) for seq, reply in replies.items()]
+            for (seq, _, _), logits in zip(parts, model.decode_sequences(parts)):
+                replies[seq].add(model.last_hidden(seq)[0], int(np.argmax(logits[0])))
+                if replies[seq].finished(model, self.max_reply):
+                    replies.pop(seq).keep(self.data, self.source, progress)
+        return self.finished
+
+    def keep_unfinished(self, progress: Callable[[int], None]) -> None:
+        """Add the replies still being written as they are (what was answered counts), and drop them."""
+        for reply in self._replies.values():
+            reply.keep(self.data, self.source, progress)
+        self._replies.clear()
 
 
 @dataclass
