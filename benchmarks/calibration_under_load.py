@@ -46,7 +46,7 @@ def one_start(args, target: Path, draft: Path, busy: bool) -> dict:
         engine = load_engine(target, draft, n_ctx=args.n_ctx, n_threads=args.threads, notice=notices.append)
         try:
             result_of(engine.stream(PROMPT, SamplingParams(temperature=0.0, max_tokens=args.max_tokens)))
-            share = engine.draft_token_share() if engine.draft is not None else None
+            share = engine.draft_token_share() if engine.draft_model is not None else None
             curve = engine.cost.relative() if engine.cost is not None else ()
         finally:
             engine.close()

@@ -28,7 +28,7 @@ from .costs import prefill_rows
 from .drafting import Draft, DraftChoice, DraftPlanner
 from .drafters import NgramDrafter
 from .errors import ContextOverflowError, CorruptModelError, EdgespecError, Setting
-from .generation import Done, Drafting, Failed, Generation, Step, Token
+from .generation import Done, DrafterSet, Failed, Generation, Step, Token
 from .limits import MAX_OUTPUT_ROWS
 from .ngram_pool import NgramPool, TokenIndex
 from .sampling import SamplingParams, SparseProbs, to_probs
@@ -54,12 +54,12 @@ class Decoder:
         self.pool: NgramPool | None = None  # earlier texts for n-gram drafts, unless a generation brings its own
 
     @property
-    def draft(self) -> LlamaModel | None:
+    def draft_model(self) -> LlamaModel | None:
         return self.draft_cache.model if self.draft_cache is not None else None
 
     # -- starting a generation -----------------------------------------------
 
-    def start(self, prompt_ids: Sequence[int], params: SamplingParams, drafting: Drafting, seq: int = 0,
+    def start(self, prompt_ids: Sequence[int], params: SamplingParams, drafter_set: DrafterSet, seq: int = 0,
               shift: bool = False, prediction: Sequence[int] | None = None, pool: NgramPool | None = None,
               chunked: bool = False) -> Generation:
         """A generation after prompt_ids, its prompt in sequence seq's cache (all but the last token).
@@ -76,15 +76,15 @@ class Decoder:
         """
         self.check_prompt(prompt_ids)
         planner = self.planner
-        counters = Counters(drafting.mode or planner.mode, self.plan_reason, prompt_tokens=len(prompt_ids),
+        counters = Counters(drafter_set.mode or planner.mode, self.plan_reason, prompt_tokens=len(prompt_ids),
                             bit_exact=planner.bit_exact, plain_step_seconds=self.plain_step_seconds or 0.0)
         pool = pool if pool is not None else self.pool
-        ngram = drafting.drafters.get("ngram")
+        ngram = drafter_set.drafters.get("ngram")
         if isinstance(ngram, NgramDrafter):
             ngram.use_sources(TokenIndex(prediction) if prediction else None, pool)
         if pool is not None:
             pool.add(prompt_ids)
-        generation = Generation(list(prompt_ids), params, drafting, counters, np.random.default_rng(params.seed),
+        generation = Generation(list(prompt_ids), params, drafter_set, counters, np.random.default_rng(params.seed),
                                 TextAssembler(params.stop), seq, pool=pool)
         started = time.perf_counter()
         try:
@@ -98,7 +98,7 @@ class Decoder:
             self.target.rewind(0, seq)
             raise
         counters.prefill_seconds = time.perf_counter() - started
-        generation.draft_passes_at_start = self.draft.forward_passes if self.draft is not None else 0
+        generation.draft_passes_at_start = self.draft_model.forward_passes if self.draft_model is not None else 0
         generation.decode_start = time.perf_counter()
         return generation
 
@@ -118,12 +118,12 @@ class Decoder:
         reused = self.cache.prefill(context, seq, shift=shift and seq == 0)
         if self._drafts_with_draft_model(generation):
             self.draft_cache.prepare(context, 0, shift=shift)
-            generation.drafting.drafters["draft-model"].prefill(context)
+            generation.drafter_set.drafters["draft-model"].prefill(context)
         return reused
 
     def _drafts_with_draft_model(self, generation: Generation) -> bool:
         return (self.draft_cache is not None and generation.counters.mode in DRAFT_MODEL_MODES
-                and "draft-model" in generation.drafting.drafters)
+                and "draft-model" in generation.drafter_set.drafters)
 
     @property
     def shifts_context(self) -> bool:
@@ -249,8 +249,8 @@ class Decoder:
         accepted = draft.tokens[: verdict.n_accepted]
         self.keep_accepted(generation, len(accepted))
         self.learn(draft, len(accepted), generation.pass_seconds)
-        if self.draft is not None:
-            generation.counters.draft_forward_passes = self.draft.forward_passes - generation.draft_passes_at_start
+        if self.draft_model is not None:
+            generation.counters.draft_forward_passes = self.draft_model.forward_passes - generation.draft_passes_at_start
         return self.emit(generation, [*accepted, verdict.next_token], draft)
 
     @staticmethod
@@ -308,7 +308,7 @@ class Decoder:
         its pool (the caller has its answer while this bookkeeping runs)."""
         learned = self.planner.learned
         if learned is not None:
-            for (name, _), controller in generation.drafting.controllers.items():
+            for (name, _), controller in generation.drafter_set.controllers.items():
                 learned.learn(name, controller.estimate.export())
         if generation.pool is not None:
             generation.pool.add(generation.generated)

@@ -1,6 +1,6 @@
 """What each generation drafts with, and how many tokens its next draft has.
 
-A generation drafts with a `Drafting`: its drafters (an n-gram index and a
+A generation drafts with a `DrafterSet`: its drafters (an n-gram index and a
 draft model's cache follow one text) and their draft-length controllers
 (acceptance estimates belong to one text too).  The `DraftPlanner` holds the
 engine's settings (mode, draft tokens, bit-exactness) and the measured costs,
@@ -24,7 +24,7 @@ from .controller import DraftLengthController, controller_for
 from .costs import CostModel
 from .drafters import Drafter, Hint, NgramDrafter, NoDrafter
 from .errors import EdgespecError, Setting
-from .generation import Drafting, Generation
+from .generation import DrafterSet, Generation
 from .learned import LearnedAcceptance
 from .limits import MAX_DRAFT_TOKENS, MAX_OUTPUT_ROWS
 
@@ -96,7 +96,7 @@ class DraftPlanner:
 
     def __init__(self, drafters: dict[str, Drafter], mode: str, draft_tokens: int | str, bit_exact: bool):
         self.drafters = drafters  # by mode name: "combined" is the draft model, picking per step against n-grams
-        self.own = Drafting(drafters)
+        self.own = DrafterSet(drafters)
         self.cost: CostModel | None = None  # the cost curve the controllers use, once calibrated
         self.exact_width = 1  # the widest bit-identical pass, once calibrated
         self._widest = 1  # the widest pass the cost curve covers, once calibrated
@@ -167,29 +167,29 @@ class DraftPlanner:
         """Start the own drafting's controllers afresh, from their priors."""
         self.own.controllers = {}
 
-    def sequence_drafting(self, seq: int) -> Drafting:
+    def sequence_drafter_set(self, seq: int) -> DrafterSet:
         """A drafting of its own for sequence seq decoded together with others: n-grams and, when loaded,
         heads (reading that sequence's hidden states), picked per step; or none."""
         drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
         if "heads" in self.drafters:
             drafters["heads"] = drafters["combined"] = self.drafters["heads"].for_sequence(seq)
         mode = self.mode if self.mode in ("none", "heads") else "combined" if "combined" in drafters else "ngram"
-        return Drafting(drafters, mode=mode)
+        return DrafterSet(drafters, mode=mode)
 
     # -- each step's draft ---------------------------------------------------
 
-    def controller(self, name: str, drafting: Drafting) -> DraftLengthController | None:
+    def controller(self, name: str, drafter_set: DrafterSet) -> DraftLengthController | None:
         """The draft-length controller of one drafter of a drafting under the current draft-tokens setting."""
         cost = self._drafter_costs.get(name)
         if cost is None:
             return None  # plain decoding, or a curve with no pass wider than one token
         fixed = None if self.draft_tokens == "auto" else min(int(self.draft_tokens), self._widest - 1)
-        controllers = drafting.controllers
+        controllers = drafter_set.controllers
         controller = controllers.get((name, fixed))
         if controller is None:
             learned = self.learned.prior(name) if self.learned is not None else None
             # the heads file's held-out accuracy, not a draft model's typical one
-            prior = drafting.drafters["heads"].acceptance_prior if name == "heads" else None
+            prior = drafter_set.drafters["heads"].acceptance_prior if name == "heads" else None
             controller = controllers[(name, fixed)] = controller_for(name, cost, self._widest - 1, fixed, learned,
                                                                      prior_acceptance=prior)
         return controller
@@ -229,17 +229,17 @@ class DraftPlanner:
         could propose something (n-grams first, being free) decides whether
         to probe.
         """
-        context, drafting, counters = generation.context, generation.drafting, generation.counters
+        context, drafter_set, counters = generation.context, generation.drafter_set, generation.counters
         limit = min(generation.params.max_tokens - counters.tokens_generated - 1, room - 1, self.max_draft_tokens)
-        mode = drafting.mode or self.mode
-        names = (tuple(n for n in ("ngram", "heads", "draft-model") if n in drafting.drafters) if mode == "combined"
+        mode = drafter_set.mode or self.mode
+        names = (tuple(n for n in ("ngram", "heads", "draft-model") if n in drafter_set.drafters) if mode == "combined"
                  else (mode,))
         options = []
         for name in names:
-            drafter = drafting.drafters[name]
+            drafter = drafter_set.drafters[name]
             hint = drafter.peek(context)
             cap = limit if hint.available is None else min(limit, hint.available)
-            controller = self.controller(name, drafting)
+            controller = self.controller(name, drafter_set)
             if controller is not None:
                 controller.watch(context, hint.signal, lambda: (
                     drafter.propose(context, controller.k_max, generation.params, generation.rng).tokens
@@ -247,7 +247,7 @@ class DraftPlanner:
             if controller is not None and cap > 0:
                 options.append((drafter, hint, cap, controller))
         if not options:
-            return DraftChoice(drafting.drafters["none"], Hint(0, 0), 0, None)
+            return DraftChoice(drafter_set.drafters["none"], Hint(0, 0), 0, None)
         if len(options) > 1:
             rated = [(option[3].best(option[1].signal, option[2]), option) for option in options]
             paying = [(rate, option) for (k, rate), option in rated if k > 0]

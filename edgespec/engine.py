@@ -40,7 +40,7 @@ class Engine:
     def __init__(self, target: LlamaModel, draft: LlamaModel | None, mode: str, draft_tokens: int | str,
                  plan=None, bit_exact: bool = False, heads: Drafter | None = None):
         self.target = target
-        self.draft = draft
+        self.draft_model = draft
         self.plan = plan  # the memory plan it was loaded with (edgespec.planner.Plan), for its reason and display
         self.profile: CostProfile | None = None  # what passes cost here, once calibrated; replaced, never changed
         self._calibrator: Calibrator | None = None  # None: the curve was given
@@ -67,8 +67,8 @@ class Engine:
 
     def close(self) -> None:
         self.target.close()
-        if self.draft is not None:
-            self.draft.close()
+        if self.draft_model is not None:
+            self.draft_model.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -115,7 +115,7 @@ class Engine:
                                     else CostModel(cost_curve)))
             return
         self._calibrator = Calibrator(self.target, cache or CalibrationCache(), notice or print_notice)
-        self._use(self._calibrator.load(self.draft, self._heads_seconds(), measure_stale_curve))
+        self._use(self._calibrator.load(self.draft_model, self._heads_seconds(), measure_stale_curve))
 
     def recalibrate(self) -> None:
         """Measure the cost curve again and use the new profile from the next generation on.
@@ -126,7 +126,7 @@ class Engine:
         """
         with self._lock:
             if self._calibrator is not None:
-                self._use(self._calibrator.measure_again(self.profile, self.draft, self._heads_seconds()))
+                self._use(self._calibrator.measure_again(self.profile, self.draft_model, self._heads_seconds()))
 
     def measure_sequences(self) -> None:
         """Make sure the profile prices passes over several sequences (measured once per model and machine,
@@ -170,10 +170,10 @@ class Engine:
         self.decoder.plain_step_seconds = profile.plain_step_seconds
         self.planner.use_cost(profile.cost, profile.widest, profile.exact_width)
 
-    def drop_draft(self, reason: str) -> None:
+    def drop_draft_model(self, reason: str) -> None:
         """Close the draft model and draft with n-grams alone from now on; reason says why (the plan shows it)."""
-        self.draft.close()
-        self.draft = None
+        self.draft_model.close()
+        self.draft_model = None
         self.decoder.draft_cache = None
         self.planner.drop_draft_model()
         if self.plan is not None:
@@ -183,8 +183,8 @@ class Engine:
     def forget_cache(self) -> None:
         """Empty the KV caches, so the next prompt is evaluated in full."""
         self.target.rewind(0)
-        if self.draft is not None:
-            self.draft.rewind(0)
+        if self.draft_model is not None:
+            self.draft_model.rewind(0)
 
     def forget_learning(self) -> None:
         """Start the draft-length controllers afresh, from their priors, as a new process would.
@@ -272,7 +272,7 @@ class Engine:
 
     @property
     def draft_path(self) -> Path | None:
-        return self.draft.path if self.draft is not None else None
+        return self.draft_model.path if self.draft_model is not None else None
 
     @property
     def shifts_context(self) -> bool:

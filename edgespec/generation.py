@@ -75,7 +75,7 @@ class Failed:
 
 
 @dataclass
-class Drafting:
+class DrafterSet:
     """What one text drafts with: its drafters and their draft-length controllers (by drafter and fixed k).
 
     The engine's own drafting serves its one-at-a-time generations and keeps
@@ -94,7 +94,7 @@ class Generation:
 
     context: list[int]
     params: SamplingParams
-    drafting: Drafting
+    drafter_set: DrafterSet
     counters: Counters
     rng: np.random.Generator
     text: TextAssembler

@@ -135,7 +135,7 @@ def _settle_drafting(engine: Engine, draft, draft_tokens, notice) -> None:
     """Say how the loaded engine drafts, where that is not what was asked, and drop a draft model that cannot pay."""
     if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
         notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {_why_narrower(engine)}")
-    if engine.draft is not None:
+    if engine.draft_model is not None:
         notice(_settle_draft_model(engine, keep=draft != "auto"))
 
 
@@ -157,7 +157,7 @@ def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Call
     default: EDGESPEC_PROMPT_CACHE_SIZE, else 2 GiB), and restore the longest one a prompt starts with.
     A prompt's snapshot is kept once it came back (edgespec.prefix_files), or at once with keep_every_prompt."""
     max_bytes = parse_size(size) if isinstance(size, str) else size
-    for model in (engine.target, engine.draft):
+    for model in (engine.target, engine.draft_model):
         if model is not None:
             loaded_model_identity(model)  # now: a file replaced while this process runs is not the model it holds
     engine.prefix_caches.append(DiskPrefixCache(max_bytes=max_bytes, notice=notice or print_notice,
@@ -177,14 +177,14 @@ def _settle_draft_model(engine: Engine, keep: bool) -> str:
     gain = _draft_model_gain(engine, TYPICAL_DRAFT_ACCEPTANCE)
     if gain >= MIN_DRAFT_GAIN:
         return _draft_choice_notice(engine)
-    name = engine.draft.path.name
+    name = engine.draft_model.path.name
     why = (f"{name} would gain at most {gain:.2f}x over plain decoding here even at "
            f"{TYPICAL_DRAFT_ACCEPTANCE:.0%} acceptance (a draft token costs {_draft_token_share(engine):.0%} "
            f"of a target step, measured)")
     if keep:
         return f"drafting with n-grams and {name} as asked, though {why}; --draft ngram may be faster"
-    path = engine.draft.path
-    engine.drop_draft(f"n-grams only: {why}")
+    path = engine.draft_model.path
+    engine.drop_draft_model(f"n-grams only: {why}")
     return f"drafting with n-grams only: {why}; --draft {path} uses it anyway"
 
 
@@ -199,7 +199,7 @@ def _draft_model_gain(engine: Engine, acceptance: float) -> float:
 
 def _draft_choice_notice(engine: Engine) -> str:
     """One line on how the engine drafts with its draft model, from the measured costs."""
-    name = engine.draft.path.name
+    name = engine.draft_model.path.name
     if engine.cost is None:
         return f"drafting with n-grams and {name}, chosen per step by expected speed"
     return (f"drafting with n-grams and {name}, chosen per step by expected speed "

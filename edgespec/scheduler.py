@@ -34,7 +34,7 @@ import numpy as np
 
 from .costs import CostModel
 from .decoder import Decoder
-from .drafting import Drafting
+from .drafting import DrafterSet
 from .errors import EdgespecError
 from .generation import Done, Failed, Generation, Step
 from .limits import checked_setting
@@ -121,16 +121,16 @@ class Scheduler:
             decoder.check_prompt(job.prompt_ids)
             if self.parallel > 1:  # a lone generation's cache is its own (and may be shifted first)
                 decoder.cache.share_prefix(list(job.prompt_ids), seq, among=self.parallel)
-            return decoder.start(job.prompt_ids, job.params, self._drafting(seq), seq,
+            return decoder.start(job.prompt_ids, job.params, self._drafter_set(seq), seq,
                                  shift=job.shift_dropped_span and self.parallel == 1, prediction=job.prediction,
                                  pool=job.pool, chunked=self.parallel > 1)
         except EdgespecError as err:
             return Failed(err)
 
-    def _drafting(self, seq: int) -> Drafting:
+    def _drafter_set(self, seq: int) -> DrafterSet:
         """A lone generation drafts with the planner's own drafting; each of several decoded together with
         n-grams (and heads, when loaded) of its own."""
         planner = self.decoder.planner
         if self.parallel == 1:
             return planner.own
-        return planner.sequence_drafting(seq)
+        return planner.sequence_drafter_set(seq)

@@ -140,15 +140,15 @@ def test_the_draft_models_cache_is_shifted_with_the_targets(tiny_models):
                          cost_curve=[1.0, 1.2, 1.4], notice=lambda _: None)
     engine.configure(mode="draft-model")
     dropped_spans = []
-    drop_span = engine.draft.drop_span
-    engine.draft.drop_span = lambda start, end: (dropped_spans.append((start, end)), drop_span(start, end))
+    drop_span = engine.draft_model.drop_span
+    engine.draft_model.drop_span = lambda start, end: (dropped_spans.append((start, end)), drop_span(start, end))
     session = ChatSession(engine, system_prompt="system")
     params = SamplingParams(temperature=0.0, max_tokens=16)
     try:
         for i in range(6):
             session.send(f"turn {i}: " + "the cat sat on the mat and the dog " * 2, params)
         assert session.first_visible > 0 and dropped_spans
-        draft = engine.draft
+        draft = engine.draft_model
         assert draft.cached_positions() == (0, len(draft.cached) - 1)
         prompt = engine.chat_tokens(session.visible_messages(), add_generation_prompt=False)
         assert draft.cached[:40] == prompt[:40]

@@ -119,8 +119,8 @@ def test_a_loaded_draft_model_never_costs_less_than_its_size_allows(tiny_models)
     """Whatever the timings on this machine, the share the engine uses is at least the size bound."""
     engine = load_engine(tiny_models["target"], tiny_models["draft"], n_ctx=256, n_threads=1)
     try:
-        assert engine.draft is not None
+        assert engine.draft_model is not None
         share = engine.cost.draft_seconds_per_token / engine.cost.target(1)  # as loading.py reads it
-        assert share >= least_plausible_share(engine.target, engine.draft) > 0
+        assert share >= least_plausible_share(engine.target, engine.draft_model) > 0
     finally:
         engine.close()

@@ -418,7 +418,7 @@ def test_draft_auto_drops_a_draft_model_whose_measured_cost_cannot_pay(auto_draf
     engine = load_engine(auto_draft["target"], "auto", n_threads=1, notice=notices.append,
                          cost_curve=CostModel(CHEAP_WIDE_PASSES, draft_seconds_per_token=draft_share))
     try:
-        assert (engine.draft is not None) is kept
+        assert (engine.draft_model is not None) is kept
         assert engine.mode == ("combined" if kept else "ngram")
         line = notices[-1]
         assert ("n-grams only" in line) is not kept and f"{draft_share:.0%}" in line
@@ -436,7 +436,7 @@ def test_an_explicit_draft_model_is_kept_with_a_warning_when_it_cannot_pay(auto_
     engine = load_engine(auto_draft["target"], auto_draft["draft"], n_threads=1, notice=notices.append,
                          cost_curve=CostModel(CHEAP_WIDE_PASSES, draft_seconds_per_token=0.4))
     try:
-        assert engine.draft is not None and engine.mode == "combined"
+        assert engine.draft_model is not None and engine.mode == "combined"
         assert "as asked" in notices[-1] and "--draft ngram" in notices[-1]
     finally:
         engine.close()

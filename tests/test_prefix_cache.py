@@ -204,7 +204,7 @@ def test_a_new_engine_restores_the_prompt_and_gives_the_same_output(tiny_models,
     assert warm.stats.prompt_tokens_reused == len(prompt) - 1 and warm.stats.prompt_tokens_evaluated == 1
     assert warm.token_ids == cold.token_ids
     if draft != "none":  # the draft model's cache came from its own snapshot
-        assert second.draft.cached[: len(prompt) - 1] == prompt[:-1]
+        assert second.draft_model.cached[: len(prompt) - 1] == prompt[:-1]
     second.close()
 
 

@@ -431,7 +431,7 @@ async def test_the_kv_cache_settings_load_the_models_with_them_and_say_what_they
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         engine = app.chat.engine
-        assert (engine.target.type_k, engine.target.type_v, engine.draft.type_k) == ("q8_0", "f16", "f16")
+        assert (engine.target.type_k, engine.target.type_v, engine.draft_model.type_k) == ("q8_0", "f16", "f16")
         notes = [str(note.render()) for note in app.query(Note)]
         assert any("keys only" in note for note in notes), notes
         await send(pilot, "Hello world")

@@ -97,10 +97,10 @@ def test_the_draft_model_is_prefilled_with_the_target(tiny_models):
         ids = engine.prompt_tokens(PROMPT, raw=True)
         events = engine.stream_tokens(ids, GREEDY)
         next(events)  # the first step: the draft's cache already held the prompt before it
-        passes = engine.draft.forward_passes
-        assert engine.draft.cached[: len(ids) - 1] == ids[:-1]
+        passes = engine.draft_model.forward_passes
+        assert engine.draft_model.cached[: len(ids) - 1] == ids[:-1]
         for _ in events:
             pass
-        assert engine.draft.forward_passes > passes
+        assert engine.draft_model.forward_passes > passes
     finally:
         engine.close()

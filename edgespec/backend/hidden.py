@@ -67,7 +67,7 @@ class HiddenStateModel(LlamaModel):
         self._hidden_output = False  # llama.cpp's default for a new context
         self._last_pass: dict[int, HiddenPass] = {}
         self._kept: dict[int, _KeptRows] = {}
-        self._drafting: set[int] = set()  # sequences heads draft for (hidden_before asked), whose rows are kept
+        self._seqs_heads_draft_for: set[int] = set()  # sequences heads draft for (hidden_before asked), whose rows are kept
         if self.context.pools_hidden_states:
             self.close()
             raise ModelLoadError(f"{self.path.name} pools its hidden states (an embedding model?): "
@@ -143,7 +143,7 @@ class HiddenStateModel(LlamaModel):
     def _keep_rows(self, seq: int, n_kept: int) -> None:
         """Note the rows of the sequence's last every-row pass whose tokens are still the first n_kept cached."""
         last = self._last_pass.get(seq)
-        if self.usage_sink is None or last is None or seq not in self._drafting:
+        if self.usage_sink is None or last is None or seq not in self._seqs_heads_draft_for:
             return
         started = time.perf_counter()
         kept = self._kept.get(seq)
@@ -161,7 +161,7 @@ class HiddenStateModel(LlamaModel):
         kept = self._kept.get(seq)
         if kept is None or below < kept.end:
             self._hand_over_kept(seq, below)
-            self._drafting.discard(seq)
+            self._seqs_heads_draft_for.discard(seq)
 
     def _hand_over_kept(self, seq: int | None = None, below: int = 0) -> None:
         """Give the sink the kept rows of seq (every sequence when None) whose following tokens are about to
@@ -180,7 +180,7 @@ class HiddenStateModel(LlamaModel):
         """The hidden state that predicted context[-1] (at position len(context) - 2), when the sequence's
         last every-row pass computed it on these very tokens; else None.  Asking marks the sequence as one
         heads draft for, whose kept rows go to the usage sink."""
-        self._drafting.add(seq)
+        self._seqs_heads_draft_for.add(seq)
         kept = self._last_pass.get(seq)
         if kept is None:
             return None

@@ -114,7 +114,7 @@ def _config_row(config) -> dict:
             "bit_exact": config.bit_exact}
 def _configs_for(engine, configs: Iterable[str] | None, llama_cpp_bin) -> list:
     """The configurations to run, with the draft length and the drafters of the loaded engine."""
-    return resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft is not None,
+    return resolve_configs(configs or DEFAULT_CONFIGS, engine.draft_tokens, engine.draft_model is not None,
                            configs is not None, has_peer=llama_cpp_bin is not None, has_heads="heads" in engine.modes)
 
 
@@ -202,7 +202,7 @@ class _Runner:
                          draft_tokens=config.draft_tokens, bit_exact=config.bit_exact)
         engine.forget_cache()  # a bench run must pay (and time) its prefill in full
         engine.forget_learning()  # and start from the priors, as `edgespec run` and llama.cpp's peers do
-        clock = engine.phase_clock = PhaseClock(engine.target, engine.draft) if self.overhead else None
+        clock = engine.phase_clock = PhaseClock(engine.target, engine.draft_model) if self.overhead else None
         result = None
         try:
             for event in engine.stream_tokens(ids, params):
