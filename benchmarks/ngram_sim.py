@@ -70,6 +70,25 @@ class Replay:
     def speedup(self) -> float:
         return self.plain / self.drafted if self.drafted else 1.0
 
+    @staticmethod
+    def verify(tokens: list[int], truth: list[int], position: int) -> int:
+        """How many of a draft's tokens the recorded reply keeps (T = 0: the longest agreeing prefix)."""
+        accepted = 0
+        while accepted < len(tokens) and position + accepted < len(truth) and tokens[accepted] == truth[position + accepted]:
+            accepted += 1
+        return accepted
+
+    def count_step(self, tokens: list[int], accepted: int, truth: list[int], position: int, context: list[int],
+                   cost: CostModel) -> int:
+        """Price and count one step's pass, append what it emitted to context, and return the new position."""
+        self.drafted += cost.target(len(tokens) + 1)
+        self.proposed += len(tokens)
+        self.accepted += accepted
+        self.widths[len(tokens) + 1] = self.widths.get(len(tokens) + 1, 0) + 1
+        emitted = truth[position: position + accepted + 1]
+        context.extend(emitted)
+        return position + len(emitted)
+
 
 def replay(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: CostModel, controller,
            drafter: NgramDrafter, max_tokens: int) -> Replay:
@@ -84,18 +103,10 @@ def replay(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: Cos
         controller.watch(context, hint.signal, foreseen)
         k = controller.choose(hint.signal, cap) if cap > 0 else 0
         tokens = drafter.propose(context, k).tokens if k > 0 else []
-        accepted = 0
-        while accepted < len(tokens) and position + accepted < len(truth) and tokens[accepted] == truth[position + accepted]:
-            accepted += 1
+        accepted = result.verify(tokens, truth, position)
         if cap > 0:
             controller.update(len(tokens), accepted, hint.signal)
-        result.drafted += cost.target(len(tokens) + 1)
-        result.proposed += len(tokens)
-        result.accepted += accepted
-        result.widths[len(tokens) + 1] = result.widths.get(len(tokens) + 1, 0) + 1
-        emitted = truth[position: position + accepted + 1]
-        context.extend(emitted)
-        position += len(emitted)
+        position = result.count_step(tokens, accepted, truth, position, context, cost)
     result.plain = len(truth) * cost.target(1)
     return result
 
@@ -125,16 +136,8 @@ def replay_llamacpp_simple(prompt_ids: list[int], reply_ids: list[int], stopped:
     context, position, result = list(prompt_ids), 0, Replay()
     while position < len(truth):
         tokens = llamacpp_simple_draft(context)[: max(0, max_tokens - position - 1)]
-        accepted = 0
-        while accepted < len(tokens) and position + accepted < len(truth) and tokens[accepted] == truth[position + accepted]:
-            accepted += 1
-        result.drafted += cost.target(len(tokens) + 1)
-        result.proposed += len(tokens)
-        result.accepted += accepted
-        result.widths[len(tokens) + 1] = result.widths.get(len(tokens) + 1, 0) + 1
-        emitted = truth[position: position + accepted + 1]
-        context.extend(emitted)
-        position += len(emitted)
+        accepted = result.verify(tokens, truth, position)
+        position = result.count_step(tokens, accepted, truth, position, context, cost)
     result.plain = len(truth) * cost.target(1)
     return result
 
