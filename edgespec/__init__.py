@@ -7,7 +7,6 @@
 """
 
 import importlib
-import logging
 
 __version__ = "0.1.0"
 
@@ -23,19 +22,20 @@ _HOMES = {
 __all__ = sorted([*_HOMES, "load"])
 
 
-def load(model, draft="auto", *, notice=None, **options):
+def load(model, draft="auto", **options):
     """Load a model (a catalog name or a GGUF path) and its drafter: an Engine, to close (or use in `with`).
 
     draft: "auto" (the catalog's draft model when it is present and pays
     here, else n-grams), a model, "ngram" or "none".  options are
     edgespec.loading.load_engine's: n_ctx, draft_tokens, bit_exact, kv_type,
-    pull (download what is missing; default True), cost_curve, ...  What
-    loading decides or measures goes to notice(text), by default to the
-    "edgespec" logger at INFO level: nothing is printed.
+    pull (download what is missing; default True), cost_curve, notice, ...
+    What loading decides or measures goes to notice(text), by default to the
+    "edgespec" logger at INFO level, naming settings as these parameters
+    (draft='ngram'): nothing is printed.
     """
     from .loading import load_engine
 
-    return load_engine(model, draft, notice=notice or logging.getLogger("edgespec").info, **options)
+    return load_engine(model, draft, **options)
 
 
 def __getattr__(name: str):

@@ -26,7 +26,7 @@ from .drafting import DraftPlanner
 from .generation import Done, Failed, GenerationResult, Step, Token, result_of
 from .ngram_pool import NgramPool
 from .errors import EdgespecError, Setting
-from .notices import print_notice
+from .notices import log_notice
 from .phases import PhaseClock
 from .prefix_cache import PrefixStore
 from .sampling import SamplingParams, sampling_params
@@ -114,7 +114,7 @@ class Engine:
             self._use(given_profile(self.target, cost_curve if isinstance(cost_curve, CostModel)
                                     else CostModel(cost_curve)))
             return
-        self._calibrator = Calibrator(self.target, cache or CalibrationCache(), notice or print_notice)
+        self._calibrator = Calibrator(self.target, cache or CalibrationCache(), notice or log_notice)
         self._use(self._calibrator.load(self.draft_model, self._heads_seconds(), measure_stale_curve))
 
     def recalibrate(self) -> None:

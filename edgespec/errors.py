@@ -8,7 +8,8 @@ A fix that changes a setting names it as a Setting, so that each audience
 reads it in its own words: str(error) names the Python parameter, as library
 users pass it (``raise n_ctx``, ``draft='ngram'``); the CLI and the chat app
 word it as a flag (``--n-ctx``, ``--draft ngram``: ``error.worded(as_flag)``);
-the server as what a request or its operator can change.
+the server as what a request or its operator can change.  Notices that name a
+setting (edgespec.notices) are a Wording too, worded the same way.
 """
 
 from __future__ import annotations
@@ -39,6 +40,33 @@ def as_flag(setting: Setting) -> str:
     return flag if setting.value is None or setting.value is True else f"{flag} {setting.value}"
 
 
+class Wording(str):
+    """Text that names Settings.  As a str it names them as Python parameters, for library users;
+    worded(word) as another reader spells them (as_flag for the command line).
+
+    Wording("drafting with n-grams; ", Setting("draft", "ngram"), " may be faster")
+    """
+
+    parts: tuple[str | Setting, ...]
+
+    def __new__(cls, *parts: str | Setting) -> Wording:
+        # a Wording among the parts lends its own parts, so a message built around another keeps its Settings
+        flat = tuple(piece for part in parts for piece in (part.parts if isinstance(part, Wording) else (part,)))
+        text = super().__new__(cls, "".join(map(str, flat)))
+        text.parts = flat
+        return text
+
+    def worded(self, word: Callable[[Setting], str]) -> str:
+        """The text with each Setting worded by word."""
+        return "".join(part if isinstance(part, str) else word(part) for part in self.parts)
+
+
+def flag_worded(text: str) -> str:
+    """The text as the command line (and the chat app, and a server's operator) reads it: a Wording's
+    settings as flags; any other text as it is."""
+    return text.worded(as_flag) if isinstance(text, Wording) else text
+
+
 class EdgespecError(Exception):
     """Base class for errors meant for the user.
 
@@ -49,12 +77,13 @@ class EdgespecError(Exception):
     exit_code = 1  # what `edgespec` exits with when this error ends a command
 
     def __init__(self, *message: str | Setting):
-        super().__init__("".join(map(str, message)))
-        self.message = message
+        self.wording = Wording(*message)
+        super().__init__(str(self.wording))
+        self.message = self.wording.parts
 
     def worded(self, word: Callable[[Setting], str]) -> str:
         """The message with each Setting worded by word (str(error) words them as Python parameters)."""
-        return "".join(part if isinstance(part, str) else word(part) for part in self.message)
+        return self.wording.worded(word)
 
 
 class UsageError(EdgespecError):

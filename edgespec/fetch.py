@@ -24,7 +24,7 @@ from edgespec.catalog import ModelEntry, Source, load_catalog, local_path, store
 from edgespec.errors import EdgespecError, ModelFileError
 from edgespec.files import AtomicFile
 from edgespec.gguf_info import read_gguf_info
-from edgespec.notices import print_notice
+from edgespec.notices import log_notice
 from edgespec.units import format_size
 
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
@@ -44,11 +44,12 @@ class ModelUnavailableError(EdgespecError):
 
 
 def resolve_model(name_or_path: str | os.PathLike, *, pull: bool = True,
-                  notice: Callable[[str], None] = print_notice) -> Path:
+                  notice: Callable[[str], None] = log_notice, progress: bool = False) -> Path:
     """A usable local GGUF path for a file path or a catalog name.
 
     A catalog model that is not present is pulled first (after a one-line
-    notice) unless ``pull`` is False.
+    notice) unless ``pull`` is False; with ``progress`` (the command line's
+    choice) a progress bar on stderr shows the download.
     """
     as_path = Path(name_or_path).expanduser()
     if as_path.is_file():
@@ -73,17 +74,17 @@ def resolve_model(name_or_path: str | os.PathLike, *, pull: bool = True,
             announced.append(True)
             notice(f"model {entry.name}{size} is not downloaded yet; fetching it now")
 
-    return _pull_entry(entry, progress=True, before_fetch=announce)
+    return _pull_entry(entry, progress=progress, before_fetch=announce)
 
 
 def resolve_draft(name_or_path: str | os.PathLike, *, pull: bool = True,
-                  notice: Callable[[str], None] = print_notice) -> Path | None:
+                  notice: Callable[[str], None] = log_notice, progress: bool = False) -> Path | None:
     """Like resolve_model, but a draft that is missing or cannot be fetched is not fatal.
 
     Returns None after a one-line notice; the caller then drafts with n-grams.
     """
     try:
-        return resolve_model(name_or_path, pull=pull, notice=notice)
+        return resolve_model(name_or_path, pull=pull, notice=notice, progress=progress)
     except ModelUnavailableError as error:
         notice(draft_fallback_message(str(name_or_path), error))
         return None

@@ -17,12 +17,12 @@ from .drafters import check_vocab_compatible
 from .learned import LearnedAcceptance
 from .ngram_pool import NgramPool
 from .engine import Engine
-from .errors import EdgespecError, Setting
+from .errors import EdgespecError, Setting, Wording
 from .heads.attach import heads_drafter, trained_heads
 from .limits import KV_TYPES, SettingError, checked_kv_type
 from .fetch import resolve_draft, resolve_model
 from .catalog import load_catalog, local_path
-from .notices import print_notice
+from .notices import log_notice
 from .model_identity import loaded_model_identity
 from .planner import Plan, plan_models
 from .prefix_files import DiskPrefixCache
@@ -31,19 +31,21 @@ from .units import parse_size
 
 def plan_load(
     target, draft="auto", *, n_ctx: int, n_gpu_layers=None, draft_gpu_layers=None,
-    memory_budget=None, pull: bool = True, notice: Callable[[str], None] = print_notice,
+    memory_budget=None, pull: bool = True, notice: Callable[[str], None] = log_notice, progress: bool = False,
     kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False, parallel: int = 1,
     prompt_cache_ram: int = 0,
 ) -> tuple[Path, Path | None, Plan]:
     """Resolve the model names to files and plan their memory: what load_engine will do.
 
     pull=False never downloads: a missing target is an error, a missing draft means n-grams.
+    A download is announced through notice; progress also shows a progress bar on stderr (the command line's).
     kv_type, draft_kv_type and flash_attn are load_engine's; parallel counts a target KV cache
     per sequence decoded together (batch --parallel); prompt_cache_ram, the RAM a server asks for
     prompt snapshots (the plan grants what the models leave).
     """
-    target_path = resolve_model(target, pull=pull, notice=notice)
-    draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, pull, notice)
+    fetching = {"pull": pull, "notice": notice, "progress": progress}
+    target_path = resolve_model(target, **fetching)
+    draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, fetching)
     # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
     forced_mode = "ngram" if draft == "heads" else (draft or "none") if draft in (None, "none", "ngram") else None
     plan = plan_models(
@@ -71,7 +73,8 @@ def load_engine(
     n_threads: int | None = None,
     memory_budget: str | int | None = None,
     pull: bool = True,
-    notice: Callable[[str], None] = print_notice,
+    notice: Callable[[str], None] = log_notice,
+    progress: bool = False,
     cost_curve: Sequence[float] | CostModel | None = None,
     measure_stale_curve: bool = True,
     bit_exact: bool = False,
@@ -101,12 +104,13 @@ def load_engine(
     take them (see kv_cache_notice).  flash_attn cannot go with bit_exact.
     parallel (target KV caches a Scheduler fills) and prompt_cache_ram (a server's snapshots) only plan memory.
     draft "heads" drafts with trained heads alone (heads_path, default: the model's own); "auto" adds them if trained.
+    What loading decides or measures goes to notice (by default the "edgespec" logger); pull and progress: plan_load's.
     """
     exactness_notices = _exactness_notices(kv_type, draft_kv_type, flash_attn, bit_exact)  # refuses before loading
     target_path, draft_path, plan = plan_load(
         target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
-        memory_budget=memory_budget, pull=pull, notice=notice, kv_type=kv_type, draft_kv_type=draft_kv_type,
-        flash_attn=flash_attn, parallel=parallel, prompt_cache_ram=prompt_cache_ram,
+        memory_budget=memory_budget, pull=pull, notice=notice, progress=progress, kv_type=kv_type,
+        draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel, prompt_cache_ram=prompt_cache_ram,
     )
     for line in exactness_notices:
         notice(line)
@@ -134,7 +138,7 @@ def _exactness_notices(kv_type: str, draft_kv_type: str | None, flash_attn: bool
 def _settle_drafting(engine: Engine, draft, draft_tokens, notice) -> None:
     """Say how the loaded engine drafts, where that is not what was asked, and drop a draft model that cannot pay."""
     if draft_tokens != "auto" and int(draft_tokens) > engine.max_draft_tokens:
-        notice(f"drafting at most {engine.max_draft_tokens} tokens per step: {_why_narrower(engine)}")
+        notice(Wording(f"drafting at most {engine.max_draft_tokens} tokens per step: ", _why_narrower(engine)))
     if engine.draft_model is not None:
         notice(_settle_draft_model(engine, keep=draft != "auto"))
 
@@ -151,7 +155,7 @@ def use_learning(engine: Engine, priors: str = "learn", pool: bool = True) -> No
     engine.decoder.pool = NgramPool() if pool else None
 
 
-def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Callable[[str], None] | None = None,
+def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Callable[[str], None] = log_notice,
                      keep_every_prompt: bool = False) -> None:
     """Keep KV snapshots of the engine's long prompts in the cache dir (at most size bytes, e.g. "2GiB";
     default: EDGESPEC_PROMPT_CACHE_SIZE, else 2 GiB), and restore the longest one a prompt starts with.
@@ -160,7 +164,7 @@ def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Call
     for model in (engine.target, engine.draft_model):
         if model is not None:
             loaded_model_identity(model)  # now: a file replaced while this process runs is not the model it holds
-    engine.prefix_caches.append(DiskPrefixCache(max_bytes=max_bytes, notice=notice or print_notice,
+    engine.prefix_caches.append(DiskPrefixCache(max_bytes=max_bytes, notice=notice,
                                                 keep_every_prompt=keep_every_prompt))
 
 
@@ -173,7 +177,7 @@ MIN_DRAFT_GAIN = 1.05
 
 
 def _settle_draft_model(engine: Engine, keep: bool) -> str:
-    """Keep the loaded draft model, or (under --draft auto) drop it when it cannot pay here; says which, and why."""
+    """Keep the loaded draft model, or (under draft "auto") drop it when it cannot pay here; says which, and why."""
     gain = _draft_model_gain(engine, TYPICAL_DRAFT_ACCEPTANCE)
     if gain >= MIN_DRAFT_GAIN:
         return _draft_choice_notice(engine)
@@ -182,10 +186,11 @@ def _settle_draft_model(engine: Engine, keep: bool) -> str:
            f"{TYPICAL_DRAFT_ACCEPTANCE:.0%} acceptance (a draft token costs {_draft_token_share(engine):.0%} "
            f"of a target step, measured)")
     if keep:
-        return f"drafting with n-grams and {name} as asked, though {why}; --draft ngram may be faster"
+        return Wording(f"drafting with n-grams and {name} as asked, though {why}; ", Setting("draft", "ngram"),
+                       " may be faster")
     path = engine.draft_model.path
     engine.drop_draft_model(f"n-grams only: {why}")
-    return f"drafting with n-grams only: {why}; --draft {path} uses it anyway"
+    return Wording(f"drafting with n-grams only: {why}; ", Setting("draft", str(path)), " uses it anyway")
 
 
 def _draft_model_gain(engine: Engine, acceptance: float) -> float:
@@ -224,24 +229,26 @@ def kv_cache_notice(kv_type: str, draft_kv_type: str, flash_attn: bool, bit_exac
                             "with flash attention a token's logits depend on how many tokens share its pass (drop one "
                             "of the two)")
     if flash_attn:
-        return ("flash attention on: the KV cache types apply to keys and values, and verification is exact in "
-                "distribution but no longer bit for bit plain decoding's (--bit-exact needs it off)")
+        return Wording("flash attention on: the KV cache types apply to keys and values, and verification is exact "
+                       "in distribution but no longer bit for bit plain decoding's (", Setting("bit_exact", True),
+                       " needs it off)")
     if {kv_type, draft_kv_type} != {"f16"}:
-        return ("the KV cache types apply to the keys only: llama.cpp quantises values only with flash attention, "
-                "which stays off so verification can be bit-exact; --flash-attn quantises both, without --bit-exact")
+        return Wording("the KV cache types apply to the keys only: llama.cpp quantises values only with flash "
+                       "attention, which stays off so verification can be bit-exact; ", Setting("flash_attn", True),
+                       " quantises both, without ", Setting("bit_exact", True))
     return None
 
 
 def _why_narrower(engine: Engine) -> str:
     """Why the engine drafts fewer tokens per step than asked for."""
     if engine.bit_exact and engine.max_draft_tokens + 1 == engine.exact_width:
-        return ("wider verification passes are not bit-identical to plain decoding with this model and "
-                "llama.cpp build (--bit-exact)")
+        return Wording("wider verification passes are not bit-identical to plain decoding with this model and "
+                       "llama.cpp build (", Setting("bit_exact", True), ")")
     return f"the cost curve covers passes up to {engine.max_draft_tokens + 1} tokens"
 
 
-def _resolve_draft(target, draft, pull: bool, notice) -> Path | None:
-    """The draft GGUF to consider, or None for n-gram / plain decoding."""
+def _resolve_draft(target, draft, fetching: dict) -> Path | None:
+    """The draft GGUF to consider, or None for n-gram / plain decoding.  fetching: resolve_model's keywords."""
     if draft in (None, "none", "ngram", "heads"):
         return None
     if draft == "auto":
@@ -249,11 +256,11 @@ def _resolve_draft(target, draft, pull: bool, notice) -> Path | None:
         catalog = load_catalog()
         present = next((name for name in names if local_path(catalog.get(name)) is not None), None)
         for name in ([present] if present else names):
-            path = resolve_draft(name, pull=pull, notice=notice)
+            path = resolve_draft(name, **fetching)
             if path is not None:
                 return path
         return None
-    return resolve_model(draft, pull=pull, notice=notice)
+    return resolve_model(draft, **fetching)
 
 
 def _catalog_drafts_for(target) -> tuple[str, ...]:
@@ -280,7 +287,7 @@ def _load_heads(target, heads_path, required: bool, notice):
         if required:
             target.close()
             raise
-        notice(f"not drafting with heads: {error}")
+        notice(Wording("not drafting with heads: ", *error.message))
         return None
 
 

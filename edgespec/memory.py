@@ -14,7 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from edgespec.errors import EdgespecError, Setting
+from edgespec.errors import EdgespecError, Setting, Wording
 from edgespec.units import GiB, MiB, format_size
 
 # NVML reports free VRAM before this process has a CUDA context; the context,
@@ -41,13 +41,13 @@ class MemoryBudget:
     kind: str  # "cuda" | "metal" | "cpu": where the offloaded model parts live
     total_bytes: int
     available_bytes: int  # what a plan may use
-    source: str  # how the numbers were found, for the plan's table
+    source: str  # how the numbers were found, for the plan's table (a Wording where it names a setting)
 
 
 def budget_override(size_bytes: int, *, gpu_offload: bool) -> MemoryBudget:
-    """The budget for --memory-budget: it stands for GPU memory when the build can offload, else RAM."""
+    """The budget given as memory_budget: it stands for GPU memory when the build can offload, else RAM."""
     kind = ("metal" if sys.platform == "darwin" else "cuda") if gpu_offload else "cpu"
-    return MemoryBudget(kind, size_bytes, size_bytes, "--memory-budget")
+    return MemoryBudget(kind, size_bytes, size_bytes, Wording(Setting("memory_budget")))
 
 
 def detect_memory(*, gpu_offload: bool = True) -> MemoryBudget:
@@ -62,8 +62,8 @@ def detect_memory(*, gpu_offload: bool = True) -> MemoryBudget:
     ram = ram_budget()
     return MemoryBudget(
         "cpu", ram.total_bytes, ram.available_bytes,
-        f"{ram.source}; this build can offload to a GPU but neither NVML nor nvidia-smi "
-        "answered, so plan with --memory-budget to use it",
+        Wording(f"{ram.source}; this build can offload to a GPU but neither NVML nor nvidia-smi "
+                "answered, so plan with ", Setting("memory_budget"), " to use it"),
     )
 
 

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from edgespec.errors import flag_worded
 from edgespec.planner import ModelMemory, Plan
 from edgespec.units import format_size
 
 
 def format_plan_table(plan: Plan) -> Table:
-    """The plan as a small table for `edgespec plan`: sizes per model, then the budget, the choice and why."""
+    """The plan as a small table for `edgespec plan` and the chat app: sizes per model, then the budget, the
+    choice and why, the settings named as flags."""
     device = {"cuda": "CUDA GPU", "metal": "Metal GPU"}.get(plan.device, "CPU")
     verdict = "fits" if plan.fits else "[bold red]does not fit[/]"
     caption = [
-        f"budget {format_size(plan.budget_bytes)} ({plan.budget_source}); "
+        f"budget {format_size(plan.budget_bytes)} ({flag_worded(plan.budget_source)}); "
         f"plan needs {format_size(plan.total_bytes)}: {verdict}",
         f"drafting: [bold]{plan.mode}[/]; {plan.reason}",
-        *(f"[yellow]warning:[/] {warning}" for warning in plan.warnings),
+        *(f"[yellow]warning:[/] {flag_worded(warning)}" for warning in plan.warnings),
     ]
     if plan.prompt_cache_ram:
         caption.insert(1, _prompt_cache_line(plan))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from edgespec.errors import Setting, Wording
 from edgespec.gguf_info import GGUFInfo, read_gguf_info
 from edgespec.limits import KV_TYPES, MAX_OUTPUT_ROWS, MODES, N_UBATCH, kv_cache_types
 from edgespec.memory import MemoryBudget, budget_override, detect_memory
@@ -205,7 +206,8 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: Memory
                   n_batch=n_batch, n_outputs=n_outputs)
     warnings = []
     if not on_gpu and (force_gpu_layers or force_draft_gpu_layers):
-        warnings.append("no GPU offload here, so --gpu-layers and --draft-gpu-layers are ignored")
+        warnings.append(Wording("no GPU offload here, so ", Setting("n_gpu_layers"), " and ",
+                                Setting("draft_gpu_layers"), " are ignored"))
 
     full_target = size(target, "target", gpu_layers=target.n_layer + 1)
     if not on_gpu:

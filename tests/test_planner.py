@@ -295,7 +295,7 @@ def test_zero_context_means_the_trained_context(tiny):
 def test_plan_models_reads_files_and_the_budget(tiny, tmp_path):
     paths = write_model_family(tmp_path)
     chosen = plan_models(paths["target"], paths["draft"], n_ctx=512, gpu_offload=True, memory_budget="3MiB")
-    assert (chosen.mode, chosen.target_gpu_layers, chosen.budget_source) == ("ngram", 5, "--memory-budget")
+    assert (chosen.mode, chosen.target_gpu_layers, chosen.budget_source) == ("ngram", 5, "memory_budget")
     assert chosen.budget_bytes == 3 * MiB
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from edgespec import ChatSession, Done, Notice, SamplingParams, Step
 from edgespec.loading import load_engine
-from edgespec.errors import ContextOverflowError, EdgespecError
+from edgespec.errors import ContextOverflowError, EdgespecError, flag_worded
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 TURNS = ["the cat sat on the mat", "and then the dog came in", "tell me about the cat again"]
@@ -116,6 +116,9 @@ def test_context_overflow_drops_oldest_turns_or_raises(tiny_models):
             if isinstance(event, Notice):
                 notices.append(event.text)
     assert notices, "some turns must have been dropped"
+    # a library user reads the parameter that avoids the shift, the chat app its flag
+    assert engine.shifts_context and all(notice.endswith("(bit_exact=True recomputes)") for notice in notices)
+    assert flag_worded(notices[0]).endswith("(--bit-exact recomputes)")
     assert session.first_visible > 0 and session.visible_messages()[0]["role"] == "system"
     assert len(session.messages) == 16  # the transcript keeps everything
 

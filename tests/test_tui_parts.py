@@ -8,11 +8,14 @@ from rich.style import Style
 from textual import events
 from textual._xterm_parser import XTermParser
 
+from edgespec import Notice
+from edgespec.errors import Setting, Wording
+from tui.chat import ChatController, ReplyStream
 from tui.config import ChatConfig, ConfigError, load_config, save_defaults
 from tui.control_chars import plain_text
 from tui.engine_host import SMALL_MACHINE_CORES, default_chat_threads
 from tui.export import chat_markdown
-from tui.history import StoredChat, content_key
+from tui.history import ChatStore, StoredChat, content_key
 from tui.paste import PasteSafeParser
 from tui.render import DEFAULT_DRAFT_TINT, BlockRenderer, split_blocks
 from edgespec.stats import Stats
@@ -271,3 +274,11 @@ def test_the_chat_actions_use_only_what_they_declare_of_the_app():
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"}
     declared = set(ChatActions.__annotations__) | set(vars(ChatActions))
     assert used - declared - set(dir(App)) == set()
+
+
+def test_a_turn_s_notice_names_the_chat_s_flag_not_the_library_parameter(tmp_path):
+    chat = ChatController(ChatConfig(), ChatStore(tmp_path / "history.db"))
+    stream = ReplyStream()
+    shifted = Notice(Wording("left the oldest 2 message(s) out (", Setting("bit_exact", True), " recomputes)"))
+    chat.stream_reply(stream, lambda: iter([shifted]))
+    assert stream.take()[2] == ["left the oldest 2 message(s) out (--bit-exact recomputes)"]

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 
 from edgespec import ChatSession, Done, Engine, Notice, Step
 from edgespec.drafters import MODES
+from edgespec.errors import flag_worded
 from edgespec.stats import Stats
 from tui import stats as stats_text
 from tui.config import ChatConfig, chat_sampling
@@ -127,7 +128,7 @@ class ChatController:
             elif isinstance(event, Done):
                 stream.result = event.result
             elif isinstance(event, Notice):
-                stream.add_notice(event.text)
+                stream.add_notice(flag_worded(event.text))
 
     def show_stats(self, stats: Stats) -> None:
         self.shown_stats = stats

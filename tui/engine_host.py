@@ -21,7 +21,7 @@ from textual.app import App
 from textual.message import Message
 
 from edgespec import EdgespecError, Engine
-from edgespec.errors import as_flag
+from edgespec.errors import as_flag, flag_worded
 from edgespec.catalog import default_pair
 from edgespec.loading import load_engine, use_prompt_cache
 from tui.config import ChatConfig
@@ -93,9 +93,10 @@ class EngineHost:
                             thread=True, exclusive=True, group="load")
 
     def _load_engine(self, model: str, draft: str, draft_tokens: int | str, bit_exact: bool) -> None:
-        notices: list[str] = []  # what loading said: shown as it happens, and kept once it ends
+        notices: list[str] = []  # what loading said (naming flags): shown as it happens, and kept once it ends
 
         def notice(text: str) -> None:
+            text = flag_worded(text)
             notices.append(text)
             self.app.post_message(self.Status(text))
 

@@ -72,8 +72,10 @@ def train_command(args: argparse.Namespace) -> int:
     from ..heads.store import default_heads_path
     from ..heads.training import TrainingPlan
     from ..loading import plan_load
+    from ..notices import print_notice
 
-    path, _, plan = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False)
+    path, _, plan = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False,
+                              notice=print_notice)
     heads_path = args.output or default_heads_path(path)
     if args.restart:
         resume_path_for(heads_path).unlink(missing_ok=True)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import Callable
 
 from ..errors import EdgespecError, UsageError
+from ..notices import print_notice
 from ..limits import KV_TYPES, MAX_DRAFT_TOKENS, MIN_N_CTX, SettingError, checked_kv_type, checked_setting, checked_threads
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
@@ -170,8 +172,10 @@ def sampling_params(args: argparse.Namespace):
         raise UsageError(f"bad sampling setting: {error}") from None
 
 
-def engine_from_args(args: argparse.Namespace, **overrides):
-    """The Engine the flags of add_engine_options describe (overrides: e.g. notice=...)."""
+def engine_from_args(args: argparse.Namespace, notice: Callable[[str], None] = print_notice, **overrides):
+    """The Engine the flags of add_engine_options describe; what loading and the prompt cache say goes to notice
+    (by default printed on stderr, naming flags), and a download shows its progress.  overrides: load_engine's
+    other keywords."""
     from ..loading import kv_cache_notice, load_engine, use_learning, use_prompt_cache
 
     try:  # flags that cannot go together are a usage error, found before anything loads
@@ -182,9 +186,10 @@ def engine_from_args(args: argparse.Namespace, **overrides):
         args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
         draft_gpu_layers=args.draft_gpu_layers, draft_tokens=args.draft_tokens,
         n_threads=args.threads, memory_budget=args.memory_budget, bit_exact=args.bit_exact,
-        kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn, **overrides,
+        kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn, notice=notice,
+        progress=True, **overrides,
     )
     use_learning(engine)  # run, chat, batch and serve learn from, and add to, what came before
     if getattr(args, "prompt_cache", False):  # commands without the flag keep no snapshots
-        use_prompt_cache(engine, args.prompt_cache_size, overrides.get("notice"))
+        use_prompt_cache(engine, args.prompt_cache_size, notice)
     return engine

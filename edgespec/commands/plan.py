@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..errors import flag_worded
 from ..loading import plan_load
+from ..notices import print_notice
 from .options import add_engine_options, add_prompt_cache_ram_option, setting
 
 
@@ -30,9 +32,12 @@ def plan(args: argparse.Namespace) -> int:
     _, _, memory_plan = plan_load(args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
                                   draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget,
                                   kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn,
-                                  parallel=args.parallel, prompt_cache_ram=args.prompt_cache_ram)
+                                  parallel=args.parallel, prompt_cache_ram=args.prompt_cache_ram, notice=print_notice,
+                                  progress=True)
     if args.json:
-        print(json.dumps(memory_plan.to_dict(), indent=2))
+        worded = {"budget_source": flag_worded(memory_plan.budget_source),
+                  "warnings": [flag_worded(warning) for warning in memory_plan.warnings]}
+        print(json.dumps(memory_plan.to_dict() | worded, indent=2))
     else:
         Console().print(format_plan_table(memory_plan))
     return 0

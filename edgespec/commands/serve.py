@@ -15,7 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ..errors import EdgespecError, UsageError
+from ..errors import EdgespecError, UsageError, flag_worded
 from ..limits import MAX_PARALLEL
 from ..monitor import DEFAULT_THRESHOLD, DEFAULT_WINDOW, AcceptanceMonitor
 from .options import (add_engine_options, add_prompt_cache_ram_option, add_sampling_options, engine_from_args,
@@ -69,7 +69,7 @@ def serve(args: argparse.Namespace) -> int:
                               args.max_body_bytes, args.parallel, port=sock.getsockname()[1],
                               host_names=allowed_host_names(args.host), origins=origins)
         ram = args.prompt_cache_ram if args.prompt_cache else 0
-        engine = engine_from_args(args, parallel=args.parallel, prompt_cache_ram=ram)
+        engine = engine_from_args(args, notice=_log_for_operator, parallel=args.parallel, prompt_cache_ram=ram)
         if engine.plan.prompt_cache_ram:
             # one KV cache serves every client: recent conversations' states in RAM keep two clients taking
             # turns from re-prefilling each other's history (the disk store keeps what came twice)
@@ -83,6 +83,11 @@ def serve(args: argparse.Namespace) -> int:
         finally:
             engine.close()
     return 0
+
+
+def _log_for_operator(notice: str) -> None:
+    """A notice (loading, the prompt cache) in the server's log, naming the flags its operator started it with."""
+    logging.getLogger("edgespec.serve").info(flag_worded(notice))
 
 
 def _check_options(args: argparse.Namespace) -> None:

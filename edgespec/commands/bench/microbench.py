@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ...sampling import SamplingParams
 from ...loading import load_engine
+from ...notices import print_notice
 from ...sysinfo import cpu_model
 from .configs import rotated
 from .workloads import WORKLOADS_DIR, load_workloads
@@ -100,7 +101,8 @@ def run_cost_curve(
 
     n_threads = n_threads or default_threads()
     prompt = load_workloads(["code-edit"], 1, workloads_dir)[0]
-    engine = load_engine(model, "none", n_ctx=n_ctx, n_threads=n_threads, draft_tokens=0)  # no calibration needed
+    engine = load_engine(model, "none", n_ctx=n_ctx, n_threads=n_threads, draft_tokens=0,  # no calibration needed
+                         notice=print_notice, progress=True)
     try:
         ids = engine.prompt_tokens(prompt.prompt)
         # A realistic KV length: attention cost grows with it.

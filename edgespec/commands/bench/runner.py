@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 from ...sampling import SamplingParams
 from ...backend import default_threads, plain_logits
 from ...loading import load_engine, use_learning
+from ...notices import print_notice
 from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, BenchConfig, resolve_configs, rotated
 from .exactness import check_exactness
 from .microbench import DEFAULT_N_CTX, load_average, machine_description, package_version
@@ -104,7 +105,8 @@ def _results(meta: dict, engine, plan, runs: list[dict], runner, overhead: bool)
 def _bench_engine(model, draft, n_ctx: int, n_threads: int, kv_type: str, learned_priors: bool):
     """The engine every configuration runs on: cold unless learned_priors (then read, never added to), and
     without the cross-request pool, so that no run drafts from another's text."""
-    engine = load_engine(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
+    engine = load_engine(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type,
+                         notice=print_notice, progress=True)
     use_learning(engine, "read" if learned_priors else "cold", pool=False)
     return engine
 
