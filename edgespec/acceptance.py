@@ -61,7 +61,7 @@ VERIFIED_DECAY = 0.95
 # The token-pair record (PairRecord): how many observations of a pair outweigh the copy-length estimate
 # it refines, and the shortest copy whose drafted tokens it learns from: a draft of a shorter match
 # fails for the match's sake more than the pair's (the copy-length estimate says so already).  Chosen
-# with benchmarks/ngram_sim.py on the held-out replies' prompts 1-2 (docs/benchmarks.md).
+# with benchmarks/ngram_sim.py on the held-out replies' prompts 1-2 (benchmarks/results/ngram-sim.txt).
 PAIR_WEIGHT = 4.0
 PAIR_MIN_COPY = 4
 
@@ -110,8 +110,8 @@ class _Foreseen:
 
 
 def token_pairs(context: Sequence[int], tokens: Sequence[int]) -> list[tuple[int, int]]:
-    """Each proposed token with the token before it: the context's last for the first."""
-    return list(zip([context[-1], *tokens[:-1]], tokens))
+    """Each proposed token with the token before it: the context's last for the first (-1 for none)."""
+    return list(zip([context[-1] if context else -1, *tokens[:-1]], tokens))
 
 
 class PairRecord:
