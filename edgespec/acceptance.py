@@ -12,6 +12,11 @@ Each estimate is a decayed count of accepted and tried draft positions.  Two lea
   text that follows, also at steps where nothing was drafted.  Every scored token says how often a
   copy of about that length goes on (one estimate per source and copy length, whatever the depth).
 
+The n-gram learner also keeps a record per token pair (the token before a drafted token, and that token):
+how often a draft of that pair was kept inside a copy.  The step's own proposal is planned with it, depth
+by depth, so a copy is drafted up to the spot where this text's copies broke before (an inserted line, a
+renamed name) and past the spots where they went on.
+
 A hindsight plan is made on a cautious estimate: the mean less `caution` standard errors of the counts
 behind it, so a wide pass, whose price is paid whether its tail is kept or not, is chosen only on
 evidence that copies this long go on.
@@ -53,6 +58,12 @@ HINDSIGHT_DECAY = 0.97
 COPY_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 COPY_PRIOR_SHIFT = 2.0
 VERIFIED_DECAY = 0.95
+# The token-pair record (PairRecord): how many observations of a pair outweigh the copy-length estimate
+# it refines, and the shortest copy whose drafted tokens it learns from: a draft of a shorter match
+# fails for the match's sake more than the pair's (the copy-length estimate says so already).  Chosen
+# with benchmarks/ngram_sim.py on the held-out replies' prompts 1-2 (benchmarks/results/ngram-sim.txt).
+PAIR_WEIGHT = 4.0
+PAIR_MIN_COPY = 4
 
 
 class DecayedCounts:
@@ -84,17 +95,53 @@ class _Foreseen:
     start: int
     tokens: list[int]
     classes: list[int]
+    pairs: list[tuple[int, int]]  # each token with the one before it (the context's last, for the first)
     checked: int = 0
 
-    def settle(self, context: list[int], observe: Callable[[int, bool], None]) -> bool:
+    def settle(self, context: list[int], observe: Callable[[int, tuple[int, int], int, bool], None]) -> bool:
         """Count the newly known positions; True while some are still unknown."""
         while self.checked < len(self.tokens) and self.start + self.checked < len(context):
             accepted = context[self.start + self.checked] == self.tokens[self.checked]
-            observe(self.classes[self.checked], accepted)
+            observe(self.classes[self.checked], self.pairs[self.checked], self.start + self.checked, accepted)
             self.checked += 1
             if not accepted:
                 return False  # later positions would never have been reached
         return self.checked < len(self.tokens)
+
+
+def token_pairs(context: Sequence[int], tokens: Sequence[int]) -> list[tuple[int, int]]:
+    """Each proposed token with the token before it: the context's last for the first (-1 for none)."""
+    return list(zip([context[-1] if context else -1, *tokens[:-1]], tokens))
+
+
+class PairRecord:
+    """How often a drafted token was kept after the token before it, inside copies of this text.
+
+    A text's copies break where the copied text was edited: a line inserted after every `def` line, a
+    renamed name, a changed indent.  The pair at such a spot is drafted and rejected in every copy that
+    reaches it, while the pairs of text copied unchanged are kept, so the record tells a proposal's
+    depths apart where the copy-length estimate cannot.  Each text position counts once per pair,
+    however many overlapping proposals foresaw it; nothing decays, as a spot edited once tends to be
+    edited again in this text (the record belongs to one text, like the foreseen proposals).
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[int, int], list[float]] = {}  # pair -> [kept, drafted]
+
+    def observe(self, pair: tuple[int, int], accepted: bool) -> None:
+        counts = self._counts.setdefault(pair, [0.0, 0.0])
+        counts[0] += accepted
+        counts[1] += 1.0
+
+    def refine(self, pairs: Sequence[tuple[int, int]], rates: np.ndarray, evidence: np.ndarray) -> None:
+        """Lean each depth's (rate, evidence) on its pair's record, in place: PAIR_WEIGHT observations
+        of the pair outweigh the estimate given."""
+        for depth, pair in enumerate(pairs[: len(rates)]):
+            counts = self._counts.get(pair)
+            if counts is not None:
+                kept, drafted = counts
+                rates[depth] = (kept + PAIR_WEIGHT * rates[depth]) / (drafted + PAIR_WEIGHT)
+                evidence[depth] = drafted + min(evidence[depth], PAIR_WEIGHT)
 
 
 class _Estimates:
@@ -234,6 +281,9 @@ class HindsightAcceptance:
                 self._hits[copy_class], self._tries[copy_class] = float(hits[0]) * scale, float(tries[0]) * scale
         self._foreseen: list[_Foreseen] = []  # proposals waiting to be checked against the text
         self._context: list[int] | None = None  # the context they were made on
+        self._pairs = PairRecord()  # the context's token pairs, as drafts inside its copies fared
+        self._proposal: tuple[int, list[tuple[int, int]]] | None = None  # this step's signal and proposal's pairs
+        self._pair_min_class = np.searchsorted(COPY_BUCKETS, PAIR_MIN_COPY, side="right") - 1
 
     # -- estimates --------------------------------------------------------------------------
 
@@ -250,10 +300,14 @@ class HindsightAcceptance:
         if classes[0] < 0:
             return np.zeros(self.k_max), np.zeros(self.k_max)
         hits, tries = self._hits[classes], self._tries[classes]
-        return (hits + PRIOR_WEIGHT * self._prior[classes]) / (tries + PRIOR_WEIGHT), tries + PRIOR_WEIGHT
+        rates, evidence = (hits + PRIOR_WEIGHT * self._prior[classes]) / (tries + PRIOR_WEIGHT), tries + PRIOR_WEIGHT
+        if self._proposal is not None and self._proposal[0] == signal:  # the proposal this step foresaw
+            self._pairs.refine(self._proposal[1], rates, evidence)
+        return rates, evidence
 
     def mean(self, signal: int = 0) -> np.ndarray:
-        """Estimated acceptance a_1..a_k_max of a draft made on this signal."""
+        """Estimated acceptance a_1..a_k_max of a draft made on this signal (this step's proposal, when
+        it was foreseen on this signal)."""
         return self._rates(signal)[0]
 
     def planning(self, signal: int = 0) -> np.ndarray:
@@ -273,6 +327,18 @@ class HindsightAcceptance:
             tries[copy_class] += 1.0
             hits[copy_class] += accepted
 
+    def _observer(self) -> Callable[[int, tuple[int, int], int, bool], None]:
+        """What one settle() counts a scored token with: its copy class always, its pair once per text
+        position (all the proposals that foresaw a position are settled together) and inside copies only."""
+        counted: set[tuple[int, tuple[int, int]]] = set()
+
+        def observe(copy_class: int, pair: tuple[int, int], position: int, accepted: bool) -> None:
+            self._observe(copy_class, accepted)
+            if copy_class % len(COPY_BUCKETS) >= self._pair_min_class and (position, pair) not in counted:
+                counted.add((position, pair))
+                self._pairs.observe(pair, accepted)
+        return observe
+
     def watch(self, context: list[int], signal: int, proposal: Callable[[], Sequence[int]]) -> None:
         """Score the earlier proposals against what context has gained since, then record what the
         drafter would propose now (as many tokens as it can, whatever k is chosen).
@@ -287,20 +353,29 @@ class HindsightAcceptance:
     def settle(self, context: list[int]) -> None:
         """Score the recorded proposals against the tokens context has gained since, depth by depth."""
         if context is not self._context:
-            self._foreseen, self._context = [], context  # a new text: old proposals say nothing
+            self._start_text(context)  # a new text: old proposals say nothing
             return
-        self._foreseen = [entry for entry in self._foreseen if entry.settle(context, self._observe)]
+        observe = self._observer()
+        self._foreseen = [entry for entry in self._foreseen if entry.settle(context, observe)]
+
+    def _start_text(self, context: list[int]) -> None:
+        """Forget what belongs to the previous text: its unsettled proposals and its pairs' record."""
+        self._foreseen, self._context, self._pairs, self._proposal = [], context, PairRecord(), None
 
     def foresee(self, context: list[int], tokens: Sequence[int], signal: int = 0) -> None:
         """Record a proposal made after context, to be scored by settle() as the text goes on."""
         if context is not self._context:
-            self._foreseen, self._context = [], context
+            self._start_text(context)
+        self._proposal = None
         classes = self._classes(signal)
         if not tokens or classes[0] < 0:
             return
         self._hits *= self.decay  # once per proposal: the hazards follow this text as it goes on
         self._tries *= self.decay
-        self._foreseen.append(_Foreseen(len(context), list(tokens[: self.k_max]), classes.tolist()))
+        tokens = list(tokens[: self.k_max])
+        pairs = token_pairs(context, tokens)
+        self._proposal = (signal, pairs)
+        self._foreseen.append(_Foreseen(len(context), tokens, classes.tolist(), pairs))
 
     def record(self, proposed: int, accepted: int, signal: int = 0) -> None:
         """Nothing more to learn from verification: the draft was this step's foreseen proposal, and the

@@ -3,7 +3,7 @@ import itertools
 import numpy as np
 import pytest
 
-from edgespec.acceptance import COPY_BUCKETS, HindsightAcceptance, VerifiedAcceptance
+from edgespec.acceptance import COPY_BUCKETS, PAIR_WEIGHT, HindsightAcceptance, PairRecord, VerifiedAcceptance
 from edgespec.controller import DraftLengthController, SpeedGuard, controller_for
 from edgespec.costs import CostModel
 from edgespec.drafters import SOURCES, NgramDrafter, copy_signal_parts, ngram_signal
@@ -380,6 +380,40 @@ def test_hindsight_counts_each_position_once_and_stops_at_the_first_miss():
     assert estimate.export() == {}  # an export hands out what was seen since the last one
 
 
+def test_a_pair_record_leans_each_depth_on_how_its_pair_fared():
+    record = PairRecord()
+    record.observe((1, 2), True)
+    record.observe((1, 2), False)
+    rates, evidence = np.array([0.9, 0.9]), np.array([3.0, 3.0])
+    record.refine([(1, 2), (3, 4)], rates, evidence)
+    assert rates[0] == pytest.approx((1 + PAIR_WEIGHT * 0.9) / (2 + PAIR_WEIGHT))
+    assert evidence[0] == pytest.approx(2 + min(3.0, PAIR_WEIGHT))
+    assert (rates[1], evidence[1]) == (0.9, 3.0)  # a pair never drafted: the copy-length estimate alone
+
+
+def test_hindsight_counts_a_pair_once_per_position_and_only_inside_copies():
+    long, short = ngram_signal("context", 8), ngram_signal("context", 1)
+    estimate = HindsightAcceptance(4, decay=1.0)
+    context = [1, 2, 3]
+    estimate.watch(context, long, lambda: [4, 5, 6, 9])
+    context.append(4)
+    estimate.watch(context, long, lambda: [5, 6, 7, 8])  # foresees (4, 5) at the same position again
+    context += [5, 6, 7]
+    estimate.watch(context, long, lambda: [4, 5, 6, 9])  # settles both, then plans (7, 4) (4, 5) (5, 6) (6, 9)
+    refined = estimate.mean(long)
+    plain = estimate.mean(ngram_signal("context", 9))  # the same copy classes at depths 0-2, no proposal
+    assert refined[0] == pytest.approx(plain[0])  # (7, 4) was never drafted
+    assert refined[1] == pytest.approx((1 + PAIR_WEIGHT * plain[1]) / (1 + PAIR_WEIGHT))  # kept once, not twice
+    assert refined[3] == pytest.approx(PAIR_WEIGHT * plain[2] / (1 + PAIR_WEIGHT))  # (6, 9) was rejected
+
+    estimate = HindsightAcceptance(4, decay=1.0)
+    context = [1, 2, 3]
+    estimate.watch(context, short, lambda: [4, 5, 9])  # a 1-token match: copies of 1-3 tokens teach no pairs
+    context += [4, 5, 6]
+    estimate.watch(context, long, lambda: [4, 5, 9])
+    assert np.allclose(estimate.mean(long)[:3], estimate.mean(ngram_signal("context", 9))[:3])
+
+
 def test_hindsight_forgets_proposals_made_on_another_text():
     estimate = HindsightAcceptance(4, decay=1.0)
     estimate.watch([1, 2], 8, lambda: [3, 4])
@@ -434,10 +468,11 @@ def test_steps_without_a_proposal_leave_the_estimates_alone():
 EPYC = CostModel([1.0, 1.58, 2.23, 2.67, 3.1325, 3.565, 3.9975, 4.4, 4.5, 4.6, 4.7, 4.8, 4.9, 5.0, 5.1, 5.2])
 
 
-def replay(prompt, reply, controller=None):
+def replay(prompt, reply, controller=None, rejected=None):
     """Decode `reply` after `prompt` with the real n-gram drafter and controller, as the engine drives them,
     each draft kept up to its first token that differs from the reply (T = 0).  Returns the predicted
-    speedup over plain decoding on the EPYC curve, and the draft length of each step."""
+    speedup over plain decoding on the EPYC curve, and the draft length of each step; `rejected` (a list)
+    gets the reply position of each draft's first rejected token."""
     controller = controller or controller_for("ngram", EPYC, K_MAX)
     drafter, context, position, seconds, ks = NgramDrafter(), list(prompt), 0, 0.0, []
     while position < len(reply):
@@ -451,6 +486,8 @@ def replay(prompt, reply, controller=None):
             accepted += 1
         if cap > 0:
             controller.update(len(tokens), accepted, hint.signal)
+        if rejected is not None and accepted < len(tokens):
+            rejected.append(position + accepted)
         context += reply[position: position + accepted + 1]
         position += accepted + 1
         seconds += EPYC.target(len(tokens) + 1)
@@ -512,9 +549,30 @@ def test_copies_that_always_break_at_one_length_are_drafted_up_to_it():
     text = []
     for _ in range(30):
         text += phrase + [int(t) for t in rng.integers(5000, 9000, size=6)]
-    speedup, ks = replay([1, 2, 3] + text[:18], text[18:])
+    rejected = []
+    speedup, ks = replay([1, 2, 3] + text[:18], text[18:], rejected=rejected)
     assert speedup >= 1.4
-    assert max(ks[10:]) <= 12  # never past the phrase's end, where every copy so far broke
+    assert max(ks[10:]) >= 11  # the phrase's copies are drafted whole
+    # and never past its end, where every copy so far broke (the reply starts right after a phrase, so
+    # the phrase ends at positions 12, 30, ...; the few rejections left are chance matches of new tokens)
+    assert [p for p in rejected if p % 18 == 12] == []
+
+
+def test_a_renamed_name_stops_the_drafts_right_before_it():
+    # the reply copies the prompt with one name renamed wherever it occurs (after a `self.`-like token,
+    # at irregular gaps, so no copy length predicts the spot): once the rename has been seen, the drafts
+    # stop before each later occurrence instead of paying for a rejected tail at each
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        prompt = [int(t) for t in rng.integers(1000, 5000, size=300)]
+        spots = [int(s) for s in np.cumsum(rng.integers(6, 30, size=40)) if s < 300]
+        for spot in spots:
+            prompt[spot - 1], prompt[spot] = 6, 7
+        reply = [8 if t == 7 else t for t in prompt]
+        rejected = []
+        speedup, _ = replay(prompt, reply, rejected=rejected)
+        assert len([p for p in rejected if p in spots]) <= 2 < len(spots)
+        assert speedup >= 1.4
 
 
 def test_text_with_nothing_to_copy_is_never_slower_than_plain_decoding():
