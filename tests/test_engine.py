@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from edgespec import Done, SamplingParams, Step
-from edgespec.loading import load_engine
 from edgespec.backend import LlamaModel, probe_pass_widths
+from edgespec.errors import flag_worded
+from edgespec.loading import load_engine
 from edgespec.drafters import Drafter
 from edgespec.text import TextAssembler
 from edgespec.errors import ContextOverflowError, VocabMismatchError
@@ -405,8 +406,8 @@ def auto_draft(tiny_models, monkeypatch):
     import edgespec.loading as loading
 
     resolve = loading._resolve_draft
-    monkeypatch.setattr(loading, "_resolve_draft", lambda target, draft, pull, notice:
-                        tiny_models["draft"] if draft == "auto" else resolve(target, draft, pull, notice))
+    monkeypatch.setattr(loading, "_resolve_draft", lambda target, draft, fetching:
+                        tiny_models["draft"] if draft == "auto" else resolve(target, draft, fetching))
     return tiny_models
 
 
@@ -422,8 +423,9 @@ def test_draft_auto_drops_a_draft_model_whose_measured_cost_cannot_pay(auto_draf
         assert engine.mode == ("combined" if kept else "ngram")
         line = notices[-1]
         assert ("n-grams only" in line) is not kept and f"{draft_share:.0%}" in line
-        if not kept:
-            assert f"--draft {auto_draft['draft']}" in line and engine.plan.mode == "ngram"
+        if not kept:  # the library names the parameter, the command line its flag (errors.Wording)
+            assert f"draft={str(auto_draft['draft'])!r}" in line and f"--draft {auto_draft['draft']}" in flag_worded(line)
+            assert engine.plan.mode == "ngram"
             assert engine.generate("def f(x):", SamplingParams(temperature=0.0, max_tokens=8), raw=True).token_ids
     finally:
         engine.close()
@@ -437,6 +439,7 @@ def test_an_explicit_draft_model_is_kept_with_a_warning_when_it_cannot_pay(auto_
                          cost_curve=CostModel(CHEAP_WIDE_PASSES, draft_seconds_per_token=0.4))
     try:
         assert engine.draft_model is not None and engine.mode == "combined"
-        assert "as asked" in notices[-1] and "--draft ngram" in notices[-1]
+        assert "as asked" in notices[-1] and "draft='ngram'" in notices[-1]
+        assert "--draft ngram" in flag_worded(notices[-1])
     finally:
         engine.close()
