@@ -106,10 +106,10 @@ def summarise_suite(runs: list[dict], plain_tokens: dict) -> dict:
                    "same_as_plain": all(r["tokens"] == plain_tokens[r["id"]] for r in mine)}
         if config != "plain":
             ratios = paired(runs, config, "plain")
-            figures.update(vs_plain=ratios, vs_plain_median=statistics.median(ratios))
+            figures.update(vs_plain=ratios, vs_plain_median=round(statistics.median(ratios), 3))
         if config == "auto":
             ratios = paired(runs, "auto", "ngram")
-            figures.update(vs_ngram=ratios, vs_ngram_median=statistics.median(ratios))
+            figures.update(vs_ngram=ratios, vs_ngram_median=round(statistics.median(ratios), 3))
         if config in ("heads", "auto"):
             figures["replies"] = [{"repeat": r["repeat"], "id": r["id"], "heads_drafts": r["heads_drafts"],
                                    "probes": r["heads_probes"], "steps": r["steps"],

@@ -10,10 +10,10 @@ where a_i is the drafter's estimated chance (acceptance.py) that draft position 
 every position before it was. k = 0 is plain decoding, so when no draft length pays the controller
 stops drafting. A drafter that learns only from what it drafts is then probed now and then, so that
 the controller notices when drafting pays again: a probe drafts `probe_k` tokens. Probes spend an
-allowance, in plain steps' time, that grows by `probe_budget` at each step of their signal: a probe
-is made only while the allowance covers what it loses if all of it is rejected, and each probe
-spends what it really lost against plain decoding on the cost curve (C(k) / T(1) less the tokens it
-gave). As a probe is made only with its worst loss in hand, probes never lose more than
+allowance, in plain steps' time, that grows by `probe_budget` at each step of their signal (`watch`,
+whether the drafter can propose then or not): a probe is made only while the allowance covers what
+it loses if all of it is rejected, and each probe spends what it really lost against plain decoding
+on the cost curve (C(k) / T(1) less the tokens it gave). As a probe is made only with its worst loss in hand, probes never lose more than
 `probe_budget` of plain decoding's time, whatever the acceptance; and a probe that pays adds what it
 gained, so probes follow each other at once while they pay and the controller finds a drafter that
 does. A drafter that learns in hindsight needs no probes.
@@ -149,9 +149,13 @@ class DraftLengthController:
     # -- choosing k -----------------------------------------------------------------------
 
     def watch(self, context: list[int], signal: int, proposal: Callable[[], Sequence[int]]) -> None:
-        """Before choosing: let the estimate learn from the drafter's whole proposal (proposal() makes it;
-        only a hindsight learner calls it)."""
+        """Before choosing, at every step the drafter is considered (whether it can propose now or not): let
+        the estimate learn from the drafter's whole proposal (proposal() makes it; only a hindsight learner
+        calls it), and add the step's budget to the signal's probe allowance."""
         self.estimate.watch(context, signal, proposal)
+        if not self.estimate.learns_without_drafting:
+            held = self._allowances.get(signal, 0.0)
+            self._allowances[signal] = min(held + self.probe_budget, PROBE_SAVINGS * self._probe_worst_loss)
 
     def choose(self, signal: int = 0, available: int | None = None) -> int:
         """How many tokens to draft this step; `available` caps it (n-gram continuation
@@ -187,15 +191,10 @@ class DraftLengthController:
         alphas = self.acceptance(signal)
         rates = self._rates(alphas, limit)
         k = int(np.argmax(rates))  # ties go to the shorter draft
-        if self.estimate.learns_without_drafting:
+        if k > 0 or self.estimate.learns_without_drafting:
             self._thresholds = self._stop_thresholds(alphas, k, rates[k])
             return k
-        probe = k == 0 and self._worth_probing and self.probe_due(signal)
-        self._allowances[signal] = self._allowance(signal)  # this step's budget
-        if k > 0:
-            self._thresholds = self._stop_thresholds(alphas, k, rates[k])
-            return k
-        if not probe:
+        if not self.probe_due(signal):
             return 0
         probe_k = min(self.probe_k, limit)
         self._probing = signal
@@ -205,12 +204,11 @@ class DraftLengthController:
         return probe_k
 
     def probe_due(self, signal: int = 0) -> bool:
-        """Whether the signal's allowance covers a probe at its next step: what the probe loses at worst."""
-        return self._allowance(signal) >= self._probe_worst_loss
-
-    def _allowance(self, signal: int) -> float:
-        """The signal's allowance at its next step: what it holds, grown by a step's budget."""
-        return min(self._allowances.get(signal, 0.0) + self.probe_budget, PROBE_SAVINGS * self._probe_worst_loss)
+        """Whether a step of this signal whose plan drafts nothing probes: the draft length is chosen, the
+        drafter learns only from verification, probing could find a gain, and the allowance covers what a
+        probe loses at worst."""
+        return (self.fixed_k is None and self._worth_probing and not self.estimate.learns_without_drafting
+                and self._allowances.get(signal, 0.0) >= self._probe_worst_loss)
 
     def _rates(self, alphas: np.ndarray, limit: int) -> np.ndarray:
         """Expected tokens per second for k = 0..limit, the promised gain discounted while drafting loses."""

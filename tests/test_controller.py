@@ -56,7 +56,9 @@ def hindsight(cost, k_max=K_MAX, *, decay=0.9, caution=1.0):
 
 
 def choose(ctl, signal=0):
-    """The controller's k, and whether it was a probe (a draft chosen where the estimates say k = 0)."""
+    """One step's k (watched first, as the engine does), and whether it was a probe (a draft chosen where
+    the estimates say k = 0)."""
+    ctl.watch([], signal, lambda: [])
     planned = ctl.best(signal)[0]
     k = ctl.choose(signal)
     return k, k > 0 and planned == 0
