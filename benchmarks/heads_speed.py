@@ -21,9 +21,10 @@ Once, untimed against the others (at T=0 the tokens and acceptance do not change
   --gpu-step-ms per target step.
 Every configuration's greedy tokens are checked against plain decoding's.
 
-Run on an idle machine (Qwen2.5-Coder-1.5B with its trained heads; about 11 minutes: the first prompt
-of each suite, 128 tokens each):
-  .venv/bin/python benchmarks/heads_speed.py --prompts 1 --max-tokens 128 --json benchmarks/results/heads_speed.json
+Run on an idle machine (Qwen2.5-Coder-1.5B with its trained heads; about 10 minutes on the 2-core EPYC:
+the first prompt of each suite, 112 tokens per reply, 100 timed replies and 3 at a fixed k):
+  .venv/bin/python benchmarks/heads_speed.py --heads /tmp/heads-new.npz --prompts 1 --max-tokens 112 \
+      --json benchmarks/results/heads_speed.json
 Check the script quickly (tiny heads trained with `edgespec heads train --model smollm2-135m-instruct --minutes 1`):
   .venv/bin/python benchmarks/heads_speed.py --model smollm2-135m-instruct --suites chat,extract --prompts 1 \\
       --max-tokens 16 --repeats 2
