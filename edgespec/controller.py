@@ -8,11 +8,15 @@ A plan that drafts k tokens is worth E(k) / C(k):
 
 where a_i is the drafter's estimated chance (acceptance.py) that draft position i is accepted when
 every position before it was. k = 0 is plain decoding, so when no draft length pays the controller
-stops drafting. A drafter that learns only from what it drafts is then probed on a deterministic
-schedule, so that the controller notices when drafting pays again: a probe drafts `probe_k` tokens
-after enough backed-off steps that the expected throughput lost to probes stays under
-`probe_budget` (a fraction of plain decoding), and again at once after a probe that was fully
-accepted. A drafter that learns in hindsight needs no probes.
+stops drafting. A drafter that learns only from what it drafts is then probed now and then, so that
+the controller notices when drafting pays again: a probe drafts `probe_k` tokens. Probes spend an
+allowance, in plain steps' time, that grows by `probe_budget` at each step of their signal (`watch`,
+whether the drafter can propose then or not): a probe is made only while the allowance covers what
+it loses if all of it is rejected, and each probe spends what it really lost against plain decoding
+on the cost curve (C(k) / T(1) less the tokens it gave). As a probe is made only with its worst loss in hand, probes never lose more than
+`probe_budget` of plain decoding's time, whatever the acceptance; and a probe that pays adds what it
+gained, so probes follow each other at once while they pay and the controller finds a drafter that
+does. A drafter that learns in hindsight needs no probes.
 
 A speed guard (SpeedGuard) watches what the drafted steps really gave: their tokens against what
 plain decoding would have made in their time. While they lose, the gain the estimates promise is
@@ -40,6 +44,10 @@ PROBE_ACCEPTANCE = 0.9
 # back-off does not outlive the steps that caused it.
 GUARD_DECAY = 0.97
 GUARD_PRIOR_STEPS = 3.0
+# The most a probe allowance holds, in probes that lose all they draft: enough that a drafter whose
+# probes mostly pay is not stopped by one rejected probe while its estimate climbs, few enough that
+# steps without probes save up only a short burst of them.
+PROBE_SAVINGS = 3.0
 
 
 class SpeedGuard:
@@ -75,12 +83,6 @@ class SpeedGuard:
     def gain(self) -> float:
         """Tokens per plain step's time of the recent drafted steps, leaning on 1.0 while they are few."""
         return (self._tokens + GUARD_PRIOR_STEPS) / (self._plain_steps + GUARD_PRIOR_STEPS)
-
-
-class _ProbeSchedule:
-    def __init__(self) -> None:
-        self.idle_steps = 0  # consecutive backed-off steps since the last draft or probe
-        self.due = False  # the last probe was fully accepted: probe again at once
 
 
 class DraftLengthController:
@@ -121,8 +123,9 @@ class DraftLengthController:
         self.probe_budget = probe_budget
         self.probe_k = probe_k
         self._p_min_setting = p_min
-        self._schedules: dict[int, _ProbeSchedule] = {}
+        self._allowances: dict[int, float] = {}  # per signal: plain steps' time its probes may still lose
         self._probing: int | None = None  # the signal of the probe just chosen
+        self.probes = 0  # probes chosen so far (benchmarks/heads_speed.py counts them per reply)
         self._thresholds: tuple[float, ...] = ()
         self.set_cost(cost)
 
@@ -135,6 +138,8 @@ class DraftLengthController:
         # When even a drafter accepted this often could not beat plain decoding at these costs,
         # probing cannot find anything worth drafting (a draft model on a CPU where its tokens are dear).
         self._worth_probing = best_speedup(cost, PROBE_ACCEPTANCE, self.k_max)[1] > 1.0
+        # The most one probe can lose (all of it rejected), in plain steps.
+        self._probe_worst_loss = max(0.0, self._plan_seconds[self.probe_k] / self._plan_seconds[0] - 1.0)
         self.guard = SpeedGuard(cost)
 
     def acceptance(self, signal: int = 0) -> np.ndarray:
@@ -144,9 +149,13 @@ class DraftLengthController:
     # -- choosing k -----------------------------------------------------------------------
 
     def watch(self, context: list[int], signal: int, proposal: Callable[[], Sequence[int]]) -> None:
-        """Before choosing: let the estimate learn from the drafter's whole proposal (proposal() makes it;
-        only a hindsight learner calls it)."""
+        """Before choosing, at every step the drafter is considered (whether it can propose now or not): let
+        the estimate learn from the drafter's whole proposal (proposal() makes it; only a hindsight learner
+        calls it), and add the step's budget to the signal's probe allowance."""
         self.estimate.watch(context, signal, proposal)
+        if not self.estimate.learns_without_drafting:
+            held = self._allowances.get(signal, 0.0)
+            self._allowances[signal] = min(held + self.probe_budget, PROBE_SAVINGS * self._probe_worst_loss)
 
     def choose(self, signal: int = 0, available: int | None = None) -> int:
         """How many tokens to draft this step; `available` caps it (n-gram continuation
@@ -182,25 +191,24 @@ class DraftLengthController:
         alphas = self.acceptance(signal)
         rates = self._rates(alphas, limit)
         k = int(np.argmax(rates))  # ties go to the shorter draft
-        schedule = self._schedules.setdefault(signal, _ProbeSchedule())
         if k > 0 or self.estimate.learns_without_drafting:
-            schedule.idle_steps, schedule.due = 0, False
             self._thresholds = self._stop_thresholds(alphas, k, rates[k])
             return k
-        probe_k = min(self.probe_k, limit)
-        if not self._worth_probing:
+        if not self.probe_due(signal):
             return 0
-        # Each probe is expected to lose this fraction of a plain step's throughput; spacing
-        # probes by loss / budget steps keeps the total loss under the budget.
-        loss = 1.0 - rates[probe_k] / rates[0]
-        if schedule.due or schedule.idle_steps >= loss / self.probe_budget:
-            schedule.idle_steps, schedule.due = 0, False
-            self._probing = signal
-            # A probe is for information: the draft is not cut short by p_min.
-            self._thresholds = (0.0,) * probe_k
-            return probe_k
-        schedule.idle_steps += 1
-        return 0
+        probe_k = min(self.probe_k, limit)
+        self._probing = signal
+        self.probes += 1
+        # A probe is for information: the draft is not cut short by p_min.
+        self._thresholds = (0.0,) * probe_k
+        return probe_k
+
+    def probe_due(self, signal: int = 0) -> bool:
+        """Whether a step of this signal whose plan drafts nothing probes: the draft length is chosen, the
+        drafter learns only from verification, probing could find a gain, and the allowance covers what a
+        probe loses at worst."""
+        return (self.fixed_k is None and self._worth_probing and not self.estimate.learns_without_drafting
+                and self._allowances.get(signal, 0.0) >= self._probe_worst_loss)
 
     def _rates(self, alphas: np.ndarray, limit: int) -> np.ndarray:
         """Expected tokens per second for k = 0..limit, the promised gain discounted while drafting loses."""
@@ -240,8 +248,9 @@ class DraftLengthController:
             seconds = self.cost.target(width)
         self.guard.observe(width, accepted + 1, seconds)
         self.estimate.record(proposed, accepted, signal)
-        if probing and proposed and accepted == proposed:
-            self._schedules[signal].due = True
+        if probing:  # what it lost against plain decoding, in plain steps; a probe that paid gives back its gain
+            lost = self._plan_seconds[proposed] / self._plan_seconds[0] - (accepted + 1)
+            self._allowances[signal] = min(self._allowances[signal] - lost, PROBE_SAVINGS * self._probe_worst_loss)
 
 
 def controller_for(drafter: str, cost: CostModel, k_max: int, fixed_k: int | None = None,

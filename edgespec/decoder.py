@@ -173,6 +173,7 @@ class Decoder:
         prompt_rows = sum(len(chunk) for chunk in feeds.values())
         choices, lengths = self.choose_lengths(running, rooms, together, prompt_rows, len(feeding))
         drafts = [self.propose(generation, choice, k) for generation, choice, k in zip(running, choices, lengths)]
+        self.planner.keep_hidden_rows(running, drafts, together)
         passed_at = time.perf_counter()
         try:
             rows = self.run_pass(running, drafts, observe=not together, feeds=feeds)

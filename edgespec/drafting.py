@@ -218,6 +218,27 @@ class DraftPlanner:
             return Draft(choice, [])
         return Draft(choice, proposal.tokens, proposal.probs, proposal.source)
 
+    def keep_hidden_rows(self, generations: Sequence[Generation], drafts: Sequence[Draft], together: bool) -> None:
+        """Before a pass: have it keep each generation's hidden states only where heads may draft from them at
+        its next step; elsewhere the target's passes cost what a model without heads would (backend.hidden)."""
+        for generation, draft in zip(generations, drafts):
+            heads = generation.drafter_set.drafters.get("heads")
+            if heads is not None:
+                heads.want_rows(self._heads_may_draft_next(generation, draft, together))
+
+    def _heads_may_draft_next(self, generation: Generation, draft: Draft, together: bool) -> bool:
+        """Heads drafted this step (and may again), their plan drafts, or nobody drafted and a probe of heads
+        is due (probes are made for a lone generation only)."""
+        drafter_set = generation.drafter_set
+        if (drafter_set.mode or self.mode) not in ("heads", "combined"):
+            return False
+        controller = self.controller("heads", drafter_set)
+        if controller is None:
+            return False
+        if draft.tokens:
+            return draft.choice.drafter is drafter_set.drafters["heads"] or controller.best(0)[0] > 0
+        return controller.best(0)[0] > 0 or (not together and controller.probe_due(0))
+
     def choice(self, generation: Generation, room: int) -> DraftChoice:
         """Which of the drafting's drafters proposes the generation's next step, what it hinted, and how many
         tokens it may draft at most.

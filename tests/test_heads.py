@@ -73,6 +73,34 @@ def test_a_verification_pass_keeps_the_hidden_state_that_chose_the_next_token(ta
     assert target.hidden_before([*ids, 99]) is None
 
 
+def test_a_sequence_told_no_hidden_states_gets_the_same_logits_and_no_rows(target):
+    ids = target.tokenize(TEXT, add_special=True)[:24]
+    target.reserve_sequences(2)
+    try:
+        target.decode(ids[:10], n_logits=0, seq=0)
+        with_rows = target.decode(ids[10:14], n_logits=4, seq=0).copy()
+        assert target.last_hidden(0).shape == (4, target.n_embd)
+        target.rewind(10, seq=0)
+        target.want_hidden(0, False)
+        assert np.array_equal(target.decode(ids[10:14], n_logits=4, seq=0), with_rows)
+        assert target.last_hidden(0) is None
+        target.decode(ids[:10], n_logits=0, seq=1)
+        target.decode_sequences([(0, ids[14:16], 2), (1, ids[10:12], 2)])
+        assert target.last_hidden(0) is None and target.last_hidden(1).shape == (2, target.n_embd)
+        target.want_hidden(1, False)
+        target.decode_sequences([(0, ids[16:17], 1), (1, ids[12:13], 1)])
+        assert target.last_hidden(0) is None and target.last_hidden(1) is None
+        target.want_hidden(0, True)
+        target.decode(ids[17:18], n_logits=1, seq=0)
+        assert target.last_hidden(0).shape == (1, target.n_embd)
+        hidden, _ = target.teacher_pass(ids[13:15], seq=1)  # a teacher pass has them, whatever it was told
+        assert np.isfinite(hidden.astype(np.float32)).all() and target.last_hidden(1) is not None
+    finally:
+        target.want_hidden(0, True)
+        target.want_hidden(1, True)
+        target.reserve_sequences(1)
+
+
 def test_trained_heads_are_saved_with_what_they_were_trained_on(trained, tiny_models):
     path, record = trained
     assert path.is_file() and not resume_path_for(path).exists()

@@ -12,6 +12,7 @@ from edgespec.backend import LlamaModel
 from edgespec.backend.hidden import HiddenStateModel
 from edgespec.costs import CostModel
 from edgespec.errors import EdgespecError
+from edgespec.generation import Step
 from edgespec.heads.job import Budget, Sources, train_heads
 from edgespec.heads.projection import LmHead
 from edgespec.heads.training import TrainingPlan
@@ -151,6 +152,39 @@ def test_the_controller_drafts_with_heads_only_where_they_pay(tiny_models, reque
         assert drafting_steps > stats.steps / 2
     else:  # what finding out costs: probes within the controller's 1% budget, and the first guess
         assert drafting_steps <= 0.03 * stats.steps + 1
+
+
+@pytest.mark.parametrize("mode", ["heads", "combined"])
+def test_hidden_states_are_kept_only_for_steps_that_heads_draft_from(tiny_models, weak_heads_path, mode):
+    # Weak heads on a CPU-like curve: the controller never plans a heads draft, only probes now and then
+    # (on their own, or where n-grams have no match), so the target's passes keep hidden states only in
+    # the steps before a probe and in the probe's own step.
+    engine = load_engine(tiny_models["target"], "heads", heads_path=weak_heads_path, n_ctx=512, cost_curve=CPU_CURVE,
+                         n_threads=1, bit_exact=True, notice=lambda _: None)
+    params = SamplingParams(temperature=0.0, max_tokens=160)
+    prompt_ids = engine.prompt_tokens(PROMPTS[2], raw=True)
+    runs = {}
+    for run_mode in ("none", mode):
+        engine.configure(mode=run_mode)
+        engine.forget_learning()
+        kept, heads_drafts, drafted_any, tokens = [], [0], [], []
+        for event in engine.stream_tokens(prompt_ids, params):
+            if isinstance(event, Step):
+                kept.append(engine.target.last_hidden(0) is not None)
+                heads_drafts.append(sum(event.stats.drafted_by_position.get("heads", [0])[:1]))
+                drafted_any.append(event.drafted > 0)
+                tokens += [token.id for token in event.tokens]
+        runs[run_mode] = kept, np.diff(heads_drafts) > 0, drafted_any, tokens
+    engine.close()
+    (plain_kept, _, _, plain_tokens), (kept, heads, drafted_any, tokens) = runs["none"], runs[mode]
+    assert tokens == plain_tokens
+    assert not any(plain_kept)
+    assert all(kept[t - 1] for t in range(1, len(kept)) if heads[t])  # heads draft only from kept rows
+    assert all(heads[t] or not drafted_any[t] for t in range(len(kept)) if kept[t])  # never beside n-grams' drafts
+    if mode == "heads":  # there, a probe waits for nothing: rows are kept only just before it and in it
+        assert heads.any()
+        assert all(heads[t] or heads[t + 1] for t in range(len(kept) - 2) if kept[t])
+        assert sum(kept) <= 2 * heads.sum()
 
 
 def test_drafting_with_heads_needs_trained_heads(tiny_models, tmp_path, monkeypatch):

@@ -6,8 +6,10 @@ the hidden state the lm_head turned into them (``llama_get_embeddings``).
 llama.cpp then outputs every token of a batch, whatever its flags say, so
 the embeddings output is switched on only for passes that want every row
 anyway (verification and teacher passes) and off for a prompt's prefill,
-whose rows nobody reads.  A model without heads is a plain LlamaModel:
-nothing here runs for it.
+whose rows nobody reads.  The drafting also switches it off for a sequence
+while heads will not draft from its next rows (`want_hidden`): then its
+passes cost what a plain model's do.  A model without heads is a plain
+LlamaModel: nothing here runs for it.
 
 With a usage sink set, the hidden states of rows that verification kept
 (their tokens stayed in the cache) are handed to it, with the tokens that
@@ -68,6 +70,7 @@ class HiddenStateModel(LlamaModel):
         self._last_pass: dict[int, HiddenPass] = {}
         self._kept: dict[int, _KeptRows] = {}
         self._seqs_heads_draft_for: set[int] = set()  # sequences heads draft for (hidden_before asked), whose rows are kept
+        self._seqs_without_hidden: set[int] = set()  # sequences whose passes return no hidden states (want_hidden)
         if self.context.pools_hidden_states:
             self.close()
             raise ModelLoadError(f"{self.path.name} pools its hidden states (an embedding model?): "
@@ -78,8 +81,15 @@ class HiddenStateModel(LlamaModel):
             self.context.output_hidden_states(on)
             self._hidden_output = on
 
+    def want_hidden(self, seq: int, wanted: bool) -> None:
+        """Whether the sequence's next every-row passes return their hidden states (yes until told otherwise)."""
+        if wanted:
+            self._seqs_without_hidden.discard(seq)
+        else:
+            self._seqs_without_hidden.add(seq)
+
     def decode(self, tokens: Sequence[int], n_logits: int = 1, *, copy: bool = True, seq: int = 0):
-        every_row = 0 < len(tokens) == n_logits
+        every_row = 0 < len(tokens) == n_logits and seq not in self._seqs_without_hidden
         self._keep_rows(seq, len(self.cached_of(seq)))
         self._output_hidden(every_row)
         first = len(self.cached_of(seq))
@@ -92,7 +102,8 @@ class HiddenStateModel(LlamaModel):
         return logits
 
     def decode_sequences(self, parts):
-        every_row = all(0 < len(part) == n_logits for _, part, n_logits in parts)
+        every_row = (all(0 < len(part) == n_logits for _, part, n_logits in parts)
+                     and any(seq not in self._seqs_without_hidden for seq, _, _ in parts))
         for seq, _, _ in parts:
             self._keep_rows(seq, len(self.cached_of(seq)))
         self._output_hidden(every_row)
@@ -102,7 +113,10 @@ class HiddenStateModel(LlamaModel):
             rows = self.context.hidden_view(sum(len(part) for _, part, _ in parts), self.n_embd)
             offset = 0
             for (seq, part, _), first in zip(parts, firsts):
-                self._last_pass[seq] = HiddenPass(first, tuple(part), rows[offset:offset + len(part)].copy())
+                if seq in self._seqs_without_hidden:
+                    self._last_pass.pop(seq, None)
+                else:
+                    self._last_pass[seq] = HiddenPass(first, tuple(part), rows[offset:offset + len(part)].copy())
                 offset += len(part)
         else:
             for seq, _, _ in parts:
@@ -201,6 +215,7 @@ class HiddenStateModel(LlamaModel):
         The passes are as wide as the output buffer allows (MAX_OUTPUT_ROWS):
         every row's logits are read once, for their argmax, and dropped.
         """
+        self.want_hidden(seq, True)
         width = min(MAX_OUTPUT_ROWS, self.n_batch)
         hidden = np.empty((len(tokens), self.n_embd), dtype=np.float16)
         top = np.empty(len(tokens), dtype=np.int32)

@@ -34,6 +34,10 @@ class HeadsDrafter:
         """The same heads drafting for another sequence of the target's cache."""
         return HeadsDrafter(self.target, self.heads, self._token_row, seq, self.heldout_top1)
 
+    def want_rows(self, wanted: bool) -> None:
+        """Whether the target's next pass of this sequence keeps the hidden states heads draft from."""
+        self.target.want_hidden(self.seq, wanted)
+
     def peek(self, context: list[int]) -> Hint:
         ready = self.target.hidden_before(context, self.seq) is not None
         return Hint(0, self.heads.n_heads if ready else 0)
