@@ -13,10 +13,10 @@ the controller notices when drafting pays again: a probe drafts `probe_k` tokens
 allowance, in plain steps' time, that grows by `probe_budget` at each step of their signal (`watch`,
 whether the drafter can propose then or not): a probe is made only while the allowance covers what
 it loses if all of it is rejected, and each probe spends what it really lost against plain decoding
-on the cost curve (C(k) / T(1) less the tokens it gave). As a probe is made only with its worst loss in hand, probes never lose more than
-`probe_budget` of plain decoding's time, whatever the acceptance; and a probe that pays adds what it
-gained, so probes follow each other at once while they pay and the controller finds a drafter that
-does. A drafter that learns in hindsight needs no probes.
+on the cost curve (C(k) / T(1) less the tokens it gave). As a probe is made only with its worst loss
+in hand, probes never lose more than `probe_budget` of plain decoding's time, whatever the
+acceptance; and a probe that pays adds what it gained, so probes follow each other at once while they
+pay and the controller finds a drafter that does. A drafter that learns in hindsight needs no probes.
 
 A speed guard (SpeedGuard) watches what the drafted steps really gave: their tokens against what
 plain decoding would have made in their time. While they lose, the gain the estimates promise is
@@ -250,7 +250,8 @@ class DraftLengthController:
         self.estimate.record(proposed, accepted, signal)
         if probing:  # what it lost against plain decoding, in plain steps; a probe that paid gives back its gain
             lost = self._plan_seconds[proposed] / self._plan_seconds[0] - (accepted + 1)
-            self._allowances[signal] = min(self._allowances[signal] - lost, PROBE_SAVINGS * self._probe_worst_loss)
+            left = self._allowances.get(signal, 0.0) - lost
+            self._allowances[signal] = min(left, PROBE_SAVINGS * self._probe_worst_loss)
 
 
 def controller_for(drafter: str, cost: CostModel, k_max: int, fixed_k: int | None = None,
