@@ -66,6 +66,11 @@ class NgramPool:
         """Tokens held now, over all texts."""
         return self._tokens
 
+    @property
+    def indexed_ngrams(self) -> int:
+        """N-grams in the lookup index now: what its memory grows with (kept within a bound of the tokens held)."""
+        return len(self._index)
+
     def add(self, tokens: Sequence[int]) -> None:
         """Keep a text (its last POOL_MAX_TEXT_TOKENS tokens) for later lookups; drop the oldest past the bound."""
         text = tuple(tokens[-min(POOL_MAX_TEXT_TOKENS, self.max_tokens):])

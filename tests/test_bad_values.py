@@ -304,7 +304,10 @@ def test_a_locked_history_is_an_error_and_is_not_moved_aside(tmp_path):
 def test_a_stored_chat_with_damaged_json_is_a_history_error(tmp_path):
     store = ChatStore(tmp_path / "h.sqlite3")
     chat = store.save_chat(None, "t", "/m.gguf", {}, {"messages": []}, {})
-    store._db.execute("UPDATE chats SET session = '{not json' WHERE id = ?", (chat,))
+    outside = sqlite3.connect(tmp_path / "h.sqlite3")  # damaged from outside, as a disk or another program would
+    with outside:
+        outside.execute("UPDATE chats SET session = '{not json' WHERE id = ?", (chat,))
+    outside.close()
     with pytest.raises(HistoryError, match=f"chat {chat} .* is damaged"):
         store.load_chat(chat)
 

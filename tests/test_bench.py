@@ -206,7 +206,7 @@ def test_the_summary_row_carries_the_paired_median_and_quartiles():
     for b in base:
         b.update(draft_tokens_accepted=0, draft_tokens_proposed=0, target_forward_passes=2, tokens_generated=2,
                  steps=2, decode_seconds=1.0)
-    row = report._summary_row(0.0, "s", config, mine, base)
+    row = report.summary_row(0.0, "s", config, mine, base)
     assert row["speedup_paired_median"] == pytest.approx(1.15)
     assert row["paired_runs"] == 4
     assert row["speedup_paired_q1"] <= 1.15 <= row["speedup_paired_q3"]

@@ -31,7 +31,7 @@ def test_the_pool_stays_within_its_bound_and_forgets_the_oldest():
     assert pool.lookup([0, 1, 2], k=2) is None  # long dropped
     assert pool.lookup([1950, 1951, 1952], k=2) == (3, [1953, 1954])
     # the index is rebuilt as dropped texts fill it, so it stays proportional to what is kept
-    assert len(pool._index) <= 2 * len(pool.lengths) * pool.tokens
+    assert pool.indexed_ngrams <= 2 * len(pool.lengths) * pool.tokens
 
 
 def test_a_token_index_finds_the_longest_match_with_a_continuation():

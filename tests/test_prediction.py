@@ -133,9 +133,9 @@ class _EngineWithPool:
 def test_the_server_never_shares_a_pool_between_api_keys():
     worker = EngineWorker(_EngineWithPool(), queue_size=1, on_finished=lambda job, result: None)
     job = lambda client: Job(None, None, 60.0, client=client)
-    alice, bob = worker._pool(job("Bearer alice")), worker._pool(job("Bearer bob"))
+    alice, bob = worker.pool_for(job("Bearer alice")), worker.pool_for(job("Bearer bob"))
     assert alice is not bob and alice is not _EngineWithPool.pool
-    assert worker._pool(job("Bearer alice")) is alice
+    assert worker.pool_for(job("Bearer alice")) is alice
     for n in range(MAX_CLIENT_POOLS):
-        worker._pool(job(f"Bearer other-{n}"))
-    assert worker._pool(job("Bearer alice")) is not alice  # bounded: the least recently used pool went
+        worker.pool_for(job(f"Bearer other-{n}"))
+    assert worker.pool_for(job("Bearer alice")) is not alice  # bounded: the least recently used pool went

@@ -168,7 +168,7 @@ class EngineWorker:
             try:
                 if not job.cancel.is_set():
                     return ScheduledJob(job, self._prompt_ids(job.request), job.request.params, job.cancel,
-                                        prediction=self._prediction_ids(job.request), pool=self._pool(job))
+                                        prediction=self._prediction_ids(job.request), pool=self.pool_for(job))
                 if job.stopped_by is not None:
                     job.deliver(job.stopped_by)
             except Exception as error:
@@ -189,7 +189,7 @@ class EngineWorker:
     def _prediction_ids(self, request: CompletionRequest) -> list[int] | None:
         return self.engine.prediction_tokens(request.prediction)
 
-    def _pool(self, job: Job) -> NgramPool | None:
+    def pool_for(self, job: Job) -> NgramPool | None:
         """The pool of earlier requests' texts for this job's client (API key): never shared between
         clients; the least recently used is dropped past MAX_CLIENT_POOLS.  None when the engine keeps no pool."""
         if self.engine.pool is None:

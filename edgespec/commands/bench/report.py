@@ -21,11 +21,11 @@ def summarize(runs: list[dict], plan: list[BenchConfig]) -> list[dict]:
             for config in plan:
                 mine = [r for r in chosen if r["config"] == config.name]
                 if mine:
-                    rows.append(_summary_row(temperature, suite, config, mine, baseline))
+                    rows.append(summary_row(temperature, suite, config, mine, baseline))
     return rows
 
 
-def _summary_row(temperature: float, suite: str, config: BenchConfig, runs: list[dict], baseline: list[dict]) -> dict:
+def summary_row(temperature: float, suite: str, config: BenchConfig, runs: list[dict], baseline: list[dict]) -> dict:
     tps = [r["decode_tokens_per_second"] for r in runs]
     base_tps = statistics.median(r["decode_tokens_per_second"] for r in baseline)
     speedup = statistics.median(tps) / base_tps if base_tps else None
