@@ -51,6 +51,11 @@ MAX_AGE_DAYS = 30.0
 CURVE_NOISE = 0.1
 # 2: curves reach past the bit-exact width, and entries keep the kernels' logit drift per width
 CACHE_VERSION = 2
+# How the cost of passes over several sequences was measured: entries measured otherwise are measured
+# again.  2: with flash attention, as contexts of several sequences run (backend.context), 256 deep and
+# up to 16 sequences (cost_profile.SEQUENCE_GRID); before, without it and 32 deep, which hid what
+# attending over every sequence's cells costs at depth.
+SEQUENCES_METHOD = 2
 # The shortest time between two measurements of a model's curve that passes during generation
 # call for (StepTimeWatch): a machine whose load comes and goes gets one a few times a day at most.
 MIN_REMEASURE_INTERVAL_SECONDS = 6 * 3600.0
@@ -254,7 +259,8 @@ class CalibrationCache:
             curve = tuple(float(s) for s in entry["forward_seconds"])
             stale = bool(entry["stale"]) or not 0 <= age <= self.max_age_seconds
             drift = {int(w): float(d) for w, d in entry.get("drift", [])}
-            sequences = tuple((int(n), int(rows), float(f)) for n, rows, f in entry.get("sequences", []))
+            sequences = tuple((int(n), int(rows), float(f)) for n, rows, f in entry.get("sequences", [])
+                              if entry.get("sequences_method") == SEQUENCES_METHOD)
         except (TypeError, KeyError, ValueError):
             return None  # missing or hand-edited entry: measure again
         if max_width < 1 or not curve or not all(math.isfinite(s) and s > 0 for s in curve):
@@ -282,6 +288,7 @@ class CalibrationCache:
         entry = entries.get(key.digest())
         if isinstance(entry, dict):
             entry["sequences"] = [list(point) for point in sequences]
+            entry["sequences_method"] = SEQUENCES_METHOD
             self._write(entries)
 
     def mark_stale(self, key: CalibrationKey, now: float | None = None, min_age_seconds: float = 0.0) -> bool:

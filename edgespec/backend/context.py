@@ -38,12 +38,20 @@ class Context:
     With several sequences the buffer is unified (each attends to its own
     cells): with a buffer per sequence llama.cpp splits a pass into one
     physical pass per run of consecutive sequence ids holding equal numbers
-    of tokens, up to one per sequence.
+    of tokens, up to one per sequence.  And flash attention is on: without
+    it every row's attention is computed over every sequence's cells and
+    masked afterwards, so a pass over 16 sequences 256 tokens deep cost
+    1.6x what it costs with it (Qwen2.5-Coder-1.5B, 2-core EPYC), while
+    its kernel skips the cells a row does not see.  Rows in such a pass are
+    not bit-identical to one-token passes anyway (the kernels follow the
+    pass's width); flash attention's rounding moves them a little further
+    (the largest logit difference from lone one-token passes, 8 sequences
+    of that model 290 deep: 1.1 with it, 0.7 without; no argmax changed).
     """
 
     def __init__(self, weights, n_vocab: int, *, n_ctx: int, n_batch: int, n_seq: int, n_threads: int,
                  type_k: str, type_v: str, flash_attn: bool):
-        self.type_k, self.type_v, self.flash_attn = type_k, type_v, flash_attn
+        self.type_k, self.type_v, self.flash_attn = type_k, type_v, flash_attn or n_seq > 1
         self.n_vocab = n_vocab
         self._path = weights.path
         self._ctx = self._create(weights, n_ctx * n_seq, n_batch, n_seq, n_threads)

@@ -100,7 +100,9 @@ def time_sequence_passes(model: LlamaModel, grid: Sequence[tuple[int, int]], dep
                          budget_seconds: float, turns: int = 2) -> list[tuple[int, int, float]]:
     """What a pass over several sequences costs against one sequence's pass over as many rows.
 
-    For each (n, rows) of grid, fewest rows first: a pass adding `rows` rows
+    For each (n, rows) of grid, fewest rows each first, then fewest sequences
+    (so every n is measured at one row, what the number decoded together is
+    chosen on, before any is at more): a pass adding `rows` rows
     (logits for each) to each of n sequences, every one `depth` tokens deep
     in cells of its own, timed in turns with a pass adding n x rows rows to
     one of them (so both meet the same load); (n, rows, the ratio of their
@@ -120,7 +122,7 @@ def time_sequence_passes(model: LlamaModel, grid: Sequence[tuple[int, int]], dep
             context.load_state(state, prompt, seq)
         _timed_pass(context, [(0, [filler], 1)], depth)  # the first pass of a context allocates its buffers
         points, spent = [], 0.0
-        for n, rows in sorted(grid, key=lambda point: (point[0] * point[1], point[0])):
+        for n, rows in sorted(grid, key=lambda point: (point[1], point[0])):
             if points and spent > budget_seconds:
                 break
             shared, alone = [], []
