@@ -290,8 +290,7 @@ def test_damage_found_by_a_later_query_is_moved_aside_with_its_wal(tmp_path):
 def test_a_locked_history_is_an_error_and_is_not_moved_aside(tmp_path):
     path = tmp_path / "history.sqlite3"
     write_history(path, chats=2)
-    store = ChatStore(path)
-    store._db.execute("PRAGMA busy_timeout = 0")
+    store = ChatStore(path, lock_wait_seconds=0.0)
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     with pytest.raises(HistoryError, match="locked"):

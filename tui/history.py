@@ -121,8 +121,9 @@ def _recovering(query):
 
 
 class ChatStore:
-    def __init__(self, path: Path | None = None):
+    def __init__(self, path: Path | None = None, lock_wait_seconds: float = 5.0):
         self.path = path or data_dir() / HISTORY_FILE
+        self.lock_wait_seconds = lock_wait_seconds  # how long a write waits for another app holding the file
         self.notices: list[str] = []  # what the app should tell the user: each said once
         self.on_notice: Callable[[str], None] | None = None
         try:
@@ -137,7 +138,7 @@ class ChatStore:
 
     def _connect(self) -> sqlite3.Connection:
         """Open the file, check it and bring its schema up to date; _Corrupt if it is damaged."""
-        db = sqlite3.connect(self.path, isolation_level=None)
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=self.lock_wait_seconds)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             # Damage in pages the start-up does not read would only show in a later query.
