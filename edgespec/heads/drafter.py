@@ -8,11 +8,12 @@ q rows), verified like n-grams' (verify.accept_candidates), so output stays
 exact.  The first step of a generation has no such row (the prompt's
 prefill outputs none) and drafts nothing.
 
-The heads' matrix products run on one BLAS thread.  OpenBLAS's worker
-threads spin for a while after each product, and llama.cpp's threads want
-every core for the pass that follows: on 2 cores, BLAS's own threads made
-each heads step 80 ms slower (177 ms against 110 ms for a 4-row step of
-Qwen2.5-Coder-1.5B), while one thread drafts three tokens in 5 ms.
+The heads' matrix products run on the cores llama.cpp's threads leave
+free, and on one at least.  OpenBLAS's worker threads spin for a while
+after each product, and llama.cpp's threads want their cores for the pass
+that follows: on 2 cores, with BLAS on both, each heads step of
+Qwen2.5-Coder-1.5B took 80 ms longer (177 ms against 100 ms for a 4-row
+step), while one BLAS thread drafts three tokens in 5 ms.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from ..drafters import NO_PROPOSAL, Hint, Proposal
+from ..limits import usable_cores
 from .network import Heads
 
 
@@ -38,13 +40,14 @@ class HeadsDrafter:
         self.seq = seq
         self.heldout_top1 = heldout_top1  # the heads file's own figures, the controller's starting guess
         self._blas = blas or ThreadpoolController()  # finding the BLAS libraries takes ~2 ms: done once
+        self._blas_threads = max(1, usable_cores() - target.n_threads)
 
     def for_sequence(self, seq: int) -> HeadsDrafter:
         """The same heads drafting for another sequence of the target's cache."""
         return HeadsDrafter(self.target, self.heads, self._token_row, seq, self.heldout_top1, self._blas)
 
     def _draft(self, hidden: np.ndarray, chosen: int, k: int, stop_below=()) -> list[int]:
-        with self._blas.limit(limits=1, user_api="blas"):  # 11 us: see the module's docstring
+        with self._blas.limit(limits=self._blas_threads, user_api="blas"):  # 11 us: see the module's docstring
             return self.heads.draft(hidden, chosen, k, self._token_row, stop_below)
 
     def want_rows(self, wanted: bool) -> None:
