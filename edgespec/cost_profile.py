@@ -24,10 +24,11 @@ from .draft_cost import draft_token_share
 from .limits import MAX_DRAFT_TOKENS
 
 # Passes over several sequences: how many sequences and how many rows each (a step's own token plus
-# drafts), each sequence this deep in cells of its own, about as deep as a batch's short requests are
-# midway (at 32 deep the grid missed half of what 16 sequences cost 256 deep).  Each point is two passes
-# timed in turns; what the budget leaves out is interpolated (calibration.SEQUENCES_METHOD: change it
-# with these).
+# drafts), each sequence this deep in cells of its own: about as deep as a batch's short requests are
+# midway, where attending in a buffer that holds every sequence's cells shows its cost (32 deep, without
+# flash attention, the grid saw 16 sequences as free where 256 deep they cost 1.6-2.4x).  Each point is
+# two passes timed in turns; what the budget leaves out is interpolated (calibration.SEQUENCES_METHOD:
+# change it with these).
 SEQUENCE_GRID = tuple((n, rows) for n in (2, 4, 8, 16) for rows in (1, 2, 4))
 SEQUENCE_DEPTH = 256
 SEQUENCE_BUDGET_SECONDS = 4.0

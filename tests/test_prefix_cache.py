@@ -55,8 +55,9 @@ def test_a_state_restores_into_any_sequence_of_a_parallel_context(tiny_models):
     model.decode(ids[:-1], n_logits=0)
     single = model.state_bytes()
     model.reserve_sequences(2)  # a new context for two sequences in one KV buffer, as batch --parallel makes
-    # its flash attention lays the values out otherwise than a lone context does: a lone context's state is
-    # refused whole (the snapshot keys keep them apart anyway: SnapshotKey.n_seq)
+    # its flash attention (llama.cpp turns it on for every CPU) lays the values out otherwise than a lone
+    # context does: a lone context's state is refused whole (the snapshot keys keep them apart anyway)
+    assert model.kv_cache_label == "K f16, V f16, flash attention on"
     assert not model.load_state(single, ids[:-1], seq=1) and model.cached_of(1) == []
     model.decode(ids[:-1], n_logits=0, seq=1)
     state = model.state_bytes(1)

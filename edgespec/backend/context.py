@@ -21,7 +21,7 @@ import llama_cpp
 from ..errors import ContextOverflowError, DecodeError, ModelLoadError, Setting
 from ..limits import MAX_OUTPUT_ROWS, N_UBATCH
 from .batch import TokenBatch
-from .runtime import forget_log, last_error, logged_kv_buffer_bytes
+from .runtime import forget_log, last_error, logged_flash_attention, logged_kv_buffer_bytes
 from .state import state_buffer
 
 _GGML_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
@@ -38,23 +38,27 @@ class Context:
     With several sequences the buffer is unified (each attends to its own
     cells): with a buffer per sequence llama.cpp splits a pass into one
     physical pass per run of consecutive sequence ids holding equal numbers
-    of tokens, up to one per sequence.  And flash attention is on: without
-    it every row's attention is computed over every sequence's cells and
-    masked afterwards, so a pass over 16 sequences 256 tokens deep cost
-    1.6x what it costs with it (Qwen2.5-Coder-1.5B, 2-core EPYC), while
-    its kernel skips the cells a row does not see.  Rows in such a pass are
-    not bit-identical to one-token passes anyway (the kernels follow the
-    pass's width); flash attention's rounding moves them a little further
-    (the largest logit difference from lone one-token passes, 8 sequences
-    of that model 290 deep: 1.1 with it, 0.7 without; no argmax changed).
+    of tokens, up to one per sequence.  And flash attention is left to
+    llama.cpp, which turns it on wherever the device that runs the layers
+    runs the op (every CPU): without it every row's attention is computed
+    over every sequence's cells and masked afterwards, so a pass over 16
+    sequences 256 tokens deep cost 1.6-2.4x what it costs with it
+    (Qwen2.5-Coder-1.5B, 2-core EPYC), while its kernel skips the cells a
+    row does not see.  Rows in such a pass are not bit-identical to
+    one-token passes anyway (the kernels follow the pass's width); flash
+    attention's rounding moves them a little further (the largest logit
+    difference from lone one-token passes, 8 sequences of that model 290
+    deep: 1.1 with it, 0.7 without; no argmax changed).
     """
 
     def __init__(self, weights, n_vocab: int, *, n_ctx: int, n_batch: int, n_seq: int, n_threads: int,
                  type_k: str, type_v: str, flash_attn: bool):
-        self.type_k, self.type_v, self.flash_attn = type_k, type_v, flash_attn or n_seq > 1
+        self.type_k, self.type_v = type_k, type_v
         self.n_vocab = n_vocab
         self._path = weights.path
-        self._ctx = self._create(weights, n_ctx * n_seq, n_batch, n_seq, n_threads)
+        self._ctx = self._create(weights, n_ctx * n_seq, n_batch, n_seq, n_threads, flash_attn)
+        # on when asked for; with several sequences, as llama.cpp decided
+        self.flash_attn = flash_attn or (n_seq > 1 and logged_flash_attention())
         self.kv_buffer_bytes = logged_kv_buffer_bytes()  # llama.cpp's own count; None if it did not log one
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx) // n_seq  # per sequence
         self.n_batch = llama_cpp.llama_n_batch(self._ctx)  # llama.cpp caps it at n_ctx
@@ -65,7 +69,7 @@ class Context:
         self.forward_passes = 0
         self.decode_ns = 0  # time inside llama_decode, summed: what `bench --overhead` subtracts
 
-    def _create(self, weights, n_ctx: int, n_batch: int, n_seq: int, n_threads: int):
+    def _create(self, weights, n_ctx: int, n_batch: int, n_seq: int, n_threads: int, flash_attn: bool):
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
@@ -77,9 +81,14 @@ class Context:
         params.n_threads_batch = n_threads
         # Flash attention tiles its reductions by the number of tokens in the
         # pass, so a verified row would differ from the same row decoded alone:
-        # it is on only when asked for (which the engine refuses under --bit-exact).
-        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
-                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        # one sequence's context has it only when asked for (which the engine
+        # refuses under --bit-exact); several sequences' see the class's docstring.
+        if flash_attn:
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        elif n_seq > 1:
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+        else:
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.type_k, params.type_v = _GGML_TYPES[self.type_k], _GGML_TYPES[self.type_v]
         forget_log()
         ctx = llama_cpp.llama_init_from_model(weights.handle, params)

@@ -14,6 +14,9 @@ _recent_log_lines: deque[str] = deque(maxlen=20)
 # llama.cpp's own count of the KV cache it allocated, one line per buffer (CPU, each GPU), since forget_log()
 _kv_buffer_lines: list[str] = []
 _KV_BUFFER_SIZE = re.compile(r"KV buffer size\s*=\s*([0-9.]+) MiB")
+# llama.cpp's verdict on flash attention for a context that leaves it to llama.cpp, since forget_log()
+_flash_attn_verdicts: list[bool] = []
+_FLASH_ATTN_VERDICT = re.compile(r"Flash Attention (enabled|not supported)")
 
 
 @llama_cpp.llama_log_callback
@@ -24,6 +27,9 @@ def _capture_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         _recent_log_lines.append(line)
         if _KV_BUFFER_SIZE.search(line):
             _kv_buffer_lines.append(line)
+        verdict = _FLASH_ATTN_VERDICT.search(line)
+        if verdict:
+            _flash_attn_verdicts.append(verdict.group(1) == "enabled")
 
 
 llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))
@@ -59,6 +65,7 @@ def forget_log() -> None:
     """Start a fresh log, so last_error() explains the next failure and not an older one."""
     _recent_log_lines.clear()
     _kv_buffer_lines.clear()
+    _flash_attn_verdicts.clear()
 
 
 def logged_kv_buffer_bytes() -> int | None:
@@ -66,6 +73,12 @@ def logged_kv_buffer_bytes() -> int | None:
     (to 0.01 MiB, as it logs them); None when it reported none."""
     sizes = [float(_KV_BUFFER_SIZE.search(line).group(1)) for line in _kv_buffer_lines]
     return round(sum(sizes) * 1024 * 1024) if sizes else None
+
+
+def logged_flash_attention() -> bool:
+    """Whether llama.cpp turned flash attention on for the contexts made since forget_log() that left it
+    to llama.cpp: on where the device running the layers runs the op, off (with a warning) elsewhere."""
+    return bool(_flash_attn_verdicts) and all(_flash_attn_verdicts)
 
 
 def last_error() -> str:
