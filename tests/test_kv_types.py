@@ -77,3 +77,20 @@ def test_the_default_cache_keeps_the_calibration_key_it_had_before_kv_types(smol
     key = CalibrationKey.for_model(smollm2_path, 0, 1, "llama-cpp-python 0.3.36")
     fields = {name: value for name, value in dataclasses.asdict(key).items() if name != "kv_cache"}
     assert key.digest() == hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def test_sequences_decoded_together_on_a_quantised_key_cache_run_with_flash_attention(smollm2_path):
+    """llama.cpp's AUTO choice (backend.context) on keys it must dequantise inside flash attention."""
+    from edgespec.generation import Done
+    from edgespec.scheduler import Job
+
+    engine, _ = load(smollm2_path, kv_type="q8_0")
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=12)
+        jobs = iter([Job(i, engine.prompt_tokens(p), params) for i, p in enumerate(["Say hello.", "Count to five."])])
+        done = {key: event.result for key, event in engine.scheduler(2).run(lambda wait: next(jobs, None))
+                if isinstance(event, Done)}
+        assert engine.target.kv_cache_label == "K q8_0, V f16, flash attention on"
+        assert sorted(done) == [0, 1] and all(len(r.token_ids) == 12 or r.finish_reason == "stop" for r in done.values())
+    finally:
+        engine.close()
