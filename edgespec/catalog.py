@@ -1,7 +1,8 @@
 """The model catalog: which models edgespec knows, and which of them are here.
 
 Catalog entries come from ``models/catalog.toml`` (shipped) and from
-``models.json`` in the model store (models the user imported).  A model is
+``models.json`` in the model store (models the user imported, and the drafts
+they paired with a target, which ``--draft auto`` prefers).  A model is
 present when its file exists with the catalog size: in the store as
 ``<name>.gguf``, in the Hugging Face cache for an ``hf`` source, or where a
 ``path`` source points.  Getting a missing one is fetch.py's job.
@@ -9,6 +10,7 @@ present when its file exists with the catalog size: in the store as
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -20,7 +22,8 @@ import platformdirs
 
 from edgespec.errors import EdgespecError
 from edgespec.files import atomic_write
-from edgespec.gguf_info import read_gguf_info
+from edgespec.gguf_info import GGUFInfo, read_gguf_info
+from edgespec.limits import MAX_VOCAB_SIZE_DIFFERENCE
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "models" / "catalog.toml"
 USER_CATALOG_NAME = "models.json"
@@ -110,13 +113,18 @@ def load_catalog() -> Catalog:
     for raw in shipped.get("models", []):
         entry = _parse_model(raw, CATALOG_PATH)
         models[entry.name] = entry
-    for raw in _read_user_catalog().get("models", []):
-        entry = _parse_model(raw, store_dir() / USER_CATALOG_NAME)
+    user = _read_user_catalog()
+    user_path = store_dir() / USER_CATALOG_NAME
+    for raw in user.get("models", []):
+        entry = _parse_model(raw, user_path)
         models[entry.name] = entry
-    pairs = tuple(_parse_pair(raw, models) for raw in shipped.get("pairs", []))
+    pairs = tuple(_parse_pair(raw, models, CATALOG_PATH) for raw in shipped.get("pairs", []))
     if sum(pair.default for pair in pairs) != 1:
         raise CatalogError(f"the model catalog {CATALOG_PATH} must mark exactly one pair `default = true`")
-    return Catalog(models, pairs)
+    # the user's own pairs first: a draft they paired with a target is the one they want for it
+    user_pairs = tuple(dataclasses.replace(_parse_pair(raw, models, user_path), default=False)
+                       for raw in user.get("pairs", []))
+    return Catalog(models, user_pairs + pairs)
 
 
 def _parse_model(raw: dict, origin: Path) -> ModelEntry:
@@ -184,18 +192,20 @@ def _excerpt(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _parse_pair(raw: dict, models: dict[str, ModelEntry]) -> Pair:
+def _parse_pair(raw: dict, models: dict[str, ModelEntry], origin: Path) -> Pair:
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{origin} lists a pair that is not a table (an object in JSON): {_excerpt(raw)}; fix or delete that entry")
     drafts = raw.get("draft", "")
     drafts = tuple(drafts) if isinstance(drafts, list) else (drafts,)
     pair = Pair(raw.get("name", ""), raw.get("target", ""), drafts, bool(raw.get("default", False)))
     for role, name in (("target", pair.target), *(("draft", d) for d in drafts)):
-        if name not in models:
-            raise CatalogError(f"pair {pair.name!r} in {CATALOG_PATH} names unknown {role} {name!r}")
+        if not isinstance(name, str) or name not in models:
+            raise CatalogError(f"pair {pair.name!r} in {origin} names unknown {role} {_excerpt(name)}; fix or delete that entry")
     return pair
 
 
 def _read_user_catalog() -> dict:
-    """models.json as {"models": [entry, ...]}; CatalogError for any other shape."""
+    """models.json as {"models": [entry, ...], "pairs": [pair, ...]}; CatalogError for any other shape."""
     path = store_dir() / USER_CATALOG_NAME
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -203,8 +213,9 @@ def _read_user_catalog() -> dict:
         return {}
     except (OSError, ValueError) as error:
         raise CatalogError(f"cannot read {path}: {error}; fix or delete that file") from None
-    if not isinstance(data, dict) or not isinstance(data.get("models", []), list):
-        raise CatalogError(f'{path} must hold {{"models": [...]}}, not {_excerpt(data)}; fix or delete that file')
+    if not isinstance(data, dict) or not all(isinstance(data.get(key, []), list) for key in ("models", "pairs")):
+        raise CatalogError(f'{path} must hold {{"models": [...], "pairs": [...]}}, not {_excerpt(data)}; '
+                           "fix or delete that file")
     for raw in data.get("models", []):
         _parse_model(raw, path)
     return data
@@ -245,8 +256,14 @@ def _hf_cached_file(source: Source) -> Path | None:
 # ---------------------------------------------------------------- importing
 
 
-def import_model(file: str | os.PathLike, name: str | None = None) -> ModelEntry:
-    """Register a local GGUF under a name, so it lists and resolves like catalog models."""
+def import_model(file: str | os.PathLike, name: str | None = None, draft_for: str | None = None) -> ModelEntry:
+    """Register a local GGUF under a name, so it lists and resolves like catalog models.
+
+    draft_for: the name of a catalog model this one drafts for.  `--draft auto` then picks it for that
+    target, before any draft the shipped catalog pairs with it; a later import for the same target replaces
+    it.  A draft whose GGUF header already shows another tokenizer than the target's is refused here; the
+    token-by-token check is the engine's, when it loads the pair.
+    """
     path = Path(file).expanduser().resolve()
     info = read_gguf_info(path)
     name = name or _name_from_file(path)
@@ -254,6 +271,8 @@ def import_model(file: str | os.PathLike, name: str | None = None) -> ModelEntry
     existing = catalog.models.get(name)
     if existing is not None and not existing.imported:
         raise EdgespecError(f"{name} is already a catalog model; import under another name with --name")
+    if draft_for is not None:
+        _check_drafts_for(info, name, catalog, draft_for)
     record = {
         "name": name,
         "description": info.name or path.name,
@@ -266,10 +285,37 @@ def import_model(file: str | os.PathLike, name: str | None = None) -> ModelEntry
     }
     user = _read_user_catalog()
     models = [model for model in user.get("models", []) if model.get("name") != name] + [record]
+    pairs = user.get("pairs", [])
+    if draft_for is not None:
+        pairs = [pair for pair in pairs if pair.get("target") != draft_for]
+        pairs.append({"name": f"{draft_for} with {name}", "target": draft_for, "draft": [name]})
     store = store_dir()
     store.mkdir(parents=True, exist_ok=True)
-    atomic_write(store / USER_CATALOG_NAME, json.dumps({"models": models}, indent=2))
+    atomic_write(store / USER_CATALOG_NAME, json.dumps({"models": models, "pairs": pairs}, indent=2))
     return _parse_model(record, store / USER_CATALOG_NAME)
+
+
+def _check_drafts_for(draft: GGUFInfo, name: str, catalog: Catalog, target_name: str) -> None:
+    """EdgespecError unless the draft may be paired with the catalog model target_name: another model, and
+    (when its file is here) one whose header names the same tokenizer."""
+    if target_name == name:
+        raise EdgespecError(f"{name} cannot draft for itself; name another target with --draft-for")
+    target_file = local_path(catalog.get(target_name))
+    if target_file is None:
+        return  # not pulled yet: the engine checks the pair when it loads it
+    target = read_gguf_info(target_file)
+    differences = [
+        f"{what} {theirs!r} vs {ours!r}" for what, theirs, ours in (
+            ("tokenizer", target.tokenizer_model, draft.tokenizer_model),
+            ("pre-tokenizer", target.metadata.get("tokenizer.ggml.pre"), draft.metadata.get("tokenizer.ggml.pre")),
+            ("BOS/EOS ids", (target.bos_id, target.eos_id), (draft.bos_id, draft.eos_id)),
+        ) if theirs != ours
+    ]
+    if abs(target.vocab_size - draft.vocab_size) > MAX_VOCAB_SIZE_DIFFERENCE:
+        differences.append(f"vocabulary sizes {target.vocab_size} vs {draft.vocab_size}")
+    if differences:
+        raise EdgespecError(f"{draft.path.name} cannot draft for {target_name}: its vocabulary is not the target's "
+                            f"({'; '.join(differences)}); pair it with a model of its own family")
 
 
 def _name_from_file(path: Path) -> str:

@@ -24,6 +24,7 @@ import numpy as np
 from .backend import LlamaModel, common_prefix_length
 from .errors import Setting, VocabMismatchError
 from .ngram_pool import NgramPool, TokenIndex
+from .limits import MAX_VOCAB_SIZE_DIFFERENCE
 from .limits import MODES  # noqa: F401  (the modes these drafters implement; the chat app reads them here)
 from .sampling import SamplingParams, sample, to_probs
 
@@ -272,10 +273,6 @@ class DraftModelDrafter:
 
 def _top_probability(logits: np.ndarray) -> float:
     return float(1.0 / np.exp(logits - logits.max()).sum())
-
-
-# Tokenizers of one family often pad their vocabulary to a round size; allow that much.
-MAX_VOCAB_SIZE_DIFFERENCE = 128
 
 
 def check_vocab_compatible(target: LlamaModel, draft: LlamaModel) -> None:

@@ -25,6 +25,10 @@ MAX_GPU_LAYERS = 2**31 - 1
 # over 33 tokens still costs only ~18 single steps, so copying long spans pays.
 MAX_DRAFT_TOKENS = 32
 
+# How much a draft's vocabulary may be longer or shorter than its target's: tokenizers of one family
+# often pad their vocabulary to a round size.
+MAX_VOCAB_SIZE_DIFFERENCE = 128
+
 # Drafting modes by drafter name, best first; "none" is plain decoding.
 MODES = ("combined", "draft-model", "heads", "ngram", "none")
 

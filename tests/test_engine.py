@@ -401,13 +401,13 @@ CHEAP_WIDE_PASSES = (1.0, 1.6, 2.1, 2.2, 3.2)  # the AVX2 EPYC's shape
 
 
 @pytest.fixture
-def auto_draft(tiny_models, monkeypatch):
-    """--draft auto resolves to the tiny draft, as the catalog's pairing would for a real target."""
-    import edgespec.loading as loading
+def auto_draft(tiny_models, tmp_path, monkeypatch):
+    """--draft auto resolves to the tiny draft: the user imported it as the tiny target's draft."""
+    from edgespec.catalog import import_model
 
-    resolve = loading._resolve_draft
-    monkeypatch.setattr(loading, "_resolve_draft", lambda target, draft, fetching:
-                        tiny_models["draft"] if draft == "auto" else resolve(target, draft, fetching))
+    monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "store"))
+    import_model(tiny_models["target"], name="tiny-target")
+    import_model(tiny_models["draft"], name="tiny-draft", draft_for="tiny-target")
     return tiny_models
 
 

@@ -10,7 +10,7 @@ import huggingface_hub
 import huggingface_hub.constants
 import pytest
 
-from edgespec.catalog import default_pair, import_model, load_catalog, local_path, UnknownModelError
+from edgespec.catalog import CatalogError, default_pair, import_model, load_catalog, local_path, UnknownModelError
 from edgespec.commands import main
 from edgespec.fetch import ModelUnavailableError, pull, resolve_draft, resolve_model
 from edgespec.errors import EdgespecError, ModelFileError
@@ -261,6 +261,38 @@ def test_import_registers_a_local_gguf(store, tmp_path, capsys):
     entry = import_model(tiny, name="tiny2")
     assert (entry.architecture, entry.quantization, entry.size) == ("llama", "F32", tiny.stat().st_size)
     assert set(load_catalog().models) >= {"my-tiny-model", "tiny2"}
+
+
+def test_a_draft_imported_for_a_target_is_the_pair_draft_auto_picks_first(store, tiny_models, capsys):
+    import_model(tiny_models["target"], name="tiny-target")
+    assert run_cli("import", str(tiny_models["draft"]), "--name", "tiny-draft", "--draft-for", "tiny-target") == 0
+    assert "--draft auto drafts with tiny-draft for tiny-target" in capsys.readouterr().out
+    pair = load_catalog().pairs[0]
+    assert (pair.target, pair.drafts, pair.default) == ("tiny-target", ("tiny-draft",), False)
+    assert sum(p.default for p in load_catalog().pairs) == 1, "the shipped default pair stays the default"
+    # a draft whose header shows another tokenizer is refused in one line, and nothing is registered
+    with pytest.raises(EdgespecError, match="cannot draft for tiny-target") as refused:
+        import_model(tiny_models["mismatch"], name="other", draft_for="tiny-target")
+    assert "\n" not in str(refused.value) and "BOS/EOS ids" in str(refused.value)
+    with pytest.raises(UnknownModelError):
+        import_model(tiny_models["draft"], name="d2", draft_for="no-such-model")
+    with pytest.raises(EdgespecError, match="cannot draft for itself"):
+        import_model(tiny_models["draft"], name="tiny-draft", draft_for="tiny-draft")
+    assert "other" not in load_catalog().models and load_catalog().pairs[0].drafts == ("tiny-draft",)
+    # a later draft for the same target replaces the pairing
+    import_model(tiny_models["target"], name="tiny-target-copy", draft_for="tiny-target")
+    assert [p.drafts for p in load_catalog().pairs if p.target == "tiny-target"] == [("tiny-target-copy",)]
+
+
+def test_a_user_pair_naming_a_model_that_is_gone_is_one_clear_line(store, tiny_models):
+    import_model(tiny_models["target"], name="tiny-target")
+    import_model(tiny_models["draft"], name="tiny-draft", draft_for="tiny-target")
+    user = json.loads((store / "models.json").read_text())
+    user["models"] = [m for m in user["models"] if m["name"] != "tiny-draft"]
+    (store / "models.json").write_text(json.dumps(user))
+    with pytest.raises(CatalogError, match="names unknown draft 'tiny-draft'; fix or delete that entry") as error:
+        load_catalog()
+    assert "models.json" in str(error.value)
 
 
 def test_import_rejects_non_gguf_and_catalog_names(store, tmp_path, tiny_bytes):

@@ -33,6 +33,8 @@ def add_models_parser(subparsers) -> None:
     importing = commands.add_parser("import", help="register a local GGUF file under a name")
     importing.add_argument("file", help="path to a .gguf file")
     importing.add_argument("--name", help="catalog name to use (default: from the file name)")
+    importing.add_argument("--draft-for", metavar="TARGET",
+                           help="a catalog model this one drafts for: --draft auto then uses it with TARGET")
     importing.set_defaults(func=_import)
 
     forgetting = commands.add_parser(
@@ -149,9 +151,11 @@ def _path(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    entry = import_model(args.file, name=args.name)
+    entry = import_model(args.file, name=args.name, draft_for=args.draft_for)
     print(f"imported {entry.name}: {entry.architecture} {entry.quantization}, "
           f"{format_size(entry.size)}, {entry.sources[0].path}")
+    if args.draft_for:
+        print(f"--draft auto drafts with {entry.name} for {args.draft_for}")
     return 0
 
 
