@@ -24,6 +24,7 @@ import numpy as np
 from .backend import LlamaModel, common_prefix_length
 from .errors import Setting, VocabMismatchError
 from .ngram_pool import NgramPool, TokenIndex
+from .renames import RenameTable
 from .limits import MAX_VOCAB_SIZE_DIFFERENCE
 from .limits import MODES  # noqa: F401  (the modes these drafters implement; the chat app reads them here)
 from .sampling import SamplingParams, sample, to_probs
@@ -98,7 +99,9 @@ class NgramDrafter:
     The index maps every n-gram (n_min..n_max) to the position right after its
     most recent occurrence.  It grows with the context, one position per
     accepted token, and is rebuilt only when the context is rewritten (a new
-    conversation, an edited turn).
+    conversation, an edited turn) or a rename is learned: the index reads the
+    context with the renames the text has made undone, and drafts write them
+    (renames.py), so a copy goes on across a renamed name.
 
     A generation may give it two more sources (ngram_pool.py): a prediction of
     the output, looked up like the context (the longer match wins, the
@@ -114,6 +117,8 @@ class NgramDrafter:
         self._indexed: list[int] = []  # the context list last indexed (the caller's own object)
         self._n_indexed = 0  # how many of its tokens the index covers
         self._next_after: dict[tuple[int, ...], int] = {}
+        self._canonical: list[int] = []  # the indexed tokens as the source spells them (renames undone)
+        self._renames = RenameTable()
         self.prediction: TokenIndex | None = None
         self.pool: NgramPool | None = None
 
@@ -128,11 +133,11 @@ class NgramDrafter:
         source, n, _ = match
         return Hint(ngram_signal(source, n), None)
 
-    def _copy_length(self, context: list[int], n: int, start: int) -> int:
-        """How many tokens before context's end match those before start: the match of n, extended
+    def _copy_length(self, n: int, start: int) -> int:
+        """How many tokens before the context's end match those before start: the match of n, extended
         past the index's longest n-gram up to MAX_COPY_LENGTH."""
-        length = n
-        while length < MAX_COPY_LENGTH and length < start and context[start - 1 - length] == context[-1 - length]:
+        canonical, length = self._canonical, n
+        while length < MAX_COPY_LENGTH and length < start and canonical[start - 1 - length] == canonical[-1 - length]:
             length += 1
         return length
 
@@ -149,11 +154,13 @@ class NgramDrafter:
         found = self._context_match(context)
         if found is not None:
             n, start = found
-            n = self._copy_length(context, n, start) if n == self.n_max else n
+            n = self._copy_length(n, start) if n == self.n_max else n
             period = len(context) - start
+            canonical, written = self._canonical, self._renames.written
+            self._renames.watch(len(context), start)
             # Past the end of the context, assume the text keeps repeating with the
             # period the match implies: that is what a loop or a copy looks like.
-            best = ("context", n, lambda: [context[start + i % period] for i in range(k)])
+            best = ("context", n, lambda: [written(canonical[start + i % period]) for i in range(k)])
         found = self.prediction.lookup(context) if self.prediction is not None else None
         if found is not None and (best is None or found[0] >= best[1]):
             n, start = found
@@ -168,8 +175,9 @@ class NgramDrafter:
 
     def _context_match(self, context: list[int]) -> tuple[int, int] | None:
         self._sync(context)
+        canonical = self._canonical
         for n in range(min(self.n_max, len(context) - 1), self.n_min - 1, -1):
-            start = self._next_after.get(tuple(context[-n:]))
+            start = self._next_after.get(tuple(canonical[-n:]))
             if start is not None:
                 return n, start
         return None
@@ -185,12 +193,18 @@ class NgramDrafter:
         else:
             n_common = common_prefix_length(self._indexed[: self._n_indexed], context)
             if n_common < self._n_indexed:
-                self._next_after = {}
+                self._next_after, self._renames = {}, RenameTable()
                 n_common = 0
+        canonical = self._canonical
+        del canonical[n_common:]
+        canonical.extend(self._renames.canonical(token) for token in context[n_common:])
+        if self._renames.settle(canonical, context):  # read the whole context again with the renames now known
+            self._next_after, n_common = {}, 0
+            canonical[:] = [self._renames.canonical(token) for token in context]
         # index the n-grams that end before the last token: those have a known successor
         for end in range(max(n_common - 1, 0), len(context) - 1):
             for n in range(self.n_min, min(self.n_max, end + 1) + 1):
-                self._next_after[tuple(context[end - n + 1 : end + 1])] = end + 1
+                self._next_after[tuple(canonical[end - n + 1 : end + 1])] = end + 1
         self._indexed, self._n_indexed = context, len(context)
 
 

@@ -1,0 +1,60 @@
+"""Renames a text makes while it copies: the n-gram drafter learns them and drafts across them."""
+
+from edgespec.drafters import NgramDrafter
+from edgespec.renames import RenameTable
+
+NAME, NEW_NAME, SEPARATOR = 7, 70, 99
+# a source that uses one name four times, each time between other tokens
+SOURCE = [10, 11, NAME, 12, 13, 14, NAME, 15, 16, 17, NAME, 18, 19, 20, NAME, 21, 22, 23, 24]
+
+
+def drive(text: list[int], start: int, k: int = 4) -> list[tuple[int, list[int]]]:
+    """Decode text[start:] as the engine would, token by token; each position with the drafter's proposal."""
+    drafter, context, proposals = NgramDrafter(), list(text[:start]), []
+    for position in range(start, len(text)):
+        drafter.peek(context)
+        proposals.append((position, drafter.propose(context, k).tokens))
+        context.append(text[position])
+    return proposals
+
+
+def test_a_name_replaced_at_two_places_is_drafted_as_its_new_name_and_the_copy_goes_on_across_it():
+    copy = [NEW_NAME if token == NAME else token for token in SOURCE]
+    text = SOURCE + [SEPARATOR] + copy
+    proposals = dict(drive(text, len(SOURCE) + 1))
+    at = {i: len(SOURCE) + 1 + i for i in range(len(copy))}  # the copy's token i is decoded at position at[i]
+    # the second replacement (copy[6]) and the two tokens after it make the rename
+    assert proposals[at[9]] == [17, NEW_NAME, 18, 19], "the new name is drafted where the source has the old"
+    assert proposals[at[11]] == [18, 19, 20, NEW_NAME], "the copy is found again right after the new name"
+    assert proposals[at[15]] == [21, 22, 23, 24]
+    # before that, the drafter drafted the old name, as any copy would
+    assert proposals[at[1]][:2] == [11, NAME]
+
+
+def test_a_token_replaced_once_is_not_a_rename():
+    # a template copied with one slot varied: the other occurrences keep the old token
+    copy = list(SOURCE)
+    copy[SOURCE.index(NAME)] = NEW_NAME
+    text = SOURCE + [SEPARATOR] + copy
+    proposals = dict(drive(text, len(SOURCE) + 1))
+    later = [len(SOURCE) + 1 + i for i, token in enumerate(copy) if token == NAME]
+    assert len(later) == 3 and all(proposals[position][0] == NAME for position in later)
+
+
+def test_a_rename_is_forgotten_where_the_text_keeps_the_old_name():
+    table = RenameTable()
+    canonical = SOURCE + [SEPARATOR]
+    text = list(canonical)
+    for token in [NEW_NAME if t == NAME else t for t in SOURCE[:9]]:  # two replaced occurrences, and what follows the second
+        table.watch(len(text), len(text) - (len(SOURCE) + 1))
+        text.append(token)
+        canonical.append(table.canonical(token))
+        table.settle(canonical, text)
+    assert table.written(NAME) == NEW_NAME and table.canonical(NEW_NAME) == NAME
+    # the text goes on copying, and this time keeps the old name
+    table.watch(len(text), 9)
+    for token in SOURCE[9:14]:
+        text.append(token)
+        canonical.append(table.canonical(token))
+        table.settle(canonical, text)
+    assert table.written(NAME) == NAME and table.canonical(NEW_NAME) == NEW_NAME
