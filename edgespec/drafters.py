@@ -157,14 +157,17 @@ class NgramDrafter:
             n = self._copy_length(n, start) if n == self.n_max else n
             period = len(context) - start
             canonical, written = self._canonical, self._renames.written
-            self._renames.watch(len(context), start)
+            self._renames.watch(len(context), canonical, start)
             # Past the end of the context, assume the text keeps repeating with the
             # period the match implies: that is what a loop or a copy looks like.
             best = ("context", n, lambda: [written(canonical[start + i % period]) for i in range(k)])
-        found = self.prediction.lookup(context) if self.prediction is not None else None
+        # a predicted output is the text before the edit: looked up and written with the renames made since
+        found = self.prediction.lookup(self._canonical) if self.prediction is not None else None
         if found is not None and (best is None or found[0] >= best[1]):
             n, start = found
-            best = ("prediction", n, lambda: self.prediction.tokens[start: start + k])
+            predicted, written = self.prediction.tokens, self._renames.written
+            self._renames.watch(len(context), predicted, start)
+            best = ("prediction", n, lambda: [written(token) for token in predicted[start: start + k]])
         if self.pool is not None and (best is None or best[1] < min(self.pool.lengths)):
             pooled = self.pool.lookup(context, max(k, 1))
             if pooled is not None and pooled[1] and (best is None or pooled[0] > best[1]):

@@ -19,6 +19,7 @@ acceptance.
 from __future__ import annotations
 
 from collections import deque
+from typing import Sequence
 
 # How far past a lookup its prediction is compared with the text, and how many lookups are kept for it.
 WATCHED_TOKENS = 16
@@ -36,7 +37,8 @@ class RenameTable:
     def __init__(self) -> None:
         self.new_of: dict[int, int] = {}
         self.old_of: dict[int, int] = {}
-        self._lookups: deque[tuple[int, int]] = deque(maxlen=WATCHED_LOOKUPS)  # (position, source start)
+        # (position, the source's canonical tokens, where the prediction starts in them)
+        self._lookups: deque[tuple[int, Sequence[int], int]] = deque(maxlen=WATCHED_LOOKUPS)
         self._sighted: dict[tuple[int, int], set[int]] = {}  # (old, new) -> the text positions it was seen at
 
     def canonical(self, token: int) -> int:
@@ -47,33 +49,39 @@ class RenameTable:
         """A canonical token as the text now writes it: a renamed name's old token becomes its new one."""
         return self.new_of.get(token, token)
 
-    def watch(self, position: int, source_start: int) -> None:
-        """A lookup at this position of the text predicted it from the canonical tokens at source_start on."""
-        if not self._lookups or self._lookups[-1] != (position, source_start):
-            self._lookups.append((position, source_start))
+    def watch(self, position: int, source: Sequence[int], start: int) -> None:
+        """A lookup at this position of the text predicted it from source's tokens (canonical: the text's own
+        canonical reading, or another text that never renamed anything, such as a predicted output) from
+        start on."""
+        last = self._lookups[-1] if self._lookups else None
+        if last is None or last[0] != position or last[1] is not source or last[2] != start:
+            self._lookups.append((position, source, start))
 
     def settle(self, canonical: list[int], tokens: list[int]) -> bool:
         """Compare the watched lookups' predictions with the text now known (its canonical reading and its
         tokens); True when a rename was learned or forgotten (the caller reads the text again)."""
         changed, unsettled = False, deque(maxlen=WATCHED_LOOKUPS)
-        for position, start in self._lookups:
-            verdict = self._judge(canonical, tokens, position, start)
+        for position, source, start in self._lookups:
+            verdict = self._judge(canonical, tokens, position, source, start)
             if verdict is None:
-                unsettled.append((position, start))
+                unsettled.append((position, source, start))
             else:
                 changed |= verdict
         self._lookups = unsettled
         return changed
 
-    def _judge(self, canonical: list[int], tokens: list[int], position: int, start: int) -> bool | None:
+    def _judge(self, canonical: list[int], tokens: list[int], position: int, source: Sequence[int],
+               start: int) -> bool | None:
         """None while the lookup's first disagreement (and the tokens after it) are not known yet; else
         whether it changed the table."""
+        # a prediction from the text itself must not run into the tokens it predicts
+        end = position if source is canonical else len(source)
         for i in range(WATCHED_TOKENS):
             if position + i >= len(tokens):
                 return None
-            if start + i + REALIGNED_TOKENS >= position:
-                return False  # the prediction would run into the text it predicts
-            predicted, actual = canonical[start + i], tokens[position + i]
+            if start + i + REALIGNED_TOKENS >= end:
+                return False
+            predicted, actual = source[start + i], tokens[position + i]
             if self.written(predicted) == actual:
                 continue
             if predicted in self.new_of and actual == predicted:  # the text kept the old name
@@ -82,7 +90,7 @@ class RenameTable:
             after = position + i + 1
             if after + REALIGNED_TOKENS > len(tokens):
                 return None
-            realigned = canonical[after: after + REALIGNED_TOKENS] == canonical[start + i + 1: start + i + 1 + REALIGNED_TOKENS]
+            realigned = canonical[after: after + REALIGNED_TOKENS] == list(source[start + i + 1: start + i + 1 + REALIGNED_TOKENS])
             return realigned and self._sight(predicted, actual, position + i)
         return False
 

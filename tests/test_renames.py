@@ -1,6 +1,7 @@
 """Renames a text makes while it copies: the n-gram drafter learns them and drafts across them."""
 
 from edgespec.drafters import NgramDrafter
+from edgespec.ngram_pool import TokenIndex
 from edgespec.renames import RenameTable
 
 NAME, NEW_NAME, SEPARATOR = 7, 70, 99
@@ -8,9 +9,11 @@ NAME, NEW_NAME, SEPARATOR = 7, 70, 99
 SOURCE = [10, 11, NAME, 12, 13, 14, NAME, 15, 16, 17, NAME, 18, 19, 20, NAME, 21, 22, 23, 24]
 
 
-def drive(text: list[int], start: int, k: int = 4) -> list[tuple[int, list[int]]]:
+def drive(text: list[int], start: int, k: int = 4, prediction: list[int] | None = None) -> list[tuple[int, list[int]]]:
     """Decode text[start:] as the engine would, token by token; each position with the drafter's proposal."""
     drafter, context, proposals = NgramDrafter(), list(text[:start]), []
+    if prediction is not None:
+        drafter.use_sources(prediction=TokenIndex(prediction))
     for position in range(start, len(text)):
         drafter.peek(context)
         proposals.append((position, drafter.propose(context, k).tokens))
@@ -31,6 +34,16 @@ def test_a_name_replaced_at_two_places_is_drafted_as_its_new_name_and_the_copy_g
     assert proposals[at[1]][:2] == [11, NAME]
 
 
+def test_a_predicted_output_is_drafted_with_the_renames_the_text_made():
+    # an editor sends the file before the edit as the prediction; the prompt does not hold it
+    copy = [NEW_NAME if token == NAME else token for token in SOURCE]
+    text = [SEPARATOR, SEPARATOR + 1] + copy
+    proposals = dict(drive(text, 2, prediction=SOURCE))
+    at = {i: 2 + i for i in range(len(copy))}
+    assert proposals[at[9]] == [17, NEW_NAME, 18, 19]
+    assert proposals[at[11]] == [18, 19, 20, NEW_NAME]
+
+
 def test_a_token_replaced_once_is_not_a_rename():
     # a template copied with one slot varied: the other occurrences keep the old token
     copy = list(SOURCE)
@@ -46,13 +59,13 @@ def test_a_rename_is_forgotten_where_the_text_keeps_the_old_name():
     canonical = SOURCE + [SEPARATOR]
     text = list(canonical)
     for token in [NEW_NAME if t == NAME else t for t in SOURCE[:9]]:  # two replaced occurrences, and what follows the second
-        table.watch(len(text), len(text) - (len(SOURCE) + 1))
+        table.watch(len(text), canonical, len(text) - (len(SOURCE) + 1))
         text.append(token)
         canonical.append(table.canonical(token))
         table.settle(canonical, text)
     assert table.written(NAME) == NEW_NAME and table.canonical(NEW_NAME) == NAME
     # the text goes on copying, and this time keeps the old name
-    table.watch(len(text), 9)
+    table.watch(len(text), canonical, 9)
     for token in SOURCE[9:14]:
         text.append(token)
         canonical.append(table.canonical(token))
