@@ -54,20 +54,24 @@ def test_a_token_replaced_once_is_not_a_rename():
     assert len(later) == 3 and all(proposals[position][0] == NAME for position in later)
 
 
-def test_a_rename_is_forgotten_where_the_text_keeps_the_old_name():
+def feed(table: RenameTable, text: list[int], canonical: list[int], source_start: int, tokens: list[int]) -> None:
+    """The text copies its own tokens from source_start on, as these tokens; the table watches the copy at
+    every token, as the drafter's lookups do."""
+    for offset, token in enumerate(tokens):
+        table.watch(len(text), canonical, source_start + offset)
+        text.append(token)
+        canonical.append(table.canonical(token))
+        table.settle(canonical, text)
+
+
+def test_a_rename_is_forgotten_for_good_where_the_text_keeps_the_old_name():
     table = RenameTable()
-    canonical = SOURCE + [SEPARATOR]
-    text = list(canonical)
-    for token in [NEW_NAME if t == NAME else t for t in SOURCE[:9]]:  # two replaced occurrences, and what follows the second
-        table.watch(len(text), canonical, len(text) - (len(SOURCE) + 1))
-        text.append(token)
-        canonical.append(table.canonical(token))
-        table.settle(canonical, text)
+    text, canonical = SOURCE + [SEPARATOR], SOURCE + [SEPARATOR]
+    renamed = [NEW_NAME if token == NAME else token for token in SOURCE]
+    feed(table, text, canonical, 0, renamed[:9])  # two replaced occurrences, and what follows the second
     assert table.written(NAME) == NEW_NAME and table.canonical(NEW_NAME) == NAME
-    # the text goes on copying, and this time keeps the old name
-    table.watch(len(text), canonical, 9)
-    for token in SOURCE[9:14]:
-        text.append(token)
-        canonical.append(table.canonical(token))
-        table.settle(canonical, text)
+    feed(table, text, canonical, 9, SOURCE[9:14])  # the copy goes on, and this time keeps the old name
     assert table.written(NAME) == NAME and table.canonical(NEW_NAME) == NEW_NAME
+    # the text uses both names: replacing the old one again does not make it a rename again
+    feed(table, text, canonical, 0, renamed[:9])
+    assert table.written(NAME) == NAME
