@@ -10,8 +10,10 @@ new name) occurs nowhere in the source.  Both are mended by one table of token r
 - a drafted token is written with the rename applied, so the draft holds the new name.
 
 A rename is learned when a lookup's prediction and the text part at one token and agree again on the next
-two: one token replaced, the copy otherwise intact.  It is forgotten, for the rest of the text, when the
-text keeps the old token where the rename predicted the new one.  A rename whose old or new token is one end of another is not
+two: one token replaced, the copy otherwise intact.  It is forgotten when the text keeps the old token
+where the rename predicted the new one, and taken again only when seen twice more (a re-indented block
+whose lines keep their indent now and then), so each change of the table, which has the drafter read its
+context again, follows at least two sightings.  A rename whose old or new token is one end of another is not
 taken, so each token has one reading.  Drafts are verified as any others, so a wrong rename costs only
 acceptance.
 """
@@ -40,7 +42,6 @@ class RenameTable:
         # (position, the source's canonical tokens, where the prediction starts in them)
         self._lookups: deque[tuple[int, Sequence[int], int]] = deque(maxlen=WATCHED_LOOKUPS)
         self._sighted: dict[tuple[int, int], set[int]] = {}  # (old, new) -> the text positions it was seen at
-        self._refuted: set[int] = set()  # old tokens the text kept after they were taken as renamed
 
     def canonical(self, token: int) -> int:
         """The token as the source spells it: a renamed name's new token reads as its old one."""
@@ -86,8 +87,9 @@ class RenameTable:
             if self.written(predicted) == actual:
                 continue
             if predicted in self.new_of and actual == predicted:  # the text kept the old name
-                del self.old_of[self.new_of.pop(predicted)]
-                self._refuted.add(predicted)
+                new = self.new_of.pop(predicted)
+                del self.old_of[new]
+                del self._sighted[predicted, new]  # taken again only on fresh sightings
                 return True
             after = position + i + 1
             if after + REALIGNED_TOKENS > len(tokens):
@@ -98,8 +100,7 @@ class RenameTable:
 
     def _sight(self, old: int, new: int, position: int) -> bool:
         """Count one replacement of old by new (each text position once); True when it became a rename."""
-        if (old == new or old in self._refuted or old in self.old_of or new in self.new_of or new in self.old_of
-                or old in self.new_of):
+        if old == new or old in self.old_of or new in self.new_of or new in self.old_of or old in self.new_of:
             return False
         seen = self._sighted.setdefault((old, new), set())
         seen.add(position)

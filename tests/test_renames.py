@@ -64,7 +64,7 @@ def feed(table: RenameTable, text: list[int], canonical: list[int], source_start
         table.settle(canonical, text)
 
 
-def test_a_rename_is_forgotten_for_good_where_the_text_keeps_the_old_name():
+def test_a_rename_is_forgotten_where_the_text_keeps_the_old_name_until_seen_twice_more():
     table = RenameTable()
     text, canonical = SOURCE + [SEPARATOR], SOURCE + [SEPARATOR]
     renamed = [NEW_NAME if token == NAME else token for token in SOURCE]
@@ -72,6 +72,8 @@ def test_a_rename_is_forgotten_for_good_where_the_text_keeps_the_old_name():
     assert table.written(NAME) == NEW_NAME and table.canonical(NEW_NAME) == NAME
     feed(table, text, canonical, 9, SOURCE[9:14])  # the copy goes on, and this time keeps the old name
     assert table.written(NAME) == NAME and table.canonical(NEW_NAME) == NEW_NAME
-    # the text uses both names: replacing the old one again does not make it a rename again
-    feed(table, text, canonical, 0, renamed[:9])
+    # taken again only when seen twice more: once is not enough
+    feed(table, text, canonical, 0, renamed[:5])
     assert table.written(NAME) == NAME
+    feed(table, text, canonical, 5, renamed[5:9])
+    assert table.written(NAME) == NEW_NAME
