@@ -13,8 +13,8 @@ A rename is learned when a lookup's prediction and the text part at one token an
 two: one token replaced, the copy otherwise intact.  It is forgotten when the text keeps the old token
 where the rename predicted the new one, and taken again only when seen twice more (a re-indented block
 whose lines keep their indent now and then), so each change of the table, which has the drafter read its
-context again, follows at least two sightings.  A rename whose old or new token is one end of another is not
-taken, so each token has one reading.  Drafts are verified as any others, so a wrong rename costs only
+context again, follows at least two sightings.  A rename whose old or new token is one end of another is
+not taken, so each token has one reading.  Drafts are verified as any others, so a wrong rename costs only
 acceptance.
 """
 
@@ -94,7 +94,8 @@ class RenameTable:
             after = position + i + 1
             if after + REALIGNED_TOKENS > len(tokens):
                 return None
-            realigned = canonical[after: after + REALIGNED_TOKENS] == list(source[start + i + 1: start + i + 1 + REALIGNED_TOKENS])
+            resumed = start + i + 1
+            realigned = canonical[after: after + REALIGNED_TOKENS] == list(source[resumed: resumed + REALIGNED_TOKENS])
             return realigned and self._sight(predicted, actual, position + i)
         return False
 
