@@ -4,8 +4,10 @@
 the passes are scheduled, plain decoding of a batch needs, for each request, its prompt's evaluation and
 one row in each of as many passes as its reply has tokens.  The cheapest such schedule keeps N requests
 decoding (prompts evaluated apart, shared prefixes once): a request that ends hands its place to the next
-at once, and once none is left the passes cover fewer and fewer requests as the shorter replies end.  Pricing those passes on the calibrated cost
-curve of passes over several sequences gives a bound that no scheduling beats without drafting:
+at once, and once none is left the passes cover fewer and fewer requests as the shorter replies end.
+Pricing those passes on the calibrated cost curve of passes over several sequences gives a bound that no
+schedule taking the requests in the file's order beats without drafting (with all requests decoding at
+once, as in a batch of at most N, the order does not matter):
 
     sequential = sum of each request's prefill + its tokens x T(1)      (as `--parallel 1` decodes)
     together   = the prompts' evaluation + sum over passes of T(requests decoding in it)
@@ -109,8 +111,10 @@ def main() -> None:
     cost = engine_cost(args.model, args.measure)
     sequential, together = request_stats(args.sequential), request_stats(args.together)
     figures = bound(sequential, together, cost, args.parallel or min(len(sequential), MAX_PARALLEL))
-    figures["curve"] = {"relative": [round(t, 3) for t in cost.relative()], "sequences": [list(s) for s in cost.sequences]}
-    print(f"{figures['requests']} requests, {figures['tokens']} tokens, {figures['parallel']} at a time: at best {figures['bound_x_sequential']:.2f}x "
+    figures["curve"] = {"relative": [round(t, 3) for t in cost.relative()],
+                        "sequences": [list(s) for s in cost.sequences]}
+    print(f"{figures['requests']} requests, {figures['tokens']} tokens, {figures['parallel']} at a time: "
+          f"at best {figures['bound_x_sequential']:.2f}x "
           f"sequential plain ({figures['together_seconds']:.1f} s against {figures['sequential_seconds']:.1f} s; "
           f"decoding alone {figures['decode_bound_x_sequential']:.2f}x)")
     if args.json:

@@ -194,13 +194,15 @@ def _excerpt(value: object) -> str:
 
 def _parse_pair(raw: dict, models: dict[str, ModelEntry], origin: Path) -> Pair:
     if not isinstance(raw, dict):
-        raise CatalogError(f"{origin} lists a pair that is not a table (an object in JSON): {_excerpt(raw)}; fix or delete that entry")
+        raise CatalogError(f"{origin} lists a pair that is not a table (an object in JSON): {_excerpt(raw)}; "
+                           "fix or delete that entry")
     drafts = raw.get("draft", "")
     drafts = tuple(drafts) if isinstance(drafts, list) else (drafts,)
     pair = Pair(raw.get("name", ""), raw.get("target", ""), drafts, bool(raw.get("default", False)))
     for role, name in (("target", pair.target), *(("draft", d) for d in drafts)):
         if not isinstance(name, str) or name not in models:
-            raise CatalogError(f"pair {pair.name!r} in {origin} names unknown {role} {_excerpt(name)}; fix or delete that entry")
+            raise CatalogError(f"pair {pair.name!r} in {origin} names unknown {role} {_excerpt(name)}; "
+                               "fix or delete that entry")
     return pair
 
 
