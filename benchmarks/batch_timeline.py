@@ -16,7 +16,6 @@ Smoke test (tiny): .venv/bin/python benchmarks/batch_timeline.py benchmarks/batc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict
@@ -24,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from edgespec.commands.batch.requests import BatchRequest, for_the_engine, read_requests  # noqa: E402
+from edgespec.commands.batch.runner import chat_session  # noqa: E402
 from edgespec.generation import Done  # noqa: E402
 from edgespec.loading import load_engine  # noqa: E402
 from edgespec.sampling import SamplingParams  # noqa: E402
@@ -31,12 +32,14 @@ from edgespec.scheduler import Job  # noqa: E402
 
 
 def batch_jobs(engine, path: Path, max_tokens: int | None) -> list[Job]:
-    """The batch file's chat requests as scheduler jobs, in file order."""
+    """The batch file's chat requests as scheduler jobs, in file order, read and templated as `edgespec batch`
+    reads them (requests it would refuse are left out)."""
     jobs = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        body = json.loads(line)["body"]
-        limit = max_tokens or body.get("max_tokens", 128)
-        jobs.append(Job(number, engine.chat_tokens(body["messages"]), SamplingParams(temperature=0.0, max_tokens=limit)))
+    requests = [r for r in map(for_the_engine, read_requests(path)) if isinstance(r, BatchRequest) and r.messages]
+    for number, request in enumerate(requests):
+        limit = max_tokens or dict(request.overrides).get("max_tokens", 128)
+        params = SamplingParams(temperature=0.0, max_tokens=limit)
+        jobs.append(Job(number, chat_session(engine, request.messages).reply_prompt(params), params))
     return jobs
 
 
