@@ -1,16 +1,9 @@
-"""Times one target pass over n tokens, n = 1..max_width, and caches the curve per model and machine.
+"""The calibration cache: measured cost curves per model and machine, and the watch that flags a stale one.
 
-The caller supplies `measure(n) -> seconds`: one forward pass over n tokens that returns n rows
-of logits (as verification does), with the KV cache restored afterwards. Widths are measured in
-the order the controller needs them most, within a time budget, and the rest is interpolated.
-cost_profile.py's Calibrator runs it, with the width probe and the cost of passes over several
-sequences, and keeps the results here (CalibrationCache); StepTimeWatch flags a curve that no
-longer matches the passes seen.
-
-The first load of a model on a machine measures for at most WIDTH_PROBE_BUDGET_SECONDS +
-CURVE_BUDGET_SECONDS, plus a few passes measured whatever they cost (the exact-width probe's
-first width, the curve's warm-up and widths 1..ALWAYS_MEASURED, five draft-model passes); later
-loads read the cache.
+cost_profile.py's Calibrator measures a curve (curve_timing.py), the width probe and the cost of passes
+over several sequences, and keeps the results here (CalibrationCache), keyed by what they depend on
+(CalibrationKey); StepTimeWatch marks an entry stale when the passes seen during generation no longer
+match its shape, so the next load measures again.
 """
 
 from __future__ import annotations
@@ -27,28 +20,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import platformdirs
 
 from .files import atomic_write
 from .sysinfo import cpu_model
 
-# Every width up to 4 (where drafts usually land on a CPU), then sizes around which llama.cpp's
-# batched kernels change; widths in between are interpolated. On Qwen2.5-Coder-1.5B with 2 CPU
-# threads (T(1) ~ 70 ms) one round over 1..16 takes ~2.1 s; the budget leaves room for a second
-# round of the narrow widths, so the n-gram controller's long copies are priced from measurements.
-PLANNED_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-# Widths measured even past the budget: without them the controller has nothing to choose from.
-ALWAYS_MEASURED = 4
-# How long the search for the widest bit-exact pass may take. Every width is checked by a pass of
-# its own (on SmolLM2 all 33 are exact, ~300 one-token passes in all), so on a slow or busy
-# machine the search stops early: drafts get shorter there, never inexact.
-WIDTH_PROBE_BUDGET_SECONDS = 4.0
-CURVE_BUDGET_SECONDS = 3.0
 MAX_AGE_DAYS = 30.0
-# How much cheaper than a narrower pass a wider one may measure before the curve is taken to
-# contradict physics: the same work at a few percent of jitter, as on a GPU where widths cost alike.
-CURVE_NOISE = 0.1
 # 2: curves reach past the bit-exact width, and entries keep the kernels' logit drift per width
 CACHE_VERSION = 2
 # How the cost of passes over several sequences was measured: entries measured otherwise are measured
@@ -59,102 +36,6 @@ SEQUENCES_METHOD = 2
 # The shortest time between two measurements of a model's curve that passes during generation
 # call for (StepTimeWatch): a machine whose load comes and goes gets one a few times a day at most.
 MIN_REMEASURE_INTERVAL_SECONDS = 6 * 3600.0
-
-
-def measure_curve(
-    measure: Callable[[int], float],
-    max_width: int,
-    *,
-    repeats: int = 3,
-    budget_seconds: float = CURVE_BUDGET_SECONDS,
-    notice: Callable[[str], None] | None = None,
-) -> tuple[float, ...]:
-    """Seconds per target pass for n = 1..N, N <= max_width, from the medians of `measure`.
-
-    One pass over all planned widths comes first, narrowest first, then up to `repeats - 1`
-    more; the next measurement is skipped once the time measured so far plus its expected
-    time would pass `budget_seconds`, except that widths up to ALWAYS_MEASURED are always
-    measured once. Narrow widths, the ones that matter most, get the repeats. A spike in a
-    width measured once makes it look dearer, never cheaper, so the controller shuns it rather
-    than over-drafting. The curve ends at the widest width measured; CostModel extrapolates
-    beyond it.
-
-    A curve that falls with width contradicts physics (see CURVE_NOISE): the widths that cost
-    more than a wider one are measured again, and what still does is capped at the wider
-    passes' cost, with a notice.
-    """
-    if max_width < 1 or repeats < 1:
-        raise ValueError(f"need max_width >= 1 and repeats >= 1, got {max_width}, {repeats}")
-    widths = sorted({w for w in PLANNED_WIDTHS if w < max_width} | {max_width})
-    # The first pass after loading pages the weights in; it would say nothing about later ones.
-    spent = _checked(measure(1), 1)
-    samples: dict[int, list[float]] = {}
-    for round_ in range(repeats):
-        for width in widths:
-            if round_ > 0 and width not in samples:
-                break  # a width skipped in the first round stays skipped
-            required = round_ == 0 and width <= ALWAYS_MEASURED
-            if not required and spent + _expected_seconds(samples, width) > budget_seconds:
-                break
-            seconds = _checked(measure(width), width)
-            samples.setdefault(width, []).append(seconds)
-            spent += seconds
-    medians = _plausible_medians(measure, samples, repeats, budget_seconds, notice)
-    measured = sorted(medians)
-    dense = np.interp(np.arange(1, measured[-1] + 1), measured, [medians[w] for w in measured])
-    return tuple(float(s) for s in dense)
-
-
-def _plausible_medians(measure: Callable[[int], float], samples: dict[int, list[float]], repeats: int,
-                       budget_seconds: float, notice: Callable[[str], None] | None) -> dict[int, float]:
-    """Each measured width's median seconds, made non-decreasing in width.
-
-    A pass over more tokens does at least the work of a narrower one, and load only ever slows a
-    pass down; so a width measured dearer than a wider one was slowed, and the wider pass's cost
-    is a truer (upper) bound of its own. Beyond CURVE_NOISE such a width is measured `repeats`
-    times more first (the narrowest first, within budget_seconds more).
-    """
-    medians = {w: statistics.median(s) for w, s in samples.items()}
-    slowed = _slowed_widths(medians)
-    if slowed:
-        spent = 0.0
-        for width in slowed * repeats:
-            if spent >= budget_seconds:
-                break
-            samples[width].append(_checked(measure(width), width))
-            spent += samples[width][-1]
-        medians = {w: statistics.median(s) for w, s in samples.items()}
-        if _slowed_widths(medians) and notice is not None:
-            notice("some target passes measured slower than wider ones, which only a busy machine causes; "
-                   "their cost is taken from the wider passes")
-    widest_first = sorted(medians, reverse=True)
-    for wider, width in zip(widest_first, widest_first[1:]):
-        medians[width] = min(medians[width], medians[wider])
-    return medians
-
-
-def _slowed_widths(medians: dict[int, float]) -> list[int]:
-    """The widths measured dearer than some wider one, by more than timing noise."""
-    slowed, cheapest_wider = [], math.inf
-    for width in sorted(medians, reverse=True):
-        if cheapest_wider < medians[width] * (1 - CURVE_NOISE):
-            slowed.append(width)
-        cheapest_wider = min(cheapest_wider, medians[width])
-    return sorted(slowed)
-
-
-def _expected_seconds(samples: dict[int, list[float]], width: int) -> float:
-    if width in samples:
-        return statistics.median(samples[width])
-    widest = max(samples)
-    return statistics.median(samples[widest]) * width / widest
-
-
-def _checked(seconds: float, width: int) -> float:
-    seconds = float(seconds)
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"measure({width}) returned {seconds!r}; it must return elapsed seconds > 0")
-    return seconds
 
 
 # -- cache ---------------------------------------------------------------------------------

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .backend import RUNTIME, LlamaModel, probe_pass_widths, probe_tokens, time_forward, time_sequence_passes
-from .calibration import (PLANNED_WIDTHS, WIDTH_PROBE_BUDGET_SECONDS, CachedCalibration, CalibrationCache,
-                          CalibrationKey, StepTimeWatch, measure_curve)
+from .calibration import CachedCalibration, CalibrationCache, CalibrationKey, StepTimeWatch
 from .costs import CostModel
+from .curve_timing import PLANNED_WIDTHS, measure_curve
 from .draft_cost import draft_token_share
 from .limits import MAX_DRAFT_TOKENS
 
@@ -32,6 +32,11 @@ from .limits import MAX_DRAFT_TOKENS
 SEQUENCE_GRID = tuple((n, rows) for n in (2, 4, 8, 16) for rows in (1, 2, 4))
 SEQUENCE_DEPTH = 256
 SEQUENCE_BUDGET_SECONDS = 4.0
+
+# How long the search for the widest bit-exact pass may take. Every width is checked by a pass of
+# its own (on SmolLM2 all 33 are exact, ~300 one-token passes in all), so on a slow or busy
+# machine the search stops early: drafts get shorter there, never inexact.
+WIDTH_PROBE_BUDGET_SECONDS = 4.0
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ class Engine:
         bit-identical (the cap under bit_exact) and the largest logit drift of
         each checked width (kernel_drift).  The first load of a model on a
         machine measures all of it (cost_profile.Calibrator, within the budgets
-        in calibration.py) and says so through notice; later loads read the cache.
+        in cost_profile.py and curve_timing.py) and says so through notice; later loads read the cache.
 
         cost_curve fixes the curve instead: seconds (or any one unit) per
         target pass over 1, 2, ... tokens; a CostModel also fixes the draft
@@ -122,7 +122,7 @@ class Engine:
 
         Takes the generation lock, so it never runs inside a generation: a
         running one finishes first, and the next one waits (a few seconds at
-        most, CURVE_BUDGET_SECONDS).  Does nothing when the curve was given.
+        most: curve_timing's budgets).  Does nothing when the curve was given.
         """
         with self._lock:
             if self._calibrator is not None:
