@@ -21,7 +21,10 @@ pay and the controller finds a drafter that does. A drafter that learns in hinds
 A speed guard (SpeedGuard) watches what the drafted steps really gave: their tokens against what
 plain decoding would have made in their time. While they lose, the gain the estimates promise is
 discounted by what was realized, so drafting backs off until the estimates earn it again; a copy
-that pays is never slowed, as its realized gain is above 1.
+that pays is never slowed, as its realized gain is above 1. The guard also prices wide passes as
+they run now: the cached curve's shape is one minute's, and on a shared CPU it moves by more than
+the margin one-token drafts live on (T(2)/T(1) 1.64 one half hour, 1.87 the next, on an AVX-512
+EPYC), so plans use the curve scaled by what the recent wide passes cost against the plain ones.
 
 The controller only decides how much is proposed; verification is untouched, so output stays exact.
 """
@@ -44,6 +47,11 @@ PROBE_ACCEPTANCE = 0.9
 # back-off does not outlive the steps that caused it.
 GUARD_DECAY = 0.97
 GUARD_PRIOR_STEPS = 3.0
+# The price of wide passes against the curve's: its memory, per wide pass seen (not per step, so that
+# what the last few cost is kept through a stretch of plain steps instead of being forgotten and paid
+# for again), and how many wide passes at the curve's own price it starts from.
+PRICE_DECAY = 0.9
+PRICE_PRIOR_PASSES = 2.0
 # The most a probe allowance holds, in probes that lose all they draft: enough that a drafter whose
 # probes mostly pay is not stopped by one rejected probe while its estimate climbs, few enough that
 # steps without probes save up only a short burst of them.
@@ -57,7 +65,8 @@ class SpeedGuard:
     a fixed cost curve, what the curve says); a draft model's own time is not counted here, only in
     the plans.  A plain step would have taken T(1) times the machine's present load, measured on the
     recent plain steps (1.0 before there are any), so a machine slower than when it was calibrated
-    does not look like drafting that loses.
+    does not look like drafting that loses.  The same times give the wide passes' price: what they
+    cost against the curve, over what the plain steps around them cost against it (wide_price).
     """
 
     def __init__(self, cost: CostModel, decay: float = GUARD_DECAY) -> None:
@@ -66,6 +75,8 @@ class SpeedGuard:
         self._plain_steps = 0.0  # plain steps their time would have bought, decayed
         self._plain_load = 0.0  # the plain steps' seconds over T(1), summed and decayed
         self._plain_count = 0.0
+        self._wide_price = 0.0  # the wide passes' seconds over T(width), over the plain load then, summed and decayed
+        self._wide_count = 0.0
 
     def observe(self, width: int, tokens: int, seconds: float) -> None:
         self._tokens *= self.decay
@@ -76,13 +87,20 @@ class SpeedGuard:
             self._plain_load += seconds / self.cost.target(1)
             self._plain_count += 1.0
             return
-        plain_step = self.cost.target(1) * (self._plain_load + 1.0) / (self._plain_count + 1.0)
+        load = (self._plain_load + 1.0) / (self._plain_count + 1.0)
         self._tokens += tokens
-        self._plain_steps += seconds / plain_step
+        self._plain_steps += seconds / (self.cost.target(1) * load)
+        self._wide_price = self._wide_price * PRICE_DECAY + seconds / (self.cost.target(width) * load)
+        self._wide_count = self._wide_count * PRICE_DECAY + 1.0
 
     def gain(self) -> float:
         """Tokens per plain step's time of the recent drafted steps, leaning on 1.0 while they are few."""
         return (self._tokens + GUARD_PRIOR_STEPS) / (self._plain_steps + GUARD_PRIOR_STEPS)
+
+    def wide_price(self) -> float:
+        """What the recent passes over more than one token cost against the curve, the plain passes' load
+        taken out (1.0: as the curve says), leaning on 1.0 while they are few."""
+        return (self._wide_price + PRICE_PRIOR_PASSES) / (self._wide_count + PRICE_PRIOR_PASSES)
 
 
 class DraftLengthController:
@@ -135,6 +153,7 @@ class DraftLengthController:
         self.cost = cost
         # Plan cost for k = 0..k_max drafted tokens.
         self._plan_seconds = np.array([cost.target(k + 1) + cost.draft(k) for k in range(self.k_max + 1)])
+        self._drafting_seconds = np.array([cost.draft(k) for k in range(self.k_max + 1)])
         # When even a drafter accepted this often could not beat plain decoding at these costs,
         # probing cannot find anything worth drafting (a draft model on a CPU where its tokens are dear).
         self._worth_probing = best_speedup(cost, PROBE_ACCEPTANCE, self.k_max)[1] > 1.0
@@ -211,10 +230,17 @@ class DraftLengthController:
                 and self._allowances.get(signal, 0.0) >= self._probe_worst_loss)
 
     def _rates(self, alphas: np.ndarray, limit: int) -> np.ndarray:
-        """Expected tokens per second for k = 0..limit, the promised gain discounted while drafting loses."""
+        """Expected tokens per second for k = 0..limit, at the wide passes' present price, the promised gain
+        discounted while drafting loses."""
         reach = np.cumprod(alphas[:limit])
         extra = np.concatenate(([0.0], np.cumsum(reach))) * min(1.0, self.guard.gain())
-        return (1.0 + extra) / self._plan_seconds[: limit + 1]
+        return (1.0 + extra) / self._priced_plans()[: limit + 1]
+
+    def _priced_plans(self) -> np.ndarray:
+        """The plans' seconds with their target passes at the price wide passes have now (SpeedGuard)."""
+        passes = self._plan_seconds - self._drafting_seconds
+        passes[1:] *= self.guard.wide_price()
+        return passes + self._drafting_seconds
 
     def _stop_thresholds(self, alphas: np.ndarray, k: int, rate: float) -> tuple[float, ...]:
         """Tuned p_min per position (when no fixed p_min was given): drafting token j is worth it when
@@ -229,8 +255,9 @@ class DraftLengthController:
         for j in range(k - 2, -1, -1):
             after[j] = a[j + 1] * (1.0 + after[j + 1])
         positions = np.arange(1, k + 1)
-        stop_seconds = np.array([self.cost.target(j) for j in positions]) + self.cost.draft(positions)
-        saved = self._plan_seconds[k] - stop_seconds
+        plans = self._priced_plans()
+        stop_seconds = plans[positions - 1] - self._drafting_seconds[positions - 1] + self.cost.draft(positions)
+        saved = plans[k] - stop_seconds
         with np.errstate(divide="ignore", invalid="ignore"):
             threshold = np.where(reached > 0, rate * saved / (reached * (1.0 + after)), 1.0)
         return tuple(float(t) for t in np.clip(threshold, 0.0, 1.0))

@@ -695,6 +695,31 @@ def test_a_slower_machine_is_not_drafting_that_loses():
         controller.update(0, 0, seconds=3 * EPYC.target(1))
         controller.update(K_MAX, K_MAX, seconds=3 * EPYC.target(K_MAX + 1))
     assert controller.guard.gain() > 2.0
+    assert controller.guard.wide_price() == pytest.approx(1.0, rel=0.1)  # the load is learned, not priced
+    assert controller.choose() == K_MAX
+
+
+def test_wide_passes_dearer_now_than_the_curve_says_stop_the_drafts_only_the_curve_paid_for():
+    controller = verified(EPYC, K_MAX, decay=1.0, prior_acceptance=0.65)
+    rng = np.random.default_rng(4)
+    for _ in range(400):
+        controller.update(K_MAX, chain_outcome(rng, 0.65, K_MAX))
+    controller.guard = SpeedGuard(EPYC)
+    assert controller.choose() == 1, "on the curve a two-token pass is 1.58 plain steps: a 0.65 draft pays"
+    for _ in range(10):  # the machine's shape now: plain passes as the curve says, two-token ones 1.87 of them
+        controller.update(0, 0, seconds=EPYC.target(1))
+        controller.update(1, 1, seconds=1.87 * EPYC.target(1))
+    assert controller.guard.gain() > 1.0, "those drafts paid: it is the price that stops the next, not the guard"
+    assert controller.guard.wide_price() > 1.1
+    assert controller.choose() == 0
+
+
+def test_a_copy_that_pays_keeps_drafting_at_a_dearer_price():
+    controller = trained_on_copies()
+    for _ in range(30):
+        controller.update(0, 0, seconds=EPYC.target(1))
+        controller.update(K_MAX, K_MAX, seconds=1.3 * EPYC.target(K_MAX + 1))
+    assert controller.guard.wide_price() == pytest.approx(1.3, rel=0.05)
     assert controller.choose() == K_MAX
 
 
