@@ -13,10 +13,11 @@ the controller notices when drafting pays again: a probe drafts `probe_k` tokens
 allowance, in plain steps' time, that grows by `probe_budget` at each step of their signal (`watch`,
 whether the drafter can propose then or not): a probe is made only while the allowance covers what
 it loses if all of it is rejected, and each probe spends what it really lost against plain decoding
-on the cost curve (C(k) / T(1) less the tokens it gave). As a probe is made only with its worst loss
-in hand, probes never lose more than `probe_budget` of plain decoding's time, whatever the
-acceptance; and a probe that pays adds what it gained, so probes follow each other at once while they
-pay and the controller finds a drafter that does. A drafter that learns in hindsight needs no probes.
+on the cost curve at the wide passes' present price (C(k) / T(1) less the tokens it gave). As a
+probe is made only with its worst loss in hand, probes never lose more than `probe_budget` of plain
+decoding's time, whatever the acceptance; and a probe that pays adds what it gained, so probes
+follow each other at once while they pay and the controller finds a drafter that does. A drafter
+that learns in hindsight needs no probes.
 
 A speed guard (SpeedGuard) watches what the drafted steps really gave: their tokens against what
 plain decoding would have made in their time. While they lose, the gain the estimates promise is
@@ -49,7 +50,7 @@ GUARD_DECAY = 0.97
 GUARD_PRIOR_STEPS = 3.0
 # The price of wide passes against the curve's: its memory, per wide pass seen (not per step, so that
 # what the last few cost is kept through a stretch of plain steps instead of being forgotten and paid
-# for again), and how many wide passes at the curve's own price it starts from.
+# for again), and how many wide passes at the curve's own price it starts from (they fade like any).
 PRICE_DECAY = 0.9
 PRICE_PRIOR_PASSES = 2.0
 # The most a probe allowance holds, in probes that lose all they draft: enough that a drafter whose
@@ -75,8 +76,8 @@ class SpeedGuard:
         self._plain_steps = 0.0  # plain steps their time would have bought, decayed
         self._plain_load = 0.0  # the plain steps' seconds over T(1), summed and decayed
         self._plain_count = 0.0
-        self._wide_price = 0.0  # the wide passes' seconds over T(width), over the plain load then, summed and decayed
-        self._wide_count = 0.0
+        # the wide passes' seconds over T(width), over the plain load then, summed and decayed
+        self._wide_price = self._wide_count = PRICE_PRIOR_PASSES
 
     def observe(self, width: int, tokens: int, seconds: float) -> None:
         self._tokens *= self.decay
@@ -100,7 +101,7 @@ class SpeedGuard:
     def wide_price(self) -> float:
         """What the recent passes over more than one token cost against the curve, the plain passes' load
         taken out (1.0: as the curve says), leaning on 1.0 while they are few."""
-        return (self._wide_price + PRICE_PRIOR_PASSES) / (self._wide_count + PRICE_PRIOR_PASSES)
+        return self._wide_price / self._wide_count
 
 
 class DraftLengthController:
@@ -157,8 +158,6 @@ class DraftLengthController:
         # When even a drafter accepted this often could not beat plain decoding at these costs,
         # probing cannot find anything worth drafting (a draft model on a CPU where its tokens are dear).
         self._worth_probing = best_speedup(cost, PROBE_ACCEPTANCE, self.k_max)[1] > 1.0
-        # The most one probe can lose (all of it rejected), in plain steps.
-        self._probe_worst_loss = max(0.0, self._plan_seconds[self.probe_k] / self._plan_seconds[0] - 1.0)
         self.guard = SpeedGuard(cost)
 
     def acceptance(self, signal: int = 0) -> np.ndarray:
@@ -174,7 +173,7 @@ class DraftLengthController:
         self.estimate.watch(context, signal, proposal)
         if not self.estimate.learns_without_drafting:
             held = self._allowances.get(signal, 0.0)
-            self._allowances[signal] = min(held + self.probe_budget, PROBE_SAVINGS * self._probe_worst_loss)
+            self._allowances[signal] = min(held + self.probe_budget, PROBE_SAVINGS * self._probe_worst_loss())
 
     def choose(self, signal: int = 0, available: int | None = None) -> int:
         """How many tokens to draft this step; `available` caps it (n-gram continuation
@@ -227,7 +226,7 @@ class DraftLengthController:
         drafter learns only from verification, probing could find a gain, and the allowance covers what a
         probe loses at worst."""
         return (self.fixed_k is None and self._worth_probing and not self.estimate.learns_without_drafting
-                and self._allowances.get(signal, 0.0) >= self._probe_worst_loss)
+                and self._allowances.get(signal, 0.0) >= self._probe_worst_loss())
 
     def _rates(self, alphas: np.ndarray, limit: int) -> np.ndarray:
         """Expected tokens per second for k = 0..limit, at the wide passes' present price, the promised gain
@@ -235,6 +234,11 @@ class DraftLengthController:
         reach = np.cumprod(alphas[:limit])
         extra = np.concatenate(([0.0], np.cumsum(reach))) * min(1.0, self.guard.gain())
         return (1.0 + extra) / self._priced_plans()[: limit + 1]
+
+    def _probe_worst_loss(self) -> float:
+        """The most one probe can lose (all of it rejected), in plain steps, at the wide passes' present price."""
+        plans = self._priced_plans()
+        return max(0.0, plans[self.probe_k] / plans[0] - 1.0)
 
     def _priced_plans(self) -> np.ndarray:
         """The plans' seconds with their target passes at the price wide passes have now (SpeedGuard)."""
@@ -276,9 +280,10 @@ class DraftLengthController:
         self.guard.observe(width, accepted + 1, seconds)
         self.estimate.record(proposed, accepted, signal)
         if probing:  # what it lost against plain decoding, in plain steps; a probe that paid gives back its gain
-            lost = self._plan_seconds[proposed] / self._plan_seconds[0] - (accepted + 1)
+            plans = self._priced_plans()
+            lost = plans[proposed] / plans[0] - (accepted + 1)
             left = self._allowances.get(signal, 0.0) - lost
-            self._allowances[signal] = min(left, PROBE_SAVINGS * self._probe_worst_loss)
+            self._allowances[signal] = min(left, PROBE_SAVINGS * self._probe_worst_loss())
 
 
 def controller_for(drafter: str, cost: CostModel, k_max: int, fixed_k: int | None = None,

@@ -232,6 +232,21 @@ def test_probes_lose_at_most_their_budget_whatever_the_acceptance(cost, k_max, a
         assert probe_loss(ctl, ks, probes, outcomes) >= ctl.probe_budget * steps - 2 * worst
 
 
+def test_probes_are_charged_what_they_cost_now_not_what_the_curve_says():
+    # Wide passes 1.4x dearer against plain ones than the curve says: a probe rejected in full loses
+    # 1.49 plain steps, not the curve's 0.78. Charged at the curve's price it would lose twice its budget.
+    ctl = verified(QWEN_HEADS, 3, prior_acceptance=0.0)
+    steps, lost = 4000, 0.0
+    for _ in range(steps):
+        k, probe = choose(ctl, 0)
+        seconds = QWEN_HEADS.target(k + 1) * (1.4 if k > 0 else 1.0)
+        ctl.update(k, 0, 0, seconds=seconds)
+        if probe:
+            lost += seconds / QWEN_HEADS.target(1) - 1.0
+    assert lost <= ctl.probe_budget * steps * 1.05
+    assert lost >= ctl.probe_budget * steps * 0.8, "and the budget is still spent"
+
+
 def test_probes_that_are_often_accepted_do_not_chain_past_the_budget():
     # Heads right 45% of the time on this CPU: about half the 1-token probes are kept, and a kept probe
     # gains 0.18 of a step where a rejected one loses 0.82. Probes run as often as their real loss allows.
