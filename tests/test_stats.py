@@ -6,7 +6,7 @@ import pytest
 
 from edgespec import Done, SamplingParams, Step
 from edgespec.loading import load_engine
-from edgespec.stats import Stats
+from edgespec.stats import Counters, Stats
 
 JSON_KEYS = [
     "mode", "plan_reason", "prompt_tokens", "prompt_tokens_reused", "prompt_tokens_evaluated", "tokens_generated",
@@ -53,6 +53,22 @@ def test_nothing_counted_gives_zero_ratios_not_a_division_error():
                               prefill_seconds=0.0, decode_seconds=0.0, finish_reason=None)
     assert (empty.acceptance_rate, empty.target_passes_per_token, empty.mean_draft_tokens,
             empty.decode_tokens_per_second) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_a_snapshot_keeps_its_counts_while_the_generation_goes_on():
+    counters = Counters(mode="ngram")
+    counters.pass_widths[1] = 3
+    counters.drafted_by_position["ngram"] = [2, 1]
+    counters.tokens_generated = 3
+    before = counters.snapshot()
+    counters.pass_widths[1] += 1
+    counters.pass_widths[4] = 1
+    counters.drafted_by_position["ngram"][0] += 1
+    counters.drafted_by_position["heads"] = [1]
+    counters.tokens_generated = 8
+    assert before.pass_widths == {1: 3} and before.drafted_by_position == {"ngram": [2, 1]}
+    assert before.tokens_generated == 3
+    assert counters.snapshot().drafted_by_position == {"ngram": [3, 1], "heads": [1]}
 
 
 def test_each_step_carries_its_own_drafted_and_accepted_counts(tiny_models):
