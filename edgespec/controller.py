@@ -209,9 +209,11 @@ class DraftLengthController:
         alphas = self.acceptance(signal)
         rates = self._rates(alphas, limit)
         k = int(np.argmax(rates))  # ties go to the shorter draft
-        if k > 0 or self.estimate.learns_without_drafting:
+        if k > 0:
             self._thresholds = self._stop_thresholds(alphas, k, rates[k])
             return k
+        if self.estimate.learns_without_drafting:
+            return 0  # it learns from every step's proposal, drafted or not: no probes
         if not self.probe_due(signal):
             return 0
         probe_k = min(self.probe_k, limit)
