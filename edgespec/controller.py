@@ -152,8 +152,8 @@ class DraftLengthController:
         """Use another cost curve (e.g. measured again) from the next choice on; the acceptance
         estimates are kept, the speed guard starts afresh."""
         self.cost = cost
-        # Plan cost for k = 0..k_max drafted tokens.
-        self._plan_seconds = np.array([cost.target(k + 1) + cost.draft(k) for k in range(self.k_max + 1)])
+        # A plan drafting k = 0..k_max tokens costs its target pass over k + 1 tokens plus the drafting.
+        self._pass_seconds = np.array([cost.target(k + 1) for k in range(self.k_max + 1)])
         self._drafting_seconds = np.array([cost.draft(k) for k in range(self.k_max + 1)])
         # When even a drafter accepted this often could not beat plain decoding at these costs,
         # probing cannot find anything worth drafting (a draft model on a CPU where its tokens are dear).
@@ -244,9 +244,12 @@ class DraftLengthController:
 
     def _priced_plans(self) -> np.ndarray:
         """The plans' seconds with their target passes at the price wide passes have now (SpeedGuard)."""
-        passes = self._plan_seconds - self._drafting_seconds
+        return self._priced_passes() + self._drafting_seconds
+
+    def _priced_passes(self) -> np.ndarray:
+        passes = self._pass_seconds.copy()
         passes[1:] *= self.guard.wide_price()
-        return passes + self._drafting_seconds
+        return passes
 
     def _stop_thresholds(self, alphas: np.ndarray, k: int, rate: float) -> tuple[float, ...]:
         """Tuned p_min per position (when no fixed p_min was given): drafting token j is worth it when
@@ -261,9 +264,9 @@ class DraftLengthController:
         for j in range(k - 2, -1, -1):
             after[j] = a[j + 1] * (1.0 + after[j + 1])
         positions = np.arange(1, k + 1)
-        plans = self._priced_plans()
-        stop_seconds = plans[positions - 1] - self._drafting_seconds[positions - 1] + self.cost.draft(positions)
-        saved = plans[k] - stop_seconds
+        passes = self._priced_passes()
+        stop_seconds = passes[positions - 1] + self.cost.draft(positions)
+        saved = passes[k] + self._drafting_seconds[k] - stop_seconds
         with np.errstate(divide="ignore", invalid="ignore"):
             threshold = np.where(reached > 0, rate * saved / (reached * (1.0 + after)), 1.0)
         return tuple(float(t) for t in np.clip(threshold, 0.0, 1.0))
