@@ -115,6 +115,19 @@ def test_a_mode_that_changes_tokens_fails_the_bench_loudly(models, monkeypatch):
     assert corrupted
 
 
+def test_plain_decoding_again_is_an_a_a_pair_with_the_baseline(models):
+    results = quick_bench(models, configs=["baseline-again", "ngram-k2"], suites=["chat"], repeats=2, max_tokens=12)
+
+    assert [c["name"] for c in results["configs"]] == ["baseline-again", "ngram-k2", "baseline"]
+    again = [r for r in results["runs"] if r["config"] == "baseline-again"]
+    plain = {r["repeat"]: r for r in results["runs"] if r["config"] == "baseline"}
+    assert len(again) == 2 and all(r["mode"] == "none" and r["draft_tokens_proposed"] == 0 for r in again)
+    assert all(r["token_ids"] == plain[r["repeat"]]["token_ids"] and r["matches_baseline"] for r in again)
+    row = next(r for r in results["summary"] if r["suite"] == "all" and r["config"] == "baseline-again")
+    paired = [r["decode_tokens_per_second"] / plain[r["repeat"]]["decode_tokens_per_second"] for r in again]
+    assert row["paired_runs"] == 2 and row["speedup_paired_median"] == pytest.approx(statistics.median(paired))
+
+
 def test_sampled_runs_are_not_held_to_token_equality(models):
     results = quick_bench(models, configs=["baseline", "ngram-k4"], suites=["chat"], temperatures=[0.7], repeats=2)
 
@@ -125,6 +138,7 @@ def test_sampled_runs_are_not_held_to_token_equality(models):
 
 def test_configuration_names():
     assert configs.parse_config("baseline") == ("baseline", None)
+    assert configs.parse_config("baseline-again") == ("baseline", None)
     assert configs.parse_config("ngram") == ("ngram", None)
     assert configs.parse_config("ngram-k8") == ("ngram", 8)
     assert configs.parse_config("draft-model-auto") == ("draft-model", "auto")
@@ -155,6 +169,8 @@ def test_configurations_resolve_to_distinct_draft_lengths():
         ("llamacpp-ngram-simple-n3", "llamacpp-ngram-simple", 3, True),
         ("llamacpp-ngram-simple", "llamacpp-ngram-simple", None, True), ("baseline", "baseline", None, False)]
     assert configs.resolve_configs(["ngram-k2"], 4, False, True)[-1].name == "baseline"  # always measured
+    again = configs.resolve_configs(["baseline", "baseline-again", "baseline-again"], 4, False, True)
+    assert [(c.name, c.drafter) for c in again] == [("baseline", "baseline"), ("baseline-again", "baseline")]
     with pytest.raises(bench.BenchError, match="--draft"):
         configs.resolve_configs(["draft-model"], 4, has_draft=False, explicit=True)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ...errors import EdgespecError
 from ..options import DEFAULT_MODEL, parse_kv_type, parse_threads, sampling_value, setting, whole_number
-from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES
+from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, PLAIN_AGAIN
 from .exactness import ExactnessError
 from .microbench import COST_CURVE_MAX_TOKENS, DEFAULT_N_CTX, SAMPLING_VOCAB, run_cost_curve, run_sampling_microbench
 from .report import (pyplot, plot_cost_curve, plot_speedups, print_cost_curve, print_overhead, print_sampling,
@@ -55,7 +55,8 @@ def add_bench_parser(subparsers) -> None:
         "--configs",
         default=None,
         help="comma-separated configurations: baseline, ngram, draft-model, each optionally -kN (fixed draft "
-        f"length) or -auto; {', '.join(PEER_SPEC_TYPES)}, each optionally -nN (--spec-draft-n-max N) "
+        f"length) or -auto; {PLAIN_AGAIN} (plain decoding again: the same run's A/A noise floor); "
+        f"{', '.join(PEER_SPEC_TYPES)}, each optionally -nN (--spec-draft-n-max N) "
         f"(default: {','.join(DEFAULT_CONFIGS)}; draft-model and llamacpp-draft only with --draft, "
         "llamacpp-* only with --llama-cpp-bin)",
     )

@@ -2,7 +2,8 @@
 
 edgespec's: baseline, ngram, draft-model, combined (n-grams or the draft
 model, chosen per step), heads (with --draft heads), each optionally -kN (a fixed draft length) or -auto,
-and then -exact for --bit-exact verification (e.g. ngram-auto-exact).  llama.cpp's (run by its llama-speculative-simple binary,
+and then -exact for --bit-exact verification (e.g. ngram-auto-exact); baseline-again, plain decoding once
+more in the rotation, whose ratio to baseline is what identical passes read in the same run.  llama.cpp's (run by its llama-speculative-simple binary,
 see peers.py): llamacpp-none, llamacpp-ngram-simple, llamacpp-ngram-mod and
 llamacpp-draft, each at llama.cpp's default draft length or -nN
 (--spec-draft-n-max N).
@@ -25,6 +26,10 @@ DEFAULT_CONFIGS = ("baseline", "ngram", "ngram-exact", "ngram-k2", "ngram-k4", "
                    *PEER_SPEC_TYPES)
 NEEDS_DRAFT_MODEL = ("draft-model", "combined", "llamacpp-draft")
 EXACT_SUFFIX = "-exact"
+# Plain decoding as a configuration of its own: an A/A pair with baseline.  On a machine whose speed wanders
+# by several percent between runs, its ratio to baseline is the floor any other ratio of the same run must
+# clear before it says something.
+PLAIN_AGAIN = "baseline-again"
 
 
 @dataclass(frozen=True)
@@ -35,16 +40,14 @@ class BenchConfig:
     bit_exact: bool = False  # edgespec's --bit-exact verification
 
     @property
-    def must_match_baseline(self) -> bool:
-        return self.drafter in ("ngram", "draft-model", "combined", "heads")
-
-    @property
     def is_peer(self) -> bool:
         return self.drafter in PEER_SPEC_TYPES
 
 
 def parse_config(name: str) -> tuple[str, int | str | None]:
     """'ngram-k4' -> ('ngram', 4); 'ngram-auto' -> ('ngram', 'auto'); 'llamacpp-draft-n3' -> ('llamacpp-draft', 3)."""
+    if name == PLAIN_AGAIN:
+        return "baseline", None
     for drafter in (*EDGESPEC_DRAFTERS, *PEER_SPEC_TYPES):
         if name == drafter:
             return drafter, None
@@ -57,7 +60,7 @@ def parse_config(name: str) -> tuple[str, int | str | None]:
         if suffix.startswith(letter) and suffix[1:].isdigit() and int(suffix[1:]) >= 1:
             return drafter, int(suffix[1:])
     raise BenchError(
-        f"unknown configuration {name!r} (use baseline, ngram or draft-model, optionally with -kN or -auto, "
+        f"unknown configuration {name!r} (use baseline, {PLAIN_AGAIN}, ngram or draft-model, optionally with -kN or -auto, "
         f"or {', '.join(PEER_SPEC_TYPES)}, optionally with -nN)"
     )
 
@@ -79,7 +82,9 @@ def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_d
             if explicit:
                 raise BenchError(f"configuration {name!r} needs {missing}, or drop {name}")
             continue
-        if drafter == "baseline":
+        if name == PLAIN_AGAIN:
+            config = BenchConfig(PLAIN_AGAIN, "baseline", None)
+        elif drafter == "baseline":
             config = BenchConfig("baseline", "baseline", None)
         elif drafter in PEER_SPEC_TYPES:
             config = BenchConfig(drafter if k is None else f"{drafter}-n{k}", drafter, k)
@@ -87,9 +92,9 @@ def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_d
             k = k if k is not None else default_draft_tokens
             label = (f"{drafter}-auto" if k == "auto" else f"{drafter}-k{k}") + (EXACT_SUFFIX if bit_exact else "")
             config = BenchConfig(label, drafter, k, bit_exact)
-        configs.setdefault((config.drafter, config.draft_tokens, config.bit_exact), config)
-    if not any(c.drafter == "baseline" for c in configs.values()):
-        configs[("baseline", None, False)] = BenchConfig("baseline", "baseline", None)  # speedups need it
+        configs.setdefault((config.name == PLAIN_AGAIN, config.drafter, config.draft_tokens, config.bit_exact), config)
+    if not any(c.name == "baseline" for c in configs.values()):
+        configs[(False, "baseline", None, False)] = BenchConfig("baseline", "baseline", None)  # speedups need it
     return list(configs.values())
 
 
