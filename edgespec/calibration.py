@@ -247,11 +247,18 @@ class StepTimeWatch:
         self.drifted = False
         self._judged = False
         self._ratios: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
+        self._in_window: collections.Counter[int] = collections.Counter()  # passes of each width in _ratios
 
     def observe(self, width: int, seconds: float) -> None:
         if self._judged or not 1 <= width <= len(self.forward_seconds):
             return
+        if len(self._ratios) == self._ratios.maxlen:
+            self._in_window[self._ratios[0][0]] -= 1
         self._ratios.append((width, seconds / self.forward_seconds[width - 1]))
+        self._in_window[width] += 1
+        # called at every pass: the medians are worth taking only once two widths have enough samples
+        if sum(count >= self.min_samples for count in self._in_window.values()) < 2:
+            return
         by_width: dict[int, list[float]] = {}
         for seen, ratio in self._ratios:
             by_width.setdefault(seen, []).append(ratio)
