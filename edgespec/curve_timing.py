@@ -5,8 +5,9 @@ of logits (as verification does), with the KV cache restored afterwards. Widths 
 the order the controller needs them most, within a time budget, and the rest is interpolated.
 cost_profile.py's Calibrator runs it and keeps the curve in the calibration cache (calibration.py).
 
-The first load of a model on a machine spends at most CURVE_BUDGET_SECONDS + NARROW_BUDGET_SECONDS
-here, plus the warm-up and one pass over each width up to ALWAYS_MEASURED, measured whatever they cost.
+The first load of a model on a machine spends at most the curve's budget (CURVE_BUDGET_SECONDS, or
+CURVE_BUDGET_PASSES one-token passes on a slower machine) + NARROW_BUDGET_SECONDS here, plus the warm-up
+and one pass over each width up to ALWAYS_MEASURED, measured whatever they cost.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ PLANNED_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # Widths measured even past the budget: without them the controller has nothing to choose from.
 ALWAYS_MEASURED = 4
 CURVE_BUDGET_SECONDS = 3.0
+# ... or this many one-token passes' time, where that is longer: a CPU three times slower must measure
+# the same widths, not a third of them. With seconds alone, an AVX2 EPYC (T(1) ~ 90 ms) stopped its
+# curve at 12 tokens, one spiky sample each (T(12) read 8.1 x T(1), 5.3 measured again); past the
+# curve CostModel extrapolates, so a 16-token copy was priced at ~11 one-token passes where it cost
+# ~6 and was never made, while llama.cpp's 48-token copies gained 1.3x on the same prompts.
+CURVE_BUDGET_PASSES = 60
 # The narrow widths decide whether one-token drafts are made at all, and one pass's time wanders by
 # +-5% on an idle CPU: with the three samples the curve's rounds give them, five curves measured in a
 # row on an AVX-512 EPYC put T(2)/T(1) anywhere in 1.59-1.83. Nine samples each (resampled from 30
@@ -44,6 +51,7 @@ def measure_curve(
     *,
     repeats: int = 3,
     budget_seconds: float = CURVE_BUDGET_SECONDS,
+    budget_passes: float = CURVE_BUDGET_PASSES,
     narrow_budget_seconds: float = NARROW_BUDGET_SECONDS,
     notice: Callable[[str], None] | None = None,
 ) -> tuple[float, ...]:
@@ -51,7 +59,8 @@ def measure_curve(
 
     One pass over all planned widths comes first, narrowest first, then up to `repeats - 1`
     more; the next measurement is skipped once the time measured so far plus its expected
-    time would pass `budget_seconds`, except that widths up to ALWAYS_MEASURED are always
+    time would pass the budget, `budget_seconds` or `budget_passes` times the first timed
+    one-token pass, whichever is longer, except that widths up to ALWAYS_MEASURED are always
     measured once. Narrow widths, the ones that matter most, get the repeats, and then rounds of
     their own (1..ALWAYS_MEASURED) until each has NARROW_SAMPLES or `narrow_budget_seconds` more
     is spent. A spike in a width measured once makes it look dearer, never cheaper, so the
@@ -68,18 +77,21 @@ def measure_curve(
     # The first pass after loading pages the weights in; it would say nothing about later ones.
     spent = _checked(measure(1), 1)
     samples: dict[int, list[float]] = {}
+    budget = budget_seconds
     for round_ in range(repeats):
         for width in widths:
             if round_ > 0 and width not in samples:
                 break  # a width skipped in the first round stays skipped
             required = round_ == 0 and width <= ALWAYS_MEASURED
-            if not required and spent + _expected_seconds(samples, width) > budget_seconds:
+            if not required and spent + _expected_seconds(samples, width) > budget:
                 break
             seconds = _checked(measure(width), width)
             samples.setdefault(width, []).append(seconds)
             spent += seconds
+            if width == 1 and round_ == 0:
+                budget = max(budget_seconds, budget_passes * seconds)
     _sample_narrow_widths(measure, samples, narrow_budget_seconds)
-    medians = _plausible_medians(measure, samples, repeats, budget_seconds, notice)
+    medians = _plausible_medians(measure, samples, repeats, budget, notice)
     measured = sorted(medians)
     dense = np.interp(np.arange(1, measured[-1] + 1), measured, [medians[w] for w in measured])
     return tuple(float(s) for s in dense)

@@ -49,7 +49,8 @@ def test_median_of_repeats_ignores_a_spike():
 
 def test_budget_limits_coverage_but_not_the_narrow_widths():
     timing = TimingTable(lambda n: 0.1 * n)
-    curve = measure_curve(timing, max_width=32, repeats=3, budget_seconds=1.55, narrow_budget_seconds=0.0)
+    curve = measure_curve(timing, max_width=32, repeats=3, budget_seconds=1.55, budget_passes=0.0,
+                          narrow_budget_seconds=0.0)
     # 0.1 warm-up + 0.1 + 0.2 + 0.3 + 0.4 = 1.1; width 6 would take 0.6 more, so the rest of the
     # budget repeats the narrowest widths: 1 and 2 (1.4), then 1 (1.5).
     assert timing.calls == [1, 1, 2, 3, 4, 1, 2, 1]
@@ -58,18 +59,40 @@ def test_budget_limits_coverage_but_not_the_narrow_widths():
 
 def test_narrow_widths_are_measured_even_when_the_budget_is_spent_at_once():
     timing = TimingTable(lambda n: 1.0 * n)
-    curve = measure_curve(timing, max_width=16, budget_seconds=0.5, narrow_budget_seconds=0.0)
+    curve = measure_curve(timing, max_width=16, budget_seconds=0.5, budget_passes=0.0, narrow_budget_seconds=0.0)
     assert timing.calls == [1, 1, 2, 3, 4]
     assert len(curve) == 4
 
 
 def test_total_time_stays_within_budget_past_the_required_widths():
     timing = TimingTable(cpu_like)
-    measure_curve(timing, max_width=64, repeats=3, budget_seconds=1.0, narrow_budget_seconds=0.0)
+    measure_curve(timing, max_width=64, repeats=3, budget_seconds=1.0, budget_passes=0.0, narrow_budget_seconds=0.0)
     required = sum(cpu_like(n) for n in (1, 1, 2, 3, 4))
     spent = sum(cpu_like(n) for n in timing.calls)
     assert spent <= max(1.0, required)
     assert spent > 0.8  # and it does use the budget
+
+
+def test_a_slower_machine_measures_the_same_widths_in_more_time():
+    def avx2_like(n):  # T(1) 90 ms, T(16) about 6 T(1): a CPU three times slower than the budget was set on
+        return 0.09 * (1.0 + 0.34 * (n - 1))
+
+    by_seconds = TimingTable(avx2_like)
+    short = measure_curve(by_seconds, max_width=33, repeats=3, budget_seconds=3.0, budget_passes=0.0,
+                          narrow_budget_seconds=0.0)
+    assert len(short) < 33  # three seconds end the curve before its widest passes
+
+    timing = TimingTable(avx2_like)
+    curve = measure_curve(timing, max_width=33, repeats=3, budget_seconds=3.0, budget_passes=60,
+                          narrow_budget_seconds=0.0)
+    assert len(curve) == 33 and curve[15] == pytest.approx(avx2_like(16))
+    assert sum(avx2_like(n) for n in timing.calls[1:]) <= 60 * avx2_like(1)  # the warm-up aside
+
+    fast = TimingTable(cpu_like)  # a machine where three seconds hold 60 one-token passes measures as before
+    plain = TimingTable(cpu_like)
+    measure_curve(fast, max_width=33, budget_seconds=3.0, budget_passes=60, narrow_budget_seconds=0.0)
+    measure_curve(plain, max_width=33, budget_seconds=3.0, budget_passes=0.0, narrow_budget_seconds=0.0)
+    assert fast.calls == plain.calls
 
 
 def test_measures_an_unplanned_max_width():
@@ -142,7 +165,7 @@ def test_measuring_again_keeps_to_the_budget():
     # On a machine so busy that every narrow width measures ten times a wide one, measuring them
     # all again `repeats` times would take as long again as the whole curve.
     timing = TimingTable(lambda n: 10.0 if n < 4 else 0.1)
-    measure_curve(timing, max_width=4, repeats=3, budget_seconds=25.0, narrow_budget_seconds=0.0,
+    measure_curve(timing, max_width=4, repeats=3, budget_seconds=25.0, budget_passes=0.0, narrow_budget_seconds=0.0,
                   notice=lambda text: None)
     assert timing.calls[5:] == [1, 2, 3], "10 + 10 + 10 s: the budget of 25 s is spent"
 
