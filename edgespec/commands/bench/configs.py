@@ -73,7 +73,7 @@ def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_d
     model is given, and llama.cpp's when no --llama-cpp-bin is; asked for
     explicitly, either is an error.
     """
-    configs: dict[tuple, BenchConfig] = {}
+    configs: dict[str, BenchConfig] = {}
     for name in names:
         bit_exact = name.endswith(EXACT_SUFFIX) and not name.startswith("llamacpp-")
         drafter, k = parse_config(name[: -len(EXACT_SUFFIX)] if bit_exact else name)
@@ -92,9 +92,9 @@ def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_d
             k = k if k is not None else default_draft_tokens
             label = (f"{drafter}-auto" if k == "auto" else f"{drafter}-k{k}") + (EXACT_SUFFIX if bit_exact else "")
             config = BenchConfig(label, drafter, k, bit_exact)
-        configs.setdefault((config.name == PLAIN_AGAIN, config.drafter, config.draft_tokens, config.bit_exact), config)
-    if not any(c.name == "baseline" for c in configs.values()):
-        configs[(False, "baseline", None, False)] = BenchConfig("baseline", "baseline", None)  # speedups need it
+        configs.setdefault(config.name, config)  # a name says drafter, draft length and exactness
+    if "baseline" not in configs:
+        configs["baseline"] = BenchConfig("baseline", "baseline", None)  # speedups need it
     return list(configs.values())
 
 
