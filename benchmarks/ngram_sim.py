@@ -14,6 +14,8 @@ Run:
                                                                      # learned prior of all others
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --policy llamacpp-simple   # llama.cpp's ngram-simple
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve issue   # the issue's 16-width curve
+    .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve TRUE --plan-curve CACHED
+                                         # plans made on one curve, passes paid at another
 The default curve is the one the engine calibrated for Qwen2.5-Coder-1.5B on the idle AVX-512 EPYC of
 benchmarks/results/heldout-t0.json (33 widths, so drafts of up to 32 tokens); `--curve issue` is the one
 the issue quotes (16 widths), `--curve FILE` another bench JSON's.
@@ -172,11 +174,14 @@ def replay_oracle(prompt_ids: list[int], reply_ids: list[int], stopped: bool, co
     return result
 
 
-def simulate(rows: list[dict], cost: CostModel, learned: dict | None = None, max_tokens: int = 200) -> dict[str, Replay]:
-    """Each row replayed by a fresh drafter and controller (a new process), starting from learned or neutral priors."""
+def simulate(rows: list[dict], cost: CostModel, learned: dict | None = None, max_tokens: int = 200,
+             plan_cost: CostModel | None = None) -> dict[str, Replay]:
+    """Each row replayed by a fresh drafter and controller (a new process), starting from learned or neutral priors;
+    plan_cost: the curve the controller plans with, where it is not the one the passes cost (a stale calibration)."""
     results = {}
+    plan_cost = plan_cost or cost
     for row in rows:
-        controller = controller_for("ngram", cost, len(cost.forward_seconds) - 1,
+        controller = controller_for("ngram", plan_cost, len(plan_cost.forward_seconds) - 1,
                                     learned=learned(row) if learned else None)
         results[row["id"]] = replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
                                     cost, controller, NgramDrafter(), max_tokens)
@@ -229,6 +234,8 @@ def main() -> int:
                         help="start each prompt from the learned prior of the other prompts (kind: of its own kind only)")
     parser.add_argument("--curve", default="bench",
                         help="cost curve: bench (the calibrated one of results/heldout-t0.json), issue, or a bench JSON")
+    parser.add_argument("--plan-curve",
+                        help="the curve the controller plans with (as --curve), where --curve is what passes cost")
     parser.add_argument("--policy", choices=("edgespec", "llamacpp-simple", "oracle"), default="edgespec",
                         help="llamacpp-simple: replay llama.cpp's ngram-simple instead; oracle: the best draft "
                              "lengths for edgespec's drafter, chosen knowing the reply (an upper bound)")
@@ -246,7 +253,8 @@ def main() -> int:
         results = {row["id"]: replay_oracle(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
                                             cost, len(cost.forward_seconds) - 1, 200) for row in rows}
     else:
-        results = simulate(rows, cost, learned_from_others(rows, cost, args.learned == "kind") if args.learned else None)
+        results = simulate(rows, cost, learned_from_others(rows, cost, args.learned == "kind") if args.learned else None,
+                           plan_cost=CostModel(curve_named(args.plan_curve)) if args.plan_curve else None)
     summary = report(rows, results, args.per_prompt)
     if args.json:
         args.json.write_text(json.dumps({"curve": cost.forward_seconds, "split": args.split,
