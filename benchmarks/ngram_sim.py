@@ -235,7 +235,8 @@ def main() -> int:
     parser.add_argument("--curve", default="bench",
                         help="cost curve: bench (the calibrated one of results/heldout-t0.json), issue, or a bench JSON")
     parser.add_argument("--plan-curve",
-                        help="the curve the controller plans with (as --curve), where --curve is what passes cost")
+                        help="the curve the controller plans with (as --curve), where --curve is what passes cost "
+                             "(the edgespec policy; the others do not plan on a curve)")
     parser.add_argument("--policy", choices=("edgespec", "llamacpp-simple", "oracle"), default="edgespec",
                         help="llamacpp-simple: replay llama.cpp's ngram-simple instead; oracle: the best draft "
                              "lengths for edgespec's drafter, chosen knowing the reply (an upper bound)")
