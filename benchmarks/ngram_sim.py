@@ -1,7 +1,10 @@
 """Predict n-gram drafting's speed against plain decoding without timing anything.
 
 At T = 0 a drafted step's outcome is fixed by the reply plain decoding gives: the draft is kept up to
-its first token that differs from the reply, and the target adds the next one.  So a recorded reply
+its first token that differs from the reply, and the target adds the next one.  At T > 0 the same rule
+on a sampled reply (record_replies.py --temperature) is exact in distribution: an n-gram draft is a point
+proposal, which rejection sampling keeps with the target's probability of it, the chance that the
+sampled reply has that token there, and on a rejection the target samples from what is left.  So a recorded reply
 (benchmarks/record_replies.py) can be replayed through the real NgramDrafter and draft-length
 controller, step by step as the engine drives them, with each pass priced by a fixed cost curve; the
 predicted speedup is plain decoding's time (one T(1) per token) over the replay's.
@@ -106,8 +109,8 @@ def replay(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: Cos
         k = controller.choose(hint.signal, cap) if cap > 0 else 0
         tokens = drafter.propose(context, k).tokens if k > 0 else []
         accepted = result.verify(tokens, truth, position)
-        if cap > 0:
-            controller.update(len(tokens), accepted, hint.signal)
+        if cap > 0:  # the pass's price on the curve it is paid at, as the engine reports a timed pass
+            controller.update(len(tokens), accepted, hint.signal, cost.target(len(tokens) + 1))
         position = result.count_step(tokens, accepted, truth, position, context, cost)
     result.plain = len(truth) * cost.target(1)
     return result
@@ -245,7 +248,7 @@ def main() -> int:
     args = parser.parse_args()
     rows = [json.loads(line) for path in args.replies for line in path.read_text().splitlines() if line.strip()]
     if args.split != "all":
-        rows = [row for row in rows if (int(row["id"].rsplit("-", 1)[1]) <= 2) == (args.split == "tune")]
+        rows = [row for row in rows if (int(row["id"].split("@")[0].rsplit("-", 1)[1]) <= 2) == (args.split == "tune")]
     cost = CostModel(curve_named(args.curve))
     if args.policy == "llamacpp-simple":
         results = {row["id"]: replay_llamacpp_simple(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",

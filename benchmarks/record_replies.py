@@ -1,4 +1,4 @@
-"""Record a model's greedy replies to the held-out workloads, for the n-gram drafting simulator.
+"""Record a model's replies to the held-out workloads, for the n-gram drafting simulator.
 
 Each prompt is rendered with the model's chat template and decoded plainly (no drafting) at T = 0,
 so the recorded reply is exactly what every drafted run must reproduce: benchmarks/ngram_sim.py
@@ -7,6 +7,10 @@ replays it to tell what each draft would have kept, without timing anything.
 Run (minutes on a CPU; the output is deterministic for one machine's kernels):
     .venv/bin/python benchmarks/record_replies.py \
         --model qwen2.5-coder-1.5b-instruct --out benchmarks/workloads-heldout/replies-qwen2.5-coder-1.5b.jsonl
+Sampled replies, one per seed, for the simulator at T > 0 (--draft ngram records them faster, and
+rejection sampling keeps them samples of the target's own distribution):
+    .venv/bin/python benchmarks/record_replies.py --draft ngram --temperature 0.7 --seeds 1,2,3 \
+        --suites explain,chat,story --out replies-t07.jsonl
 """
 
 from __future__ import annotations
@@ -38,7 +42,13 @@ def main() -> int:
                         help="ngram: record faster with n-gram drafting (the same tokens at T = 0, but where the "
                              "target's two best tokens tie within the kernels' drift between pass widths)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (1 on a busy machine: ggml's threads spin-wait)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample at this temperature, one reply per seed (the id gains '@SEED'): an n-gram draft is "
+                             "a point proposal, so replaying a sampled reply with T = 0's rule keeps a draft token with "
+                             "the target's probability of it, as rejection sampling would")
+    parser.add_argument("--seeds", default="1234", help="comma-separated seeds, with --temperature above 0")
     args = parser.parse_args()
+    seeds = [int(seed) for seed in args.seeds.split(",")] if args.temperature > 0 else [None]
     # the first prompt of every kind, then the second ...: an interrupted recording still covers every kind
     prompts = sorted(load_workloads(args.suites.split(","), directory=args.workloads),
                      key=lambda prompt: (prompt.id.rsplit("-", 1)[-1], prompt.suite))
@@ -46,16 +56,19 @@ def main() -> int:
     engine = load_engine(args.model, args.draft, n_ctx=args.n_ctx, pull=False, cost_curve=EPYC_CURVE, n_threads=args.threads)
     done = _already_recorded(args.out)
     with args.out.open("a", encoding="utf-8") as out:
-        for prompt in prompts:
-            if prompt.id in done:
+        for prompt, seed in ((prompt, seed) for prompt in prompts for seed in seeds):
+            row_id = prompt.id if seed is None else f"{prompt.id}@{seed}"
+            if row_id in done:
                 continue
             prompt_ids = engine.prompt_tokens(prompt.prompt)
-            result = result_of(engine.stream_tokens(prompt_ids, SamplingParams(temperature=0.0, max_tokens=args.max_tokens)))
-            row = {"suite": prompt.suite, "id": prompt.id, "model": engine.target_path.name, "draft": args.draft,
+            sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=seed)
+            result = result_of(engine.stream_tokens(prompt_ids, sampling))
+            row = {"suite": prompt.suite, "id": row_id, "model": engine.target_path.name, "draft": args.draft,
+                   "temperature": args.temperature, "seed": seed,
                    "prompt_ids": prompt_ids, "reply_ids": result.token_ids, "finish_reason": result.finish_reason}
             out.write(json.dumps(row) + "\n")
             out.flush()
-            print(f"{prompt.id}: {len(result.token_ids)} tokens ({result.finish_reason})", file=sys.stderr)
+            print(f"{row_id}: {len(result.token_ids)} tokens ({result.finish_reason})", file=sys.stderr)
     engine.close()
     return 0
 
