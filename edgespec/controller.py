@@ -25,7 +25,8 @@ discounted by what was realized, so drafting backs off until the estimates earn 
 that pays is never slowed, as its realized gain is above 1. The guard also prices wide passes as
 they run now: the cached curve's shape is one minute's, and on a shared CPU it moves by more than
 the margin one-token drafts live on (T(2)/T(1) 1.64 one half hour, 1.87 the next, on an AVX-512
-EPYC), so plans use the curve scaled by what the recent wide passes cost against the plain ones.
+EPYC), so plans price each width by what its recent passes cost against the plain ones, leaning on
+what all recent wide passes cost while a width has few passes of its own.
 
 The controller only decides how much is proposed; verification is untouched, so output stays exact.
 """
@@ -53,6 +54,11 @@ GUARD_PRIOR_STEPS = 3.0
 # for again), and how many wide passes at the curve's own price it starts from (they fade like any).
 PRICE_DECAY = 0.9
 PRICE_PRIOR_PASSES = 2.0
+# A width's own price leans on the wide passes' common one until it has about this many passes of its own:
+# the cached curve's shape is one calibration's, and on a noisy machine one width can be off by a third
+# while its neighbours are right (T(3) 1.82, T(4) 1.86 cached on the AVX2 EPYC, T(4) 2.1-2.7 in generation),
+# which a common factor cannot mend: the cheap-looking width is drafted on while the others are priced fairly.
+WIDTH_PRIOR_PASSES = 1.0
 # The most a probe allowance holds, in probes that lose all they draft: enough that a drafter whose
 # probes mostly pay is not stopped by one rejected probe while its estimate climbs, few enough that
 # steps without probes save up only a short burst of them.
@@ -67,7 +73,8 @@ class SpeedGuard:
     the plans.  A plain step would have taken T(1) times the machine's present load, measured on the
     recent plain steps (1.0 before there are any), so a machine slower than when it was calibrated
     does not look like drafting that loses.  The same times give the wide passes' price: what they
-    cost against the curve, over what the plain steps around them cost against it (wide_price).
+    cost against the curve, over what the plain steps around them cost against it, for all of them
+    (wide_price) and per width (width_prices).
     """
 
     def __init__(self, cost: CostModel, decay: float = GUARD_DECAY) -> None:
@@ -78,6 +85,7 @@ class SpeedGuard:
         self._plain_count = 0.0
         # the wide passes' seconds over T(width), over the plain load then, summed and decayed
         self._wide_price = self._wide_count = PRICE_PRIOR_PASSES
+        self._width_prices: dict[int, list[float]] = {}  # width -> [its passes' prices, summed; their count], decayed
 
     def observe(self, width: int, tokens: int, seconds: float) -> None:
         self._tokens *= self.decay
@@ -91,8 +99,12 @@ class SpeedGuard:
         load = (self._plain_load + 1.0) / (self._plain_count + 1.0)
         self._tokens += tokens
         self._plain_steps += seconds / (self.cost.target(1) * load)
-        self._wide_price = self._wide_price * PRICE_DECAY + seconds / (self.cost.target(width) * load)
+        price = seconds / (self.cost.target(width) * load)
+        self._wide_price = self._wide_price * PRICE_DECAY + price
         self._wide_count = self._wide_count * PRICE_DECAY + 1.0
+        own = self._width_prices.setdefault(width, [0.0, 0.0])
+        own[0] = own[0] * PRICE_DECAY + price
+        own[1] = own[1] * PRICE_DECAY + 1.0
 
     def gain(self) -> float:
         """Tokens per plain step's time of the recent drafted steps, leaning on 1.0 while they are few."""
@@ -102,6 +114,18 @@ class SpeedGuard:
         """What the recent passes over more than one token cost against the curve, the plain passes' load
         taken out (1.0: as the curve says), leaning on 1.0 while they are few."""
         return self._wide_price / self._wide_count
+
+    def width_prices(self, widths: int) -> np.ndarray:
+        """Each width 1..widths's price against the curve now: 1.0 for one token (the load is taken out),
+        a wider pass's own recent price, leaning on the wide passes' common one (wide_price) while it
+        has few passes of its own."""
+        common = self.wide_price()
+        prices = np.full(widths, common)
+        prices[0] = 1.0
+        for width, (total, count) in self._width_prices.items():
+            if width <= widths:
+                prices[width - 1] = (total + WIDTH_PRIOR_PASSES * common) / (count + WIDTH_PRIOR_PASSES)
+        return prices
 
 
 class DraftLengthController:
@@ -247,9 +271,7 @@ class DraftLengthController:
         return self._priced_passes() + self._drafting_seconds
 
     def _priced_passes(self) -> np.ndarray:
-        passes = self._pass_seconds.copy()
-        passes[1:] *= self.guard.wide_price()
-        return passes
+        return self._pass_seconds * self.guard.width_prices(len(self._pass_seconds))
 
     def _stop_thresholds(self, alphas: np.ndarray, k: int, rate: float) -> tuple[float, ...]:
         """Tuned p_min per position (when no fixed p_min was given): drafting token j is worth it when

@@ -729,6 +729,27 @@ def test_wide_passes_dearer_now_than_the_curve_says_stop_the_drafts_only_the_cur
     assert controller.choose() == 0
 
 
+def test_each_width_is_priced_from_its_own_passes_where_the_curve_misjudged_one():
+    # The AVX2 EPYC's calibration read T(3) 1.82 and T(4) 1.86: a four-token pass looked nearly free
+    # after a three-token one, while in generation it cost 2.1-2.7 one-token passes.
+    dip = CostModel((1.0, 1.44, 1.82, 1.86, 2.33, 2.8, 3.85, 4.91))
+    controller = verified(dip, 7, decay=1.0, prior_acceptance=0.7)
+    rng = np.random.default_rng(4)
+    for _ in range(400):
+        controller.update(7, chain_outcome(rng, 0.7, 7))
+    controller.guard = SpeedGuard(dip)
+    assert controller.choose() == 3, "on the curve the cheap four-token pass is the best plan"
+    for _ in range(10):  # two-token passes cost what the curve says, four-token ones 2.34 plain passes
+        controller.update(0, 0, seconds=dip.target(1))
+        controller.update(1, 1, seconds=dip.target(2))
+        controller.update(3, 3, seconds=2.34 * dip.target(1))
+    prices = controller.guard.width_prices(4)
+    assert prices[0] == 1.0
+    assert prices[1] < 1.05 and prices[3] == pytest.approx(2.34 / 1.86, rel=0.03)
+    assert controller.guard.gain() > 1.0, "every draft was kept: the price moves the choice, not the guard"
+    assert controller.choose() == 1, "a common factor (1.13 here) would still have drafted three"
+
+
 def test_a_copy_that_pays_keeps_drafting_at_a_dearer_price():
     controller = trained_on_copies()
     for _ in range(30):
