@@ -4,8 +4,8 @@ At T = 0 a drafted step's outcome is fixed by the reply plain decoding gives: th
 its first token that differs from the reply, and the target adds the next one.  At T > 0 the same rule
 on a sampled reply (record_replies.py --temperature) is exact in distribution: an n-gram draft is a point
 proposal, which rejection sampling keeps with the target's probability of it, the chance that the
-sampled reply has that token there, and on a rejection the target samples from what is left.  So a recorded reply
-(benchmarks/record_replies.py) can be replayed through the real NgramDrafter and draft-length
+sampled reply has that token there, and on a rejection the target samples from what is left.  So a
+recorded reply (benchmarks/record_replies.py) can be replayed through the real NgramDrafter and draft-length
 controller, step by step as the engine drives them, with each pass priced by a fixed cost curve; the
 predicted speedup is plain decoding's time (one T(1) per token) over the replay's.
 

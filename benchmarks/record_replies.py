@@ -1,7 +1,7 @@
 """Record a model's replies to the held-out workloads, for the n-gram drafting simulator.
 
-Each prompt is rendered with the model's chat template and decoded plainly (no drafting) at T = 0,
-so the recorded reply is exactly what every drafted run must reproduce: benchmarks/ngram_sim.py
+Each prompt is rendered with the model's chat template and decoded plainly (no drafting), by default
+at T = 0, so the recorded reply is exactly what every drafted run must reproduce: benchmarks/ngram_sim.py
 replays it to tell what each draft would have kept, without timing anything.
 
 Run (minutes on a CPU; the output is deterministic for one machine's kernels):
