@@ -2,8 +2,11 @@
 
 cost_profile.py's Calibrator measures a curve (curve_timing.py), the width probe and the cost of passes
 over several sequences, and keeps the results here (CalibrationCache), keyed by what they depend on
-(CalibrationKey); StepTimeWatch marks an entry stale when the passes seen during generation no longer
-match its shape, so the next load measures again.
+(CalibrationKey).  StepTimeWatch compares the passes seen during generation with the curve: it marks an
+entry stale when they no longer match its shape, so the next load measures again, and after every
+generation it adds what each width's passes cost against the curve to the entry (pass prices), so that
+the next load plans on what passes cost in generation here (priced_curve), not on one minute's shape.
+Measuring the curve again drops the prices with the old curve.
 """
 
 from __future__ import annotations
@@ -36,6 +39,29 @@ SEQUENCES_METHOD = 2
 # The shortest time between two measurements of a model's curve that passes during generation
 # call for (StepTimeWatch): a machine whose load comes and goes gets one a few times a day at most.
 MIN_REMEASURE_INTERVAL_SECONDS = 6 * 3600.0
+# Pass prices: what a width's passes cost in generation against the curve, over what the one-token passes
+# around them cost against it (so the load cancels).  A calibration is one minute's shape, and one width
+# can be off by a third while its neighbours are right (T(4) 1.86 cached on the AVX2 EPYC, 2.1-2.7 paid in
+# generation), which a process then paid for on its first drafts, before its speed guard had seen a wide
+# pass (controller.SpeedGuard).  Stored per width as the summed log price and the passes it sums, both
+# fading by PRICE_KEEP per generation and capped at PRICE_MAX_PASSES passes, so the prices follow what
+# the machine does lately.  A width is priced from its own passes and its neighbours', each worth less
+# by a factor e per PRICE_KERNEL_WIDTH of log width between them (23 and 24 wide: 0.75; 3 and 4: 0.15),
+# since a measurement errs alike on widths that run alike (a sample spiked by load, a kernel's regime),
+# and a width left at its measured price beside dearer ones would look free; all of it leans on the
+# measurement (a price of 1.0) by PRICE_PRIOR_PASSES passes.
+PRICE_KEEP = 0.8
+PRICE_MAX_PASSES = 32.0
+PRICE_PRIOR_PASSES = 4.0
+PRICE_KERNEL_WIDTH = 0.15
+# A generation's prices are taken against its one-token passes' median: with fewer than this many the
+# load is unknown and the generation adds nothing.
+PRICE_MIN_PLAIN_PASSES = 4
+# One pass's price is held within this factor of 1: a pass that a preemption stretched says nothing of
+# the width's cost.
+PRICE_CLIP = 3.0
+# The most passes of one generation the watch keeps for its prices (the latest): a bound for endless ones.
+GENERATION_PASSES = 4096
 
 
 # -- cache ---------------------------------------------------------------------------------
@@ -89,6 +115,9 @@ def cache_dir() -> Path:
     return Path(override) if override else Path(platformdirs.user_cache_dir("edgespec"))
 
 
+PassPrices = dict[int, tuple[float, float]]  # width -> (summed log price, passes)
+
+
 @dataclass(frozen=True)
 class CachedCalibration:
     """A cache entry. A stale one (marked so, or too old) has a curve worth re-measuring, but its
@@ -102,6 +131,54 @@ class CachedCalibration:
     # (n sequences, rows each, cost against one sequence's pass of as many rows): CostModel.sequences;
     # () until a pass over several sequences is first needed (entries written before it was measured too)
     sequences: tuple[tuple[int, int, float], ...] = ()
+    # width -> (summed log price, passes): what passes of that width cost in generation against the curve
+    pass_prices: PassPrices = field(default_factory=dict)
+
+
+def generation_prices(passes: list[tuple[int, float]]) -> PassPrices:
+    """What one generation's passes, (width, seconds over the curve's), cost against the curve per width
+    over one token (the median one-token pass's ratio, the load); {} without enough one-token passes."""
+    plain = [ratio for width, ratio in passes if width == 1]
+    if len(plain) < PRICE_MIN_PLAIN_PASSES:
+        return {}
+    load = statistics.median(plain)
+    if not load > 0:
+        return {}
+    prices: PassPrices = {}
+    for width, ratio in passes:
+        if width > 1:
+            price = min(max(ratio / load, 1.0 / PRICE_CLIP), PRICE_CLIP)
+            log_sum, count = prices.get(width, (0.0, 0.0))
+            prices[width] = (log_sum + math.log(price), count + 1.0)
+    return prices
+
+
+def merge_prices(stored: PassPrices, new: PassPrices, keep: float = PRICE_KEEP) -> PassPrices:
+    """stored * keep + new, per width, each width capped at PRICE_MAX_PASSES passes."""
+    merged = {}
+    for width in set(stored) | set(new):
+        old_sum, old_count = stored.get(width, (0.0, 0.0))
+        new_sum, new_count = new.get(width, (0.0, 0.0))
+        log_sum, count = keep * old_sum + new_sum, keep * old_count + new_count
+        scale = min(1.0, PRICE_MAX_PASSES / count) if count > 0 else 1.0
+        merged[width] = (log_sum * scale, count * scale)
+    return merged
+
+
+def priced_curve(curve: tuple[float, ...], prices: PassPrices) -> tuple[float, ...]:
+    """The curve with each width at the price passes were paid at in generation: its own passes' and, less and
+    less as the widths part (PRICE_KERNEL_WIDTH), its neighbours', leaning on the measurement by
+    PRICE_PRIOR_PASSES; and no pass priced under a narrower one's."""
+    priced: list[float] = []
+    for width, seconds in enumerate(curve, 1):
+        if width > 1 and prices:
+            near = [(math.exp(-abs(math.log(width / seen)) / PRICE_KERNEL_WIDTH), log_sum, count)
+                    for seen, (log_sum, count) in prices.items()]
+            log_price = sum(k * log_sum for k, log_sum, _ in near) / (
+                PRICE_PRIOR_PASSES + sum(k * count for k, _, count in near))
+            seconds *= math.exp(log_price)
+        priced.append(max(seconds, priced[-1]) if priced else seconds)
+    return tuple(priced)
 
 
 class CalibrationCache:
@@ -148,7 +225,7 @@ class CalibrationCache:
             return None
         if not all(n >= 1 and rows >= 1 and math.isfinite(f) and f > 0 for n, rows, f in sequences):
             sequences = ()  # measured again when needed
-        return CachedCalibration(max_width, curve, stale, drift, sequences)
+        return CachedCalibration(max_width, curve, stale, drift, sequences, _read_prices(entry.get("pass_prices")))
 
     def store(self, key: CalibrationKey, max_width: int, forward_seconds: tuple[float, ...], now: float | None = None,
               drift: dict[int, float] | None = None) -> None:
@@ -170,6 +247,16 @@ class CalibrationCache:
         if isinstance(entry, dict):
             entry["sequences"] = [list(point) for point in sequences]
             entry["sequences_method"] = SEQUENCES_METHOD
+            self._write(entries)
+
+    def add_pass_prices(self, key: CalibrationKey, prices: PassPrices) -> None:
+        """Merge one generation's pass prices (generation_prices) into the entry's (its age and staleness
+        unchanged)."""
+        entries = self._read()
+        entry = entries.get(key.digest())
+        if isinstance(entry, dict) and prices:
+            merged = merge_prices(_read_prices(entry.get("pass_prices")), prices)
+            entry["pass_prices"] = [[width, log_sum, count] for width, (log_sum, count) in sorted(merged.items())]
             self._write(entries)
 
     def mark_stale(self, key: CalibrationKey, now: float | None = None, min_age_seconds: float = 0.0) -> bool:
@@ -208,6 +295,18 @@ class CalibrationCache:
             pass  # an unwritable cache means measuring again next time
 
 
+def _read_prices(stored) -> PassPrices:
+    """An entry's pass prices; none when they cannot be read (a hand-edited entry only loses them)."""
+    try:
+        prices = {int(width): (float(log_sum), float(count)) for width, log_sum, count in stored or ()}
+    except (TypeError, ValueError):
+        return {}
+    if not all(width > 1 and math.isfinite(log_sum) and abs(log_sum) <= count * math.log(PRICE_CLIP) + 1e-9
+               and 0 < count <= PRICE_MAX_PASSES + 1e-9 for width, (log_sum, count) in prices.items()):
+        return {}
+    return prices
+
+
 class StepTimeWatch:
     """Compares target pass times seen during generation with the cached curve, and marks the
     cache entry stale when they disagree, so the next load measures again.
@@ -224,6 +323,9 @@ class StepTimeWatch:
 
     An entry measured less than `min_interval_seconds` ago (by `clock`) is never marked: a shape
     that no measurement holds for long is measured again at most that often.
+
+    The same passes price each width against the curve: `remember`, after each generation, adds what
+    that generation's passes cost to the entry (generation_prices), for the next load to plan with.
     """
 
     def __init__(
@@ -248,9 +350,14 @@ class StepTimeWatch:
         self._judged = False
         self._ratios: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
         self._in_window: collections.Counter[int] = collections.Counter()  # passes of each width in _ratios
+        # this generation's passes, (width, seconds over the curve's), for remember; bounded for endless ones
+        self._generation: collections.deque[tuple[int, float]] = collections.deque(maxlen=GENERATION_PASSES)
 
     def observe(self, width: int, seconds: float) -> None:
-        if self._judged or not 1 <= width <= len(self.forward_seconds):
+        if not 1 <= width <= len(self.forward_seconds):
+            return
+        self._generation.append((width, seconds / self.forward_seconds[width - 1]))
+        if self._judged:
             return
         if len(self._ratios) == self._ratios.maxlen:
             self._in_window[self._ratios[0][0]] -= 1
@@ -267,3 +374,10 @@ class StepTimeWatch:
             return
         self._judged = True  # one verdict per watch: a new curve gets a new watch
         self.drifted = self.cache.mark_stale(self.key, self.clock(), self.min_interval_seconds)
+
+    def remember(self) -> None:
+        """After a generation: add what its passes cost per width to the cache entry's pass prices."""
+        prices = generation_prices(list(self._generation))
+        self._generation.clear()
+        if prices:
+            self.cache.add_pass_prices(self.key, prices)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .backend import RUNTIME, LlamaModel, probe_pass_widths, probe_tokens, time_forward, time_sequence_passes
-from .calibration import CachedCalibration, CalibrationCache, CalibrationKey, StepTimeWatch
+from .calibration import CachedCalibration, CalibrationCache, CalibrationKey, StepTimeWatch, priced_curve
 from .costs import CostModel
 from .curve_timing import PLANNED_WIDTHS, measure_curve
 from .draft_cost import draft_token_share
@@ -49,6 +49,9 @@ class CostProfile:
     widest: int  # the widest pass a step may verify on this profile
     plain_step_seconds: float | None = None  # a measured one-token pass; None for a given curve
     stale: bool = False  # a cached measurement worth taking again when the caller is idle
+    # the curve as calibration measured it, before the pass prices seen in generation (cost's is after);
+    # () for a given curve
+    measured_curve: tuple[float, ...] = ()
 
     @property
     def kernel_drift(self) -> dict[int, float]:
@@ -115,8 +118,9 @@ class Calibrator:
         return dataclasses.replace(profile, cost=dataclasses.replace(profile.cost, sequences=tuple(points)))
 
     def watch(self, profile: CostProfile) -> StepTimeWatch:
-        """What flags the profile's curve as stale when lone generations' passes no longer match its shape."""
-        return StepTimeWatch(self.cache, self.key, tuple(profile.cost.forward_seconds))
+        """What flags the profile's curve as stale when lone generations' passes no longer match its shape, and
+        adds what they cost to the cache's pass prices (both against the curve as measured)."""
+        return StepTimeWatch(self.cache, self.key, profile.measured_curve)
 
     def _measured(self, kept: CachedCalibration) -> CachedCalibration:
         """The curve measured now and stored with kept's exact width, drift and sequences."""
@@ -129,10 +133,11 @@ class Calibrator:
         return CachedCalibration(kept.max_width, curve, False, kept.drift, kept.sequences)
 
     def _profile(self, entry: CachedCalibration, draft: LlamaModel | None, heads_seconds: float) -> CostProfile:
-        curve = entry.forward_seconds
+        """The entry's curve at the prices its passes were paid at in generation (calibration.priced_curve)."""
+        curve = priced_curve(entry.forward_seconds, entry.pass_prices)
         draft_seconds = 0.0
         if draft is not None:  # timed against target passes timed alongside, then scaled to the curve
             draft_seconds = curve[0] * draft_token_share(self.target, draft, self.notice)
         cost = CostModel(curve, draft_seconds, heads_seconds, entry.sequences)
         return CostProfile(cost, entry.max_width, tuple(sorted(entry.drift.items())), MAX_DRAFT_TOKENS + 1,
-                           plain_step_seconds=curve[0], stale=entry.stale)
+                           plain_step_seconds=curve[0], stale=entry.stale, measured_curve=entry.forward_seconds)

@@ -305,8 +305,11 @@ class Decoder:
         return generation.done()
 
     def remember(self, generation: Generation) -> None:
-        """After a generation's Done: what its controllers learned goes to the learned priors, its output to
-        its pool (the caller has its answer while this bookkeeping runs)."""
+        """After a generation's Done: what its passes cost goes to the calibration cache, what its controllers
+        learned to the learned priors, its output to its pool (the caller has its answer while this bookkeeping
+        runs)."""
+        if self.step_watch is not None:
+            self.step_watch.remember()
         learned = self.planner.learned
         if learned is not None:
             for (name, _), controller in generation.drafter_set.controllers.items():

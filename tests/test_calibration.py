@@ -1,11 +1,22 @@
 import dataclasses
 import json
+import math
 import os
 import random
 
 import pytest
 
-from edgespec.calibration import CalibrationCache, CalibrationKey, StepTimeWatch, cache_dir
+from edgespec.calibration import (
+    PRICE_CLIP,
+    PRICE_KEEP,
+    PRICE_MAX_PASSES,
+    CalibrationCache,
+    CalibrationKey,
+    StepTimeWatch,
+    cache_dir,
+    generation_prices,
+    priced_curve,
+)
 
 DAY = 86400.0
 NOW = 1_700_000_000.0
@@ -284,3 +295,83 @@ def test_mark_stale_says_whether_it_marked(cache, key):
     assert cache.load(key, 2, now=NOW + HOUR) is not None
     assert cache.mark_stale(key, now=NOW + 3 * HOUR, min_age_seconds=2 * HOUR)
     assert cache.load(key, 2, now=NOW + 3 * HOUR) is None
+
+
+# -- pass prices -----------------------------------------------------------------------------
+
+
+def generation(watch, curve, load, prices, rounds=6):
+    """One generation's passes under this load: each width at its price against the curve, with a
+    one-token pass between wide ones; then the watch remembers them."""
+    for _ in range(rounds):
+        for width, price in prices.items():
+            watch.observe(1, curve[0] * load)
+            watch.observe(width, curve[width - 1] * price * load)
+    watch.remember()
+
+
+def test_each_generation_adds_what_its_widths_cost_against_the_one_token_passes_around_them(cache, key):
+    curve = (0.05, 0.075, 0.11, 0.15)
+    generation(watched(cache, key, curve), curve, load=2.0, prices={4: 1.3})
+    # the next process, on a machine idle now: the load cancels
+    generation(StepTimeWatch(cache, key, curve), curve, load=0.5, prices={4: 1.3})
+    entry = cache.read(key, now=NOW)
+    assert set(entry.pass_prices) == {4}
+    log_sum, count = entry.pass_prices[4]
+    assert count == pytest.approx(6 * PRICE_KEEP + 6)
+    assert math.exp(log_sum / count) == pytest.approx(1.3)
+    assert entry.forward_seconds == curve and not entry.stale, "the measured curve is kept as it was"
+
+
+def test_a_priced_curve_leans_on_the_measurement_while_a_width_has_few_passes(cache, key):
+    curve = (1.0, 1.44, 1.82, 1.86, 2.33, 2.8)
+    many = {4: (32 * math.log(1.3), 32.0)}
+    priced = priced_curve(curve, many)
+    assert priced[0] == 1.0
+    assert priced[3] / curve[3] == pytest.approx(1.3, rel=0.03), "32 passes say what width 4 costs"
+    assert 1.1 < priced[4] / curve[4] < 1.25, "a near width shares much of its neighbour's price"
+    assert priced[1] / curve[1] < 1.03, "a far one hardly any"
+    assert list(priced) == sorted(priced), "no width is priced under a narrower one"
+    one = priced_curve(curve, {4: (math.log(1.3), 1.0)})
+    assert 1.0 < one[3] / curve[3] < 1.07, "one pass moves the price a little"
+    assert priced_curve(curve, {}) == curve
+
+
+def test_a_generation_without_enough_one_token_passes_adds_nothing(cache, key):
+    curve = (0.05, 0.075)
+    watch = watched(cache, key, curve)
+    for _ in range(3):
+        watch.observe(1, curve[0])
+    for _ in range(20):
+        watch.observe(2, curve[1] * 1.5)
+    watch.remember()
+    assert cache.read(key, now=NOW).pass_prices == {}, "the load is unknown: no price"
+    assert generation_prices([(1, 1.0)] * 4 + [(2, 100.0)]) == {2: (pytest.approx(math.log(PRICE_CLIP)), 1.0)}
+
+
+def test_prices_follow_the_latest_generations_and_stay_bounded(cache, key):
+    curve = (0.05, 0.075, 0.11)
+    watch = watched(cache, key, curve)
+    for _ in range(30):
+        generation(watch, curve, load=1.0, prices={2: 1.5, 3: 1.0})
+    for _ in range(20):
+        generation(watch, curve, load=1.0, prices={2: 1.0})
+    prices = cache.read(key, now=NOW).pass_prices
+    assert all(count <= PRICE_MAX_PASSES + 1e-9 for _, count in prices.values())
+    assert math.exp(prices[2][0] / prices[2][1]) < 1.02, "width 2 is cheap again lately"
+    assert prices[3][1] < 1.0, "width 3's old passes fade"
+
+
+def test_measuring_again_drops_the_prices_and_a_damaged_list_is_ignored(cache, key):
+    curve = (0.05, 0.075)
+    watch = watched(cache, key, curve)
+    generation(watch, curve, load=1.0, prices={2: 1.4})
+    assert cache.read(key, now=NOW).pass_prices
+    cache.store(key, 2, curve, now=NOW + 1)
+    assert cache.read(key, now=NOW).pass_prices == {}, "prices are against the curve they were seen on"
+    for damaged in ([[2, "x", 1]], [[1, 0.1, 1.0]], [[2, 50.0, 1.0]], [[2, 0.1, -1.0]], "nonsense"):
+        entries = json.loads(cache.path.read_text())
+        next(iter(entries["entries"].values()))["pass_prices"] = damaged
+        cache.path.write_text(json.dumps(entries))
+        entry = cache.read(key, now=NOW)
+        assert entry is not None and entry.forward_seconds == curve and entry.pass_prices == {}, damaged

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from edgespec.acceptance import COPY_BUCKETS, PAIR_WEIGHT, HindsightAcceptance, PairRecord, VerifiedAcceptance
+from edgespec.calibration import CalibrationCache, CalibrationKey, StepTimeWatch, priced_curve
 from edgespec.controller import DraftLengthController, SpeedGuard, controller_for
 from edgespec.costs import CostModel
 from edgespec.drafters import SOURCES, NgramDrafter, copy_signal_parts, ngram_signal
@@ -748,6 +749,37 @@ def test_each_width_is_priced_from_its_own_passes_where_the_curve_misjudged_one(
     assert prices[1] < 1.05 and prices[3] == pytest.approx(2.34 / 1.86, rel=0.03)
     assert controller.guard.gain() > 1.0, "every draft was kept: the price moves the choice, not the guard"
     assert controller.choose() == 1, "a common factor (1.13 here) would still have drafted three"
+
+
+def test_a_new_process_plans_on_what_the_last_one_paid_for_each_width(tmp_path):
+    # The same dip, across processes: a new process's guard has seen no pass yet, so its first drafts are
+    # planned on the calibration's shape unless the cache says what the widths cost in generation here.
+    dip = (1.0, 1.44, 1.82, 1.86, 2.33, 2.8, 3.85, 4.91)
+    cache = CalibrationCache(tmp_path / "calibration.json")
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    key = CalibrationKey.for_model(model, n_gpu_layers=0, n_threads=2)
+    cache.store(key, 8, dip)
+    watch = StepTimeWatch(cache, key, dip)
+    for _ in range(10):  # one generation of the last process, on a machine twice as busy as at calibration
+        watch.observe(1, 2 * dip[0])
+        watch.observe(2, 2 * dip[1])
+        watch.observe(4, 2 * 2.34)
+    watch.remember()
+
+    def first_choice(curve):
+        controller = verified(CostModel(curve), 7, decay=1.0, prior_acceptance=0.7)
+        rng = np.random.default_rng(4)
+        for _ in range(400):
+            controller.update(7, chain_outcome(rng, 0.7, 7))
+        controller.guard = SpeedGuard(controller.cost)  # a new process: no pass seen
+        return controller.choose()
+
+    entry = cache.read(key)
+    priced = priced_curve(entry.forward_seconds, entry.pass_prices)
+    assert priced[1] == pytest.approx(1.44, rel=0.05) and priced[3] > 2.1
+    assert first_choice(dip) == 3
+    assert first_choice(priced) == 1
 
 
 def test_a_copy_that_pays_keeps_drafting_at_a_dearer_price():

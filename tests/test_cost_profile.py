@@ -4,13 +4,15 @@ and the cost of passes over several sequences, kept in the calibration cache bes
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 from edgespec.backend import RUNTIME
-from edgespec.calibration import CalibrationCache, CalibrationKey
+from edgespec.calibration import PRICE_KEEP, PRICE_MIN_PLAIN_PASSES, CalibrationCache, CalibrationKey, priced_curve
 from edgespec.cost_profile import SEQUENCE_GRID
 from edgespec.loading import load_engine
+from edgespec.sampling import SamplingParams
 
 
 def cache_and_key(engine):
@@ -78,4 +80,28 @@ def test_a_cache_written_before_sequences_were_measured_is_read_and_completed_wi
     assert len(notices) == 1 and "several sequences" in notices[0]
     assert cache.read(key).sequences == engine.cost.sequences != ()
     assert cache.read(key).forward_seconds == entry.forward_seconds
+    engine.close()
+
+
+def test_a_load_plans_on_the_widths_prices_and_each_generation_adds_its_passes(tiny_models):
+    first = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1)
+    cache, key = cache_and_key(first)
+    first.close()
+    cache.add_pass_prices(key, {2: (3 * math.log(1.5), 3.0), 4: (2 * math.log(0.8), 2.0)})
+    entry = cache.read(key)
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, draft_tokens=3)
+    assert engine.profile.measured_curve == entry.forward_seconds, "the measurement is kept as it was"
+    assert engine.cost.forward_seconds == priced_curve(entry.forward_seconds, entry.pass_prices)
+    assert engine.cost.target(2) > entry.forward_seconds[1]
+
+    result = engine.generate("one two three four one two three four one two three four one two",
+                             SamplingParams(temperature=0.0, max_tokens=40))
+    widths = result.stats.pass_widths
+    after = cache.read(key).pass_prices
+    if widths.get(1, 0) >= PRICE_MIN_PLAIN_PASSES:  # what the generation drafted follows its text: count it
+        expected = {w: PRICE_KEEP * entry.pass_prices.get(w, (0.0, 0.0))[1] + widths.get(w, 0)
+                    for w in set(entry.pass_prices) | {w for w in widths if w > 1}}
+    else:
+        expected = {w: count for w, (_, count) in entry.pass_prices.items()}
+    assert {w: count for w, (_, count) in after.items()} == pytest.approx(expected)
     engine.close()

@@ -272,9 +272,13 @@ def _peak_rss_mb(children: bool = False) -> float:
 
 
 def _kernel_facts(engine) -> dict:
-    """What llama.cpp's kernels do to logits across pass widths, and what a pass costs, as calibration measured."""
+    """What llama.cpp's kernels do to logits across pass widths, and what a pass costs: as the engine plans
+    (cost_curve_relative: calibration's curve at the prices passes were paid at in generation here) and as
+    calibration measured it (measured_curve_relative; none for a given curve)."""
+    measured = engine.profile.measured_curve
     return {"exact_width": engine.exact_width, "kernel_drift": engine.kernel_drift,
-            "drift_bound": engine.drift_bound(), "cost_curve_relative": list(engine.cost.relative())}
+            "drift_bound": engine.drift_bound(), "cost_curve_relative": list(engine.cost.relative()),
+            "measured_curve_relative": [s / measured[0] for s in measured] if measured else None}
 
 
 def _meta(model, draft, prompts, repeats, temperatures, seed, n_ctx, n_threads, started, rss_scope, peer) -> dict:
