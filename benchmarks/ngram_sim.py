@@ -19,6 +19,8 @@ Run:
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve issue   # the issue's 16-width curve
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve TRUE --plan-curve CACHED
                                          # plans made on one curve, passes paid at another
+    .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve TRUE --plan-curve CACHED --learned-prices
+                                         # ... on the cached curve at the prices the other prompts paid
 The default curve is the one the engine calibrated for Qwen2.5-Coder-1.5B on the idle AVX-512 EPYC of
 benchmarks/results/heldout-t0.json (33 widths, so drafts of up to 32 tokens); `--curve issue` is the one
 the issue quotes (16 widths), `--curve FILE` another bench JSON's.
@@ -37,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from edgespec.calibration import generation_prices, merge_prices, priced_curve  # noqa: E402
 from edgespec.controller import controller_for  # noqa: E402
 from edgespec.costs import CostModel  # noqa: E402
 from edgespec.drafters import NgramDrafter  # noqa: E402
@@ -177,18 +180,42 @@ def replay_oracle(prompt_ids: list[int], reply_ids: list[int], stopped: bool, co
     return result
 
 
-def simulate(rows: list[dict], cost: CostModel, learned: dict | None = None, max_tokens: int = 200,
-             plan_cost: CostModel | None = None) -> dict[str, Replay]:
+def simulate(rows: list[dict], cost: CostModel, learned=None, max_tokens: int = 200,
+             plan_cost: CostModel | None = None, plan_cost_for=None) -> dict[str, Replay]:
     """Each row replayed by a fresh drafter and controller (a new process), starting from learned or neutral priors;
-    plan_cost: the curve the controller plans with, where it is not the one the passes cost (a stale calibration)."""
+    plan_cost: the curve the controller plans with, where it is not the one the passes cost (a stale calibration);
+    plan_cost_for: a row's own plan curve instead (prices_from_others)."""
     results = {}
     plan_cost = plan_cost or cost
     for row in rows:
-        controller = controller_for("ngram", plan_cost, len(plan_cost.forward_seconds) - 1,
+        row_plan = plan_cost_for(row) if plan_cost_for else plan_cost
+        controller = controller_for("ngram", row_plan, len(row_plan.forward_seconds) - 1,
                                     learned=learned(row) if learned else None)
         results[row["id"]] = replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
                                     cost, controller, NgramDrafter(), max_tokens)
     return results
+
+
+def prices_from_others(rows: list[dict], cost: CostModel, plan_cost: CostModel):
+    """For each row, the plan curve a new process would load after a machine ran every other row before it:
+    plan_cost at the pass prices (calibration.py) the others' replays paid at cost, each replayed cold on plan_cost
+    and added in turn, as finished generations are."""
+    paid = {}
+    for row in rows:
+        controller = controller_for("ngram", plan_cost, len(plan_cost.forward_seconds) - 1)
+        replayed = replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop", cost, controller,
+                          NgramDrafter(), 200)
+        passes = [(width, cost.target(width) / plan_cost.target(width))
+                  for width, count in replayed.widths.items() for _ in range(count)]
+        paid[row["id"]] = generation_prices(passes)
+
+    def plan_cost_for(row):
+        prices = {}
+        for other, seen in paid.items():
+            if other != row["id"] and seen:
+                prices = merge_prices(prices, seen)
+        return CostModel(priced_curve(plan_cost.forward_seconds, prices))
+    return plan_cost_for
 
 
 def learned_from_others(rows: list[dict], cost: CostModel, same_kind: bool = False):
@@ -240,6 +267,9 @@ def main() -> int:
     parser.add_argument("--plan-curve",
                         help="the curve the controller plans with (as --curve), where --curve is what passes cost "
                              "(the edgespec policy; the others do not plan on a curve)")
+    parser.add_argument("--learned-prices", action="store_true",
+                        help="plan each prompt on --plan-curve at the pass prices the other prompts paid at --curve "
+                             "(what a new process loads after they ran: calibration.priced_curve)")
     parser.add_argument("--policy", choices=("edgespec", "llamacpp-simple", "oracle"), default="edgespec",
                         help="llamacpp-simple: replay llama.cpp's ngram-simple instead; oracle: the best draft "
                              "lengths for edgespec's drafter, chosen knowing the reply (an upper bound)")
@@ -257,8 +287,10 @@ def main() -> int:
         results = {row["id"]: replay_oracle(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
                                             cost, len(cost.forward_seconds) - 1, 200) for row in rows}
     else:
+        plan_cost = CostModel(curve_named(args.plan_curve)) if args.plan_curve else cost
         results = simulate(rows, cost, learned_from_others(rows, cost, args.learned == "kind") if args.learned else None,
-                           plan_cost=CostModel(curve_named(args.plan_curve)) if args.plan_curve else None)
+                           plan_cost=plan_cost,
+                           plan_cost_for=prices_from_others(rows, cost, plan_cost) if args.learned_prices else None)
     summary = report(rows, results, args.per_prompt)
     if args.json:
         args.json.write_text(json.dumps({"curve": cost.forward_seconds, "split": args.split,
