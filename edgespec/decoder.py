@@ -28,7 +28,7 @@ from .costs import prefill_rows
 from .drafting import Draft, DraftChoice, DraftPlanner
 from .drafters import NgramDrafter
 from .errors import ContextOverflowError, CorruptModelError, EdgespecError, Setting
-from .generation import Done, DrafterSet, Failed, Generation, Step, Token
+from .generation import Done, DrafterSet, Failed, Generation, PlainPace, Step, Token
 from .limits import MAX_OUTPUT_ROWS
 from .ngram_pool import NgramPool, TokenIndex
 from .sampling import SamplingParams, SparseProbs, to_probs
@@ -85,7 +85,8 @@ class Decoder:
         if pool is not None:
             pool.add(prompt_ids)
         generation = Generation(list(prompt_ids), params, drafter_set, counters, np.random.default_rng(params.seed),
-                                TextAssembler(params.stop), seq, pool=pool)
+                                TextAssembler(params.stop), seq, pool=pool,
+                                pace=PlainPace(planner.cost.relative() if planner.cost is not None else ()))
         started = time.perf_counter()
         try:
             if chunked:
@@ -241,6 +242,10 @@ class Decoder:
         if observe and self.step_watch is not None:
             generation.pass_seconds = time.perf_counter() - started
             self.step_watch.observe(len(draft.tokens) + 1, generation.pass_seconds)
+            generation.pace.observe(len(draft.tokens) + 1, generation.pass_seconds)
+            pace = generation.pace.seconds()
+            if pace is not None:  # else the calibrated one-token pass the counters started from
+                generation.counters.plain_step_seconds = pace
         return [logits]
 
     def conclude(self, generation: Generation, draft: Draft, logits: np.ndarray) -> Step:

@@ -7,9 +7,11 @@ Scheduler under batch and serve).
 
 from __future__ import annotations
 
+import bisect
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -88,6 +90,42 @@ class DrafterSet:
     mode: str | None = None  # the drafting mode, when not the planner's
 
 
+# A generation's plain pace is the median of its one-token passes once it has this many.
+PACE_MIN_PLAIN_PASSES = 8
+
+
+class PlainPace:
+    """What a plain step costs in one generation, from its own timed passes, for its decode_speedup.
+
+    The calibrated one-token pass is of another hour: a cached curve is kept while only the machine's speed
+    moves (StepTimeWatch reads its shape), and against it a plain run on the AVX2 EPYC read 1.55x.  So the
+    pace is the median of the generation's one-token passes once it has PACE_MIN_PLAIN_PASSES; before, the
+    geometric mean of all its passes, each over its width's share of the curve (T(n) / T(1), `shape`); None
+    before any pass was timed.
+    """
+
+    def __init__(self, shape: Sequence[float]) -> None:
+        self.shape = shape
+        self._plain: list[float] = []  # the one-token passes' seconds, sorted
+        self._log_sum = 0.0  # of every pass's seconds over its width's share
+        self._count = 0
+
+    def observe(self, width: int, seconds: float) -> None:
+        if not (seconds > 0 and 1 <= width <= len(self.shape)):
+            return
+        if width == 1:
+            bisect.insort(self._plain, seconds)
+        self._log_sum += math.log(seconds / self.shape[width - 1])
+        self._count += 1
+
+    def seconds(self) -> float | None:
+        plain = self._plain
+        if len(plain) >= PACE_MIN_PLAIN_PASSES:
+            middle = len(plain) // 2
+            return plain[middle] if len(plain) % 2 else (plain[middle - 1] + plain[middle]) / 2
+        return math.exp(self._log_sum / self._count) if self._count else None
+
+
 @dataclass
 class Generation:
     """One generation in progress: its sequence in the target's cache, its context, sampling and figures."""
@@ -104,6 +142,7 @@ class Generation:
     draft_passes_at_start: int = 0  # the draft model's pass count when decoding began
     pool: NgramPool | None = None  # where its prompt and output go for other generations' drafts
     pass_seconds: float | None = None  # its last target pass, when timed (a lone generation on a measured curve)
+    pace: PlainPace = field(default_factory=lambda: PlainPace(()))  # what its plain steps cost, from its timed passes
     # its prompt is being fed into the cache in chunks, inside other sequences' passes (Decoder.step);
     # prompt_evaluated counts the tokens fed so far, prefill_start when the feeding began
     prefilling: bool = False

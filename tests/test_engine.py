@@ -395,6 +395,22 @@ def test_a_stale_curve_can_be_used_at_once_and_measured_between_generations(tiny
     engine.close()
 
 
+def test_a_generations_speedup_is_against_its_own_plain_pace_not_the_calibrated_one(tiny_models):
+    # A cached curve is kept while only the machine's speed moves: its one-token pass may be of a slower hour.
+    first = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1)
+    plant_curve(first, OLD_CURVE)
+    first.close()
+    engine = load_engine(tiny_models["target"], "none", n_ctx=256, n_threads=1)
+    assert engine.plain_step_seconds == OLD_CURVE[0], "the fresh cached curve is used as it is"
+    steps = list(engine.stream(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=12), raw=True))
+    first_step, done = steps[0], steps[-1]
+    assert 0 < first_step.stats.plain_step_seconds < 1.0, "from the first timed pass on, this generation's own"
+    stats = done.result.stats
+    assert stats.tokens_generated == 12 and 0 < stats.plain_step_seconds < 1.0
+    assert stats.decode_speedup < 10, "against 1000 s a pass it would read 100000x"
+    engine.close()
+
+
 # -- --draft auto keeps the draft model only where its measured cost pays ----------------------
 
 CHEAP_WIDE_PASSES = (1.0, 1.6, 2.1, 2.2, 3.2)  # the AVX2 EPYC's shape

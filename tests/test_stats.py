@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from edgespec import Done, SamplingParams, Step
+from edgespec.generation import PlainPace
 from edgespec.loading import load_engine
 from edgespec.stats import Counters, Stats
 
@@ -85,3 +86,17 @@ def test_each_step_carries_its_own_drafted_and_accepted_counts(tiny_models):
     assert sum(s.accepted for s in steps) == final.draft_tokens_accepted
     assert all(0 <= s.accepted <= s.drafted for s in steps)
     assert all(s.accepted == sum(t.drafted for t in s.tokens) or s is steps[-1] for s in steps)
+
+
+def test_a_plain_pace_is_the_median_one_token_pass_once_there_are_enough():
+    pace = PlainPace((1.0, 1.5, 2.0))
+    assert pace.seconds() is None
+    pace.observe(3, 0.4)  # a three-token pass at 0.4 s: a one-token pass at 0.2 s by the curve's shape
+    assert pace.seconds() == pytest.approx(0.2)
+    pace.observe(1, 0.1)
+    assert pace.seconds() == pytest.approx((0.2 * 0.1) ** 0.5), "before enough one-token passes: all of them"
+    pace.observe(9, 5.0)  # wider than the curve: says nothing
+    pace.observe(1, 0.0)
+    for seconds in (0.1, 0.1, 0.12, 0.1, 9.0, 0.1, 0.11):  # a preempted pass among them
+        pace.observe(1, seconds)
+    assert pace.seconds() == pytest.approx(0.1)
