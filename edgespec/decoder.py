@@ -229,6 +229,8 @@ class Decoder:
         target = self.target
         for generation in generations:  # each cache holds context[:-1] (a fed one, all but its chunk)
             target.rewind(len(generation.context) - 1, generation.seq)
+            # untimed unless timed below: a given cost curve, or a pass several sequences share, prices it
+            generation.pass_seconds = None
         if len(generations) > 1 or feeds:
             feeds = dict(feeds or {})
             parts = [(g.seq, [*feeds.pop(g.seq, []), g.context[-1], *d.tokens], len(d.tokens) + 1)
@@ -238,14 +240,9 @@ class Decoder:
         started = time.perf_counter()
         logits = target.decode([generation.context[-1], *draft.tokens], n_logits=len(draft.tokens) + 1,
                                copy=False, seq=generation.seq)
-        generation.pass_seconds = None  # a given cost curve prices the pass: choices stay independent of timing
         if observe and self.step_watch is not None:
             generation.pass_seconds = time.perf_counter() - started
             self.step_watch.observe(len(draft.tokens) + 1, generation.pass_seconds)
-            generation.pace.observe(len(draft.tokens) + 1, generation.pass_seconds)
-            pace = generation.pace.seconds()
-            if pace is not None:  # else the calibrated one-token pass the counters started from
-                generation.counters.plain_step_seconds = pace
         return [logits]
 
     def conclude(self, generation: Generation, draft: Draft, logits: np.ndarray) -> Step:
@@ -299,7 +296,11 @@ class Decoder:
                 tokens[-1] = Token(tokens[-1].id, tokens[-1].text + tail, tokens[-1].drafter)
         generation.context.extend(new_tokens)
         counters.tokens_generated = len(generated)
-        counters.decode_seconds = time.perf_counter() - generation.decode_start
+        decode_seconds = time.perf_counter() - generation.decode_start
+        step_seconds, counters.decode_seconds = decode_seconds - counters.decode_seconds, decode_seconds
+        if generation.pass_seconds is not None:  # a lone pass, timed: the step's whole time paces plain decoding
+            generation.pace.observe(len(draft.tokens) + 1, step_seconds)
+            counters.plain_step_seconds = generation.pace.seconds() or counters.plain_step_seconds
         return Step(tokens, counters.snapshot(), len(draft.tokens), n_drafted)
 
     def end(self, generation: Generation) -> Done:

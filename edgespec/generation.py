@@ -90,24 +90,25 @@ class DrafterSet:
     mode: str | None = None  # the drafting mode, when not the planner's
 
 
-# A generation's plain pace is the median of its one-token passes once it has this many.
+# A generation's plain pace is the median of its one-token steps once it has this many.
 PACE_MIN_PLAIN_PASSES = 8
 
 
 class PlainPace:
-    """What a plain step costs in one generation, from its own timed passes, for its decode_speedup.
+    """What a plain step costs in one generation, from its own steps, for its decode_speedup.
 
     The calibrated one-token pass is of another hour: a cached curve is kept while only the machine's speed
     moves (StepTimeWatch reads its shape), and against it a plain run on the AVX2 EPYC read 1.55x.  So the
-    pace is the median of the generation's one-token passes once it has PACE_MIN_PLAIN_PASSES; before, the
-    geometric mean of all its passes, each over its width's share of the curve (T(n) / T(1), `shape`); None
-    before any pass was timed.
+    pace is the median of the generation's steps over one token (pass and all) once it has
+    PACE_MIN_PLAIN_PASSES; before, the geometric mean of all its steps, each over its width's share of the
+    curve (T(n) / T(1), `shape`); None before any step was observed.  The whole step, not the pass alone:
+    plain decoding pays the time around its passes too (1-2% of a step on a CPU, more on a GPU).
     """
 
     def __init__(self, shape: Sequence[float]) -> None:
         self.shape = shape
-        self._plain: list[float] = []  # the one-token passes' seconds, sorted
-        self._log_sum = 0.0  # of every pass's seconds over its width's share
+        self._plain: list[float] = []  # the one-token steps' seconds, sorted
+        self._log_sum = 0.0  # of every step's seconds over its width's share
         self._count = 0
 
     def observe(self, width: int, seconds: float) -> None:

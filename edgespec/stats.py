@@ -102,9 +102,9 @@ class Stats:
     rejected_prediction_tokens: int = 0
     """Drafted tokens taken from the predicted output that the verifier rejected."""
     plain_step_seconds: float = 0.0
-    """Plain decoding's pace: what a one-token target pass costs in this generation (generation.PlainPace, from
-    its own timed passes), the calibrated one until a pass is timed (passes over several sequences are not), 0.0
-    with a given cost curve."""
+    """Plain decoding's pace: what a step over one token costs in this generation (generation.PlainPace, from
+    its own steps, pass and all), the calibrated one-token pass until a step is timed (steps whose pass serves
+    several sequences are not), 0.0 with a given cost curve."""
     decode_speedup: float = field(default=0.0, metadata=RATIO)
     """Plain decoding's estimated time for these tokens (tokens_generated x plain_step_seconds) over
     decode_seconds; 0.0 when unknown (a given cost curve, nothing generated)."""
