@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ngram_sim  # noqa: E402
-from ngram_sim import CostModel  # noqa: E402
+from edgespec.costs import CostModel  # noqa: E402
 
 KNOTS = (2, 3, 4, 6, 8, 12, 16, 24, 33)
 PLANS = ("cached", "learned prices", "true curve")
