@@ -101,6 +101,16 @@ def test_reply_footer_gives_the_end_to_end_speedup_beside_the_decode_one():
     assert "end to end" not in reply_footer(timed, (0.3, "measured"))  # no speedup, no end-to-end one
 
 
+def test_reply_footer_compares_a_reply_with_its_own_plain_pace_as_its_stats_json_does():
+    # the reply's one-token steps took 50 ms (20 tok/s); the chat's plain steps of an earlier hour, 16 tok/s
+    paced = replace(STATS, prefill_seconds=1.5, decode_seconds=3.0, plain_step_seconds=0.05,
+                    decode_speedup=2.0, end_to_end_speedup=(1.5 + 6.0) / (1.5 + 3.0))
+    footer = reply_footer(paced, (16.0, "measured"))
+    assert "2.00× vs plain 20.0 tok/s (its own pace) · 1.67× end to end" in footer
+    assert "2.00× vs plain 20.0 tok/s (its own pace)" in reply_footer(paced, None)
+    assert "baseline" in reply_footer(replace(paced, mode="none"), (16.0, "measured"))
+
+
 def test_reply_footer_shows_no_speedup_the_evidence_cannot_support():
     # 0.4 target passes per token: a step costs at least one pass, so at most 2.5x (plus slack)
     contended = reply_footer(STATS, (0.3, "measured"))  # a plain speed taken on a busy machine

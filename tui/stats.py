@@ -144,10 +144,20 @@ def _accepted_detail(stats: Stats) -> list[str]:
     return parts
 
 
+def _own_pace(stats: Stats) -> tuple[float, str] | None:
+    """Plain decoding's speed by the reply's own one-token steps (Stats.plain_step_seconds, what its stats
+    JSON's speedups are against), or None when its stats have none (a given cost curve, an older saved turn)."""
+    if stats.decode_speedup > 0 and stats.plain_step_seconds > 0:
+        return 1.0 / stats.plain_step_seconds, "its own pace"
+    return None
+
+
 def reply_footer(stats: Stats, plain: tuple[float, str] | None) -> str:
     """One line under a finished reply: tokens, speed, acceptance and speedup over plain decoding.
 
-    plain is (tok/s, where it comes from) of this model decoding without drafting, or None.
+    The speedup is against the reply's own plain pace, as in its stats JSON: the machine's speed moves
+    between replies by more than drafting gains on some text.  plain, (tok/s, where it comes from) of this
+    model decoding without drafting, or None, stands in for replies whose stats have no pace of their own.
     """
     tokens = stats.tokens_generated
     parts = []
@@ -165,6 +175,7 @@ def reply_footer(stats: Stats, plain: tuple[float, str] | None) -> str:
             f"({stats.draft_tokens_accepted}/{stats.draft_tokens_proposed})"
         )
         parts.extend(_accepted_detail(stats))
+    plain = _own_pace(stats) or plain
     if mode == "none":
         parts.append("plain decoding (the speedup baseline)")
     elif not plain:
