@@ -1,11 +1,11 @@
 """Auto with heads against plain decoding as a user runs them: each in a process of its own.
 
 heads_speed.py and heads_same_engine.py load a target with heads and one
-without into the same process.  Each load repacks the weights into memory
-of its own, and the two targets then ran a few percent apart in a way that
-changed from run to run, in either direction (stop 41: the heads target
-1.5% slower on chat over 20 rounds; stop 42: 6% slower on explain and
-story over 8), whatever mode either ran.  A user loads one target.  So here
+without into the same process.  There the two targets ran a few percent
+apart by an amount that changed from run to run, whatever mode either ran
+(the heads target 1.5% slower on chat over 20 rounds in stop 41, about 6%
+on explain and story over 8 in stop 42, its plain decoding included).  A
+user loads one target.  So here
 every reply set runs in a fresh process that loads one target:
 - plain: the target without heads, plain decoding;
 - auto: the target with heads, `--draft auto` (n-grams and heads, picked per step).

@@ -52,7 +52,7 @@ def main() -> int:
     widths = sorted({1, *(int(w) for w in args.widths.split(","))})
     model = LlamaModel(resolve_model(args.model), n_ctx=args.depth + max(widths) + 8, n_threads=args.threads)
     text = model.tokenize(TEXT, add_special=False)
-    stream = (text * (1 + (args.depth + max(widths)) // len(text)))
+    stream = text * (1 + (args.depth + max(widths)) // len(text))
     model.decode(stream[:args.depth], 1)
     fed = stream[args.depth:args.depth + max(widths)]
 
