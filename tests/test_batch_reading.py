@@ -45,3 +45,14 @@ def test_the_local_batch_records_the_too_long_chat_and_goes_on(tiny_models, tmp_
     long_one, short = read_records(out)
     assert long_one["error"]["code"] == "context_length_exceeded" and "--raw" not in long_one["error"]["message"]
     assert short["error"] is None
+
+
+def test_a_plain_line_with_settings_is_refused_rather_than_run_without_them():
+    # {"prompt": ..., "max_tokens": 2} ran with the batch's own settings: max_tokens was silently dropped
+    for field, value in (("max_tokens", 2), ("temperature", 0), ("messages", []), ("model", "x")):
+        entry = batch_requests.parse_line(json.dumps({"prompt": "Hello", field: value}).encode(), 4)
+        assert isinstance(entry, batch_requests.InvalidRequest) and entry.code == "unsupported_parameter"
+        assert entry.message.startswith(f'line 4: "{field}" is not read in a plain {{"prompt": ...}} line')
+        assert '"body"' in entry.message  # the fix: the OpenAI Batch form, whose body takes it
+    entry = batch_requests.parse_line(json.dumps({"prompt": "Hello", "custom_id": "mine"}).encode(), 4)
+    assert isinstance(entry, batch_requests.BatchRequest) and entry.custom_id == "mine"

@@ -118,6 +118,12 @@ def _parse_value(value: object, custom_id: str, line_no: int) -> BatchRequest:
     if not isinstance(value, dict):
         raise _LineError("invalid_request", "expected a JSON object or a JSON string")
     if "prompt" in value and "body" not in value and "url" not in value:
+        for field in value:
+            if field not in ("prompt", "custom_id"):  # run without it, the request would not be the one asked for
+                name = json.dumps(field[:100])  # the line's own text: escaped, as in the line
+                raise _LineError("unsupported_parameter", f"{name} is not read in a plain {{\"prompt\": ...}} line; "
+                                 'to set it, write the line in the OpenAI Batch form: {"custom_id": ..., "method": '
+                                 f'"POST", "url": "{CHAT_URL}", "body": {{"messages": [...], {name}: ...}}}}')
         return _plain_request(_expect_string(value, "prompt"), custom_id, line_no)
     return _openai_request(value, custom_id, line_no)
 
