@@ -39,6 +39,7 @@ BAD_FLAGS = {
     "serve": ENGINE_FLAGS + SAMPLING_FLAGS + [
         ("--seed", "-1", "--seed"), ("--port", "70000", "--port"), ("--queue-size", "-1", "--queue-size"),
         ("--parallel", "99", "--parallel"), ("--request-timeout", "0", "--request-timeout"),
+        ("--request-timeout", "nan", "--request-timeout"),
         ("--max-body-bytes", "10", "--max-body-bytes"), ("--alert-acceptance", "2", "--alert-acceptance"),
         ("--alert-window", "0", "--alert-window"), ("--host", "0.0.0.0", "--api-key"),
         ("--prompt-cache-ram", "lots", "--prompt-cache-ram"), ("--allow-origin", "http://localhost:3000/", "--allow-origin"),

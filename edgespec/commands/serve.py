@@ -104,7 +104,7 @@ def _check_options(args: argparse.Namespace) -> None:
     if args.parallel > 1 and args.bit_exact:
         raise UsageError("--parallel above 1 and --bit-exact do not go together: rows in a shared pass are not "
                          "bit-identical to plain decoding; drop one of them")
-    if args.request_timeout <= 0:
+    if not args.request_timeout > 0:  # NaN too: no deadline would ever pass
         raise UsageError("--request-timeout must be a positive number of seconds")
     if args.max_body_bytes < 1024:
         raise UsageError("--max-body-bytes must be at least 1024")
