@@ -38,6 +38,7 @@ def test_stream_and_usage_options():
     assert request.stream and request.include_usage
     assert refusal(stream_options={"include_usage": True}).param == "stream_options"  # without stream
     assert refusal(stream=True, stream_options={"obfuscate": True}).param == "stream_options.obfuscate"
+    assert refusal(stream=True, stream_options={"include_usage": "yes"}).param == "stream_options.include_usage"
 
 
 def test_messages_keep_text_and_roles():
@@ -108,6 +109,8 @@ def test_numbers_that_are_no_setting_are_refused_by_name(field, value):
 @pytest.mark.parametrize("field, value", [
     ("max_tokens", 0), ("max_tokens", 2.5), ("temperature", "hot"), ("temperature", -1), ("top_p", 1.5),
     ("seed", True), ("stop", [1]), ("stop", ["x"] * 17), ("stop", "x" * 513), ("stream", "yes"),
+    # out of the ranges SamplingParams checks: these answered with param null
+    ("seed", -1), ("seed", 2**64), ("top_p", 0), ("min_p", 1), ("temperature", 0.0001),
 ])
 def test_bad_values_name_their_field(field, value):
     assert refusal(**{field: value}).param == field

@@ -107,10 +107,12 @@ class CompletionRequest:
 def parse_request(body: Any, chat: bool, defaults: SamplingParams) -> CompletionRequest:
     """The request a body makes of the server, its sampling filled in from the server's defaults."""
     checked = check_body(body, chat)
-    try:
-        params = replace(defaults, **dict(checked.sampling))
-    except ValueError as error:  # the limits SamplingParams checks beyond the ranges checked here
-        raise ApiError(400, f"bad sampling setting: {error}") from None
+    params = defaults
+    for name, value in checked.sampling:  # the limits SamplingParams checks beyond the ranges checked here
+        try:
+            params = replace(params, **{name: value})
+        except ValueError as error:  # one field at a time, so that the answer names it
+            raise bad_param(name, f"bad sampling setting: {error}") from None
     return CompletionRequest(chat, params, checked.messages, checked.prompt, checked.stream, checked.include_usage,
                              checked.prediction)
 
@@ -145,12 +147,13 @@ def check_body(body: Any, chat: bool) -> RequestBody:
                        prediction=prediction)
 
 
-def _boolean(body: dict, field: str) -> bool:
+def _boolean(body: dict, field: str, param: str | None = None) -> bool:
     value = body.get(field)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise bad_param(field, f"{field} must be true or false")
+        param = param or field
+        raise bad_param(param, f"{param} must be true or false")
     return value
 
 
@@ -165,7 +168,7 @@ def _stream_options(body: dict, stream: bool) -> bool:
     for key in options:
         if key != "include_usage":
             raise bad_param(f"stream_options.{key}", f"stream_options.{key} is not supported by edgespec", "unsupported_parameter")
-    return _boolean(options, "include_usage")
+    return _boolean(options, "include_usage", "stream_options.include_usage")
 
 
 def _sampling(body: dict) -> dict[str, Any]:
