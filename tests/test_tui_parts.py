@@ -292,3 +292,12 @@ def test_a_turn_s_notice_names_the_chat_s_flag_not_the_library_parameter(tmp_pat
     shifted = Notice(Wording("left the oldest 2 message(s) out (", Setting("bit_exact", True), " recomputes)"))
     chat.stream_reply(stream, lambda: iter([shifted]))
     assert stream.take()[2] == ["left the oldest 2 message(s) out (--bit-exact recomputes)"]
+
+
+@pytest.mark.parametrize("data", [b'model = "caf\xe9"\n', b"\xff\xfetemperature = 0\n"])
+def test_a_config_file_that_is_not_utf8_names_the_problem(tmp_path, data):
+    # tomllib raised UnicodeDecodeError, which reached the user of `edgespec chat` as a traceback
+    path = tmp_path / "config.toml"
+    path.write_bytes(data)
+    with pytest.raises(ConfigError, match="cannot read .*not UTF-8 text.*fix or delete the file"):
+        load_config(path)

@@ -117,6 +117,9 @@ def load_config(path: Path | None = None) -> ChatConfig:
         return ChatConfig()
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"cannot read {path}: {error}; fix or delete the file") from None
+    except UnicodeDecodeError as error:  # TOML is UTF-8; tomllib lets the decoding error through
+        raise ConfigError(f"cannot read {path}: it is not UTF-8 text (byte 0x{error.object[error.start]:02x} at "
+                          f"offset {error.start}); fix or delete the file") from None
     return _parse(data, path)
 
 
