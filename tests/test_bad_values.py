@@ -190,6 +190,8 @@ def test_a_malformed_models_json_is_one_line(tmp_path, monkeypatch, content):
     ("n_ctx = 100", "n_ctx"),
     ("gpu_layers = -7", "gpu_layers"),
     ('memory_budget = "lots"', "memory_budget"),
+    ('prompt_cache_size = "lots"', "prompt_cache_size"),  # loaded the model, then failed inside the app
+    ('prompt_cache_size = "0"', "prompt_cache_size"),
     ('kv_type = "q5"', "kv_type"),
     ('draft_kv_type = "f32"', "draft_kv_type"),
     ('flash_attn = "yes"', "flash_attn"),

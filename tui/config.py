@@ -183,11 +183,11 @@ def _check_string(name: str, value: str, path: Path) -> None:
             checked_kv_type(value)
         except SettingError as error:
             raise ConfigError(f"{path}: {name}: {error}") from None
-    elif name == "memory_budget":
+    elif name in ("memory_budget", "prompt_cache_size"):
         try:
             parse_size(value)
         except InvalidSizeError as error:
-            raise ConfigError(f"{path}: memory_budget: {error}") from None
+            raise ConfigError(f"{path}: {name}: {error}") from None
 
 
 # Key names Textual binds besides single characters and character names ("comma").
