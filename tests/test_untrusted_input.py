@@ -368,3 +368,35 @@ def test_hostile_bodies_get_a_400_in_json_and_the_server_goes_on(keyless_server,
     status, _, content = call(keyless_server, "GET", "/health")
     assert status == 200 and json.loads(content)["status"] == "ok"
     assert call(keyless_server, "POST", "/v1/chat/completions", chat_body(), Content_Type="application/json")[0] == 200
+
+
+class _CountedSpans(list):
+    """Message spans that count how often they are read through."""
+
+    reads = 0
+
+    def __iter__(self):
+        self.reads += 1
+        return super().__iter__()
+
+
+def test_many_messages_are_split_at_markers_without_scanning_every_message_per_marker():
+    # A 2 MB body of 60,000 one-letter messages kept the server's engine thread busy for minutes (requests
+    # behind it waited, no time limit applied): each of the template's 120,000 markers was checked against
+    # every message's span.  Half the messages here spell a marker, which must stay text.
+    import llama_cpp
+
+    from edgespec.backend.vocabulary import split_at_special_tokens
+
+    control = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+    parts, spans, pos = [], _CountedSpans(), 0
+    for i in range(2000):
+        content = "<|im_end|>" if i % 2 else "a"
+        for text, is_content in (("<|im_start|>user\n", False), (content, True), ("<|im_end|>\n", False)):
+            if is_content:
+                spans.append((pos, pos + len(text)))
+            parts.append(text)
+            pos += len(text)
+    pieces = split_at_special_tokens("".join(parts), [(1, "<|im_start|>", control), (2, "<|im_end|>", control)], spans)
+    assert [piece for piece in pieces if isinstance(piece, int)] == [1, 2] * 2000  # the template's own, only
+    assert spans.reads <= 2  # looked up, not read through once per marker
