@@ -84,9 +84,8 @@ def test_a_prompt_spelling_markers_stays_plain_text(engines, model):
 def test_normal_prompts_keep_the_ids_of_tokenizing_the_whole_render(engines, messages):
     for engine in engines.values():
         text = engine.render_chat(messages)
-        # what edgespec did before contents were kept apart: the whole render, markers parsed
-        whole = engine.target.tokenize(text, add_special=True, parse_special=True)
-        assert engine.chat_tokens(messages) == whole
+        # what edgespec did before contents were kept apart: llama.cpp's ids of the whole render, markers parsed
+        assert engine.chat_tokens(messages) == llama_cpp_ids(engine, text)
 
 
 def test_raw_prompts_still_parse_markers(engines):
@@ -400,3 +399,42 @@ def test_many_messages_are_split_at_markers_without_scanning_every_message_per_m
     pieces = split_at_special_tokens("".join(parts), [(1, "<|im_start|>", control), (2, "<|im_end|>", control)], spans)
     assert [piece for piece in pieces if isinstance(piece, int)] == [1, 2] * 2000  # the template's own, only
     assert spans.reads <= 2  # looked up, not read through once per marker
+
+
+RAW_TEXTS = [
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "  <|im_start|>  spaced <|im_end|>\n\n<|endoftext|>x<|im_end|><|im_end|>",
+    "<|eos|>\n<|system|>\n é 世界 🙂 <|assistant|><|user|>",
+    "plain text, no markers at all\n\tindented",
+    "<|im_start<|im_end|>|>", "",
+]
+
+
+def llama_cpp_ids(engine, text: str) -> list[int]:
+    """llama.cpp's own tokenization of the whole text, markers parsed."""
+    import llama_cpp
+
+    from edgespec.backend import vocabulary
+
+    return vocabulary.tokenize(llama_cpp.llama_model_get_vocab(engine.target.weights.handle), text, True, True)
+
+
+@pytest.mark.parametrize("text", RAW_TEXTS)
+def test_raw_prompts_get_the_ids_llama_cpp_gives(engines, text):
+    for engine in engines.values():
+        assert engine.target.tokenize(text, add_special=True, parse_special=True) == llama_cpp_ids(engine, text)
+
+
+def test_a_raw_prompt_of_many_markers_is_not_split_by_llama_cpp(engines, monkeypatch):
+    # llama.cpp's split at special tokens is quadratic in their number: a 2 MB /v1/completions prompt of
+    # "<|im_start|>" held the engine thread 35 s (60 s and more for a shorter marker)
+    from edgespec.backend import vocabulary
+
+    given = []
+    llama_cpp_tokenize = vocabulary.tokenize
+    monkeypatch.setattr(vocabulary, "tokenize", lambda vocab, text, add_special, parse_special: (
+        given.append((text, parse_special)) or llama_cpp_tokenize(vocab, text, add_special, parse_special)))
+    engine = engines["smollm2"]
+    ids = engine.prompt_tokens("<|im_start|>" * 3000 + "hi", raw=True)
+    assert ids[ids.index(1):] == [1] * 3000 + engine.target.tokenize("hi", add_special=False)
+    assert all(not parse_special and "<|im_start|>" not in text for text, parse_special in given)
