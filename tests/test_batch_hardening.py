@@ -151,6 +151,19 @@ def test_a_summary_symlinked_to_an_out_not_yet_written_is_refused(tiny_models, t
     assert not out.exists()
 
 
+@pytest.mark.parametrize("where", ["missing-dir", "a-dir", "under-a-file"])
+def test_a_summary_that_cannot_be_written_is_refused_before_any_request_runs(tiny_models, tmp_path, capsys, where):
+    # it was found out after the whole batch had run: exit 2, "refused", for a batch that was done
+    source = write_lines(tmp_path / "in.jsonl", three_requests())
+    out = tmp_path / "out.jsonl"
+    summary = {"missing-dir": tmp_path / "no-such-dir" / "summary.json", "a-dir": tmp_path,
+               "under-a-file": source / "summary.json"}[where]
+    assert run_cli(batch_argv(tiny_models, source, out, "--summary", str(summary))) == batch.EXIT_REFUSED
+    message = one_line_error(capsys.readouterr().err)
+    assert message.startswith(f"edgespec: cannot write --summary {summary}") and "check the path" in message
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------- one batch per OUT
 
 

@@ -169,6 +169,13 @@ def check_paths(input_path: Path, output_path: Path, summary_path: Path | None) 
     for other, what in ((input_path, "the input file"), (output_path, "the output file")):
         if summary_path is not None and same_file(summary_path, other):
             raise BatchError(f"--summary {summary_path} is {what} ({other}); give --summary another path")
+    if summary_path is not None:  # written last: found out only then, the whole batch would have run first
+        folder = summary_path.parent
+        why = ("it is a directory" if summary_path.is_dir() else f"{folder} does not exist" if not folder.exists()
+               else f"{folder} is not a directory" if not folder.is_dir()
+               else f"{folder} is not writable" if not os.access(folder, os.W_OK | os.X_OK) else None)
+        if why:
+            raise BatchError(f"cannot write --summary {summary_path}: {why}; check the path")
 
 
 def _note_retried_records(entries, retried: list[str], out_path: Path) -> None:
