@@ -58,6 +58,8 @@ def resolve_model(name_or_path: str | os.PathLike, *, pull: bool = True,
     looks_like_a_path = os.sep in text or text.endswith(".gguf")
     if as_path.is_dir() and (looks_like_a_path or text not in load_catalog().models):
         raise ModelFileError(f"{as_path} is a directory, not a model file; pass the .gguf file inside it")
+    if as_path.exists() and (looks_like_a_path or text not in load_catalog().models):  # a pipe, a device, a socket
+        raise ModelFileError(f"{as_path} is not a regular file, so not a model file; pass a .gguf file")
     if looks_like_a_path:
         raise ModelFileError(f"model file {as_path} does not exist; check the path or use a catalog name")
     entry = load_catalog().get(text)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -158,6 +160,18 @@ def test_a_directory_given_as_a_model_is_called_a_directory(command, role, tiny_
     code, err = exit_code_and_error([*head, *models, "--threads", "1"], capsys)
     assert code != 0 and len(err.strip().splitlines()) == 1, err
     assert f"{folder} is a directory, not a model file; pass the .gguf file inside it" in err
+    assert "does not exist" not in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_pipe_or_device_given_as_a_model_is_not_called_missing(kind, tmp_path, capsys):
+    # "model file /dev/zero does not exist": it does, and is no model file
+    path = tmp_path / "model.gguf" if kind == "fifo" else Path("/dev/zero")
+    if kind == "fifo":
+        os.mkfifo(path)
+    code, err = exit_code_and_error(["run", "hello", "--model", str(path)], capsys)
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert f"{path} is not a regular file, so not a model file; pass a .gguf file" in err
     assert "does not exist" not in err
 
 
