@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,7 +163,10 @@ def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
     """Metadata and per-layer tensor sizes of the GGUF file at ``path``."""
     path = Path(path)
     try:
-        file_size = path.stat().st_size
+        status = path.stat()
+        if not (stat.S_ISREG(status.st_mode) or stat.S_ISDIR(status.st_mode)):  # a pipe waits for a writer
+            raise ModelFileError(f"{path} is not a regular file, so not a model file; pass a .gguf file")
+        file_size = status.st_size
         with open(path, "rb") as handle:
             if file_size == 0:
                 raise ModelFileError(_problem(path, "is empty, not a GGUF model"))

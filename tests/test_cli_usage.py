@@ -175,6 +175,17 @@ def test_a_pipe_or_device_given_as_a_model_is_not_called_missing(kind, tmp_path,
     assert "does not exist" not in err
 
 
+def test_importing_a_pipe_is_refused_rather_than_waiting_for_a_writer(tmp_path):
+    # reading its GGUF header opened the pipe, which waits for a writer for ever
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    env = {**os.environ, "EDGESPEC_MODELS_DIR": str(tmp_path / "store")}
+    done = subprocess.run([*EDGESPEC, "models", "import", str(fifo)], capture_output=True, text=True, timeout=60,
+                          env=env, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert f"{fifo} is not a regular file" in done.stderr
+
+
 def test_a_directory_named_like_a_catalog_model_does_not_hide_the_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "store"))
