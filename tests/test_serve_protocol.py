@@ -136,3 +136,14 @@ def test_usage_carries_the_speculative_figures():
     assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (10, 8, 18)
     assert usage["prompt_tokens_details"] == {"cached_tokens": 6}
     assert usage["speculative"]["draft_tokens"] == 6 and usage["speculative"]["acceptance_rate"] == 0.5
+
+
+def test_an_assistant_message_as_the_openai_client_dumps_it_is_accepted():
+    # messages.append(reply.choices[0].message.model_dump()) writes OpenAI's other fields back as null: a 400 before
+    dumped = {"content": "Hello!", "refusal": None, "role": "assistant", "annotations": None, "audio": None,
+              "function_call": None, "tool_calls": None}
+    turns = [USER[0], dumped, {"role": "user", "content": "again"}]
+    assert chat(messages=turns) == chat(messages=[USER[0], {"role": "assistant", "content": "Hello!"}, turns[2]])
+    for field, value in (("tool_calls", [{"id": "1", "type": "function"}]), ("refusal", "no"), ("audio", {"id": "a"})):
+        error = refusal(messages=[USER[0], {**dumped, field: value}, turns[2]])
+        assert error.param == f"messages[1].{field}" and error.code == "unsupported_parameter"

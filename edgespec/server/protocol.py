@@ -51,6 +51,9 @@ _COMMON_FIELDS = {"stream", "stream_options", "prediction"} | set(_UNUSED_FIELDS
 CHAT_FIELDS = _COMMON_FIELDS | {"messages"}
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt"}
 _JSON_TYPE_NAMES = {str: "a string", dict: "an object", bool: "true or false"}
+# OpenAI's other fields of an assistant message, which its client writes back as null (message.model_dump()):
+# null says there are none, which changes nothing; any other value is refused like an unknown field.
+_NULL_MESSAGE_FIELDS = {"refusal", "annotations", "audio", "function_call", "tool_calls"}
 
 
 class ApiError(Exception):
@@ -228,7 +231,9 @@ def _message(message: Any, index: int) -> dict:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         raise bad_param(where, f"{where} must be an object with role and content")
-    for key in message:
+    for key, value in message.items():
+        if key in _NULL_MESSAGE_FIELDS and value is None:
+            continue
         if key not in ("role", "content", "name"):
             raise bad_param(f"{where}.{key}", f"{where}.{key} is not supported by edgespec (only role, content and name)",
                             "unsupported_parameter")
