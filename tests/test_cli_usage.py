@@ -263,3 +263,15 @@ def test_endless_or_binary_stdin_gets_one_line_and_exit_1(source, expected, tiny
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("edgespec: ") and expected in lines[0], done.stderr
     assert done.stdout == ""
+
+
+def test_ctrl_c_while_the_commands_are_still_being_imported_is_one_line(monkeypatch, capsys):
+    # Ctrl+C in the first half second (build_parser imports every command: numpy, the engine) printed a traceback
+    import edgespec.commands as commands
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "build_parser", interrupted)
+    assert commands.main(["run", "hello"]) == 130
+    assert capsys.readouterr().err == "edgespec: interrupted\n"

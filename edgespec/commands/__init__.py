@@ -49,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        # building the parser imports every command (numpy, the engine): Ctrl+C may come that early
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except EdgespecError as error:
         print(f"edgespec: {error.worded(as_flag)}", file=sys.stderr)
