@@ -275,3 +275,23 @@ def test_ctrl_c_while_the_commands_are_still_being_imported_is_one_line(monkeypa
     monkeypatch.setattr(commands, "build_parser", interrupted)
     assert commands.main(["run", "hello"]) == 130
     assert capsys.readouterr().err == "edgespec: interrupted\n"
+
+
+def test_ctrl_c_that_lands_in_a_llama_cpp_callback_is_not_lost():
+    # Python runs no code of its own while llama.cpp loads a model, but for the log callback, so a Ctrl+C then
+    # was raised inside the callback, where ctypes prints it as a traceback and drops it: the load went on.
+    script = (
+        "import ctypes\n"
+        "from edgespec.backend.runtime import raise_kept_interrupt\n"
+        "def log():\n"
+        "    raise KeyboardInterrupt\n"
+        "callback = ctypes.CFUNCTYPE(None)(log)\n"
+        "try:\n"
+        "    callback()  # through C, as llama.cpp calls its log callback\n"
+        "    print('returned')\n"
+        "    raise_kept_interrupt()  # as the backend does when llama.cpp returns\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout == "returned\ninterrupted\n" and "Traceback" not in done.stderr, done.stderr

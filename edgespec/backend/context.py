@@ -21,7 +21,7 @@ import llama_cpp
 from ..errors import ContextOverflowError, DecodeError, ModelLoadError, Setting
 from ..limits import MAX_OUTPUT_ROWS, N_UBATCH
 from .batch import TokenBatch
-from .runtime import forget_log, last_error, logged_flash_attention, logged_kv_buffer_bytes
+from .runtime import forget_log, last_error, logged_flash_attention, logged_kv_buffer_bytes, raise_kept_interrupt
 from .state import state_buffer
 
 _GGML_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
@@ -92,6 +92,12 @@ class Context:
         params.type_k, params.type_v = _GGML_TYPES[self.type_k], _GGML_TYPES[self.type_v]
         forget_log()
         ctx = llama_cpp.llama_init_from_model(weights.handle, params)
+        try:
+            raise_kept_interrupt()  # a Ctrl+C while it allocated
+        except KeyboardInterrupt:
+            if ctx:
+                llama_cpp.llama_free(ctx)
+            raise
         if not ctx:
             smaller_cache = () if self.type_k == "f16" else (", or ", Setting("kv_type", "f16"))
             raise ModelLoadError(f"llama.cpp could not create a {n_ctx}-token context for {self._path}: {last_error()} "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import sys
 from collections import deque
 
 import llama_cpp
@@ -32,6 +33,27 @@ def _capture_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
             _flash_attn_verdicts.append(verdict.group(1) == "enabled")
 
 
+_kept_interrupts: list[KeyboardInterrupt] = []
+
+
+def _keep_interrupt(unraisable, previous=sys.unraisablehook) -> None:
+    """A Ctrl+C raised inside a callback from C, which ctypes would print as a traceback and drop: kept for
+    raise_kept_interrupt.  While llama.cpp loads a model Python runs nothing but the log callback, so that is
+    where a Ctrl+C lands."""
+    if issubclass(unraisable.exc_type, KeyboardInterrupt) and "ctypes callback" in (unraisable.err_msg or ""):
+        _kept_interrupts.append(unraisable.exc_value)
+    else:
+        previous(unraisable)
+
+
+def raise_kept_interrupt() -> None:
+    """Raise the Ctrl+C a callback could not, now that llama.cpp has returned."""
+    if _kept_interrupts:
+        _kept_interrupts.clear()
+        raise KeyboardInterrupt
+
+
+sys.unraisablehook = _keep_interrupt
 llama_cpp.llama_log_set(_capture_log, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
 _SYSTEM_INFO: bytes = llama_cpp.llama_print_system_info()
