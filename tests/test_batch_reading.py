@@ -47,12 +47,19 @@ def test_the_local_batch_records_the_too_long_chat_and_goes_on(tiny_models, tmp_
     assert short["error"] is None
 
 
-def test_a_plain_line_with_settings_is_refused_rather_than_run_without_them():
+def test_settings_beside_a_plain_prompt_are_its_body_s_not_dropped():
     # {"prompt": ..., "max_tokens": 2} ran with the batch's own settings: max_tokens was silently dropped
-    for field, value in (("max_tokens", 2), ("temperature", 0), ("messages", []), ("model", "x")):
-        entry = batch_requests.parse_line(json.dumps({"prompt": "Hello", field: value}).encode(), 4)
-        assert isinstance(entry, batch_requests.InvalidRequest) and entry.code == "unsupported_parameter"
-        assert entry.message.startswith(f'line 4: "{field}" is not read in a plain {{"prompt": ...}} line')
-        assert '"body"' in entry.message  # the fix: the OpenAI Batch form, whose body takes it
-    entry = batch_requests.parse_line(json.dumps({"prompt": "Hello", "custom_id": "mine"}).encode(), 4)
+    line = {"prompt": "Hello", "custom_id": "mine", "max_tokens": 2, "temperature": 0}
+    entry = batch_requests.for_the_engine(batch_requests.parse_line(json.dumps(line).encode(), 4))
     assert isinstance(entry, batch_requests.BatchRequest) and entry.custom_id == "mine"
+    assert entry.url == batch_requests.CHAT_URL
+    assert entry.messages == ({"role": "user", "content": "Hello"},)
+    assert dict(entry.overrides)["max_tokens"] == 2 and dict(entry.overrides)["temperature"] == 0
+    # checked as a body is: a bad value or an unknown field gets the error record a Batch line would
+    for field, value, code in (("max_tokens", -1, "invalid_value"), ("n", 2, "unsupported_parameter")):
+        entry = batch_requests.for_the_engine(batch_requests.parse_line(json.dumps({"prompt": "Hi", field: value}).encode(), 4))
+        assert isinstance(entry, batch_requests.InvalidRequest) and entry.code == code and field in entry.message
+    both = batch_requests.parse_line(json.dumps({"prompt": "Hi", "messages": []}).encode(), 4)
+    assert isinstance(both, batch_requests.InvalidRequest) and '"prompt" or "messages"' in both.message
+    plain = batch_requests.parse_line(json.dumps({"prompt": "Hello", "custom_id": "mine"}).encode(), 4)
+    assert isinstance(plain, batch_requests.BatchRequest) and plain.body is None

@@ -118,14 +118,24 @@ def _parse_value(value: object, custom_id: str, line_no: int) -> BatchRequest:
     if not isinstance(value, dict):
         raise _LineError("invalid_request", "expected a JSON object or a JSON string")
     if "prompt" in value and "body" not in value and "url" not in value:
-        for field in value:
-            if field not in ("prompt", "custom_id"):  # run without it, the request would not be the one asked for
-                name = json.dumps(field[:100])  # the line's own text: escaped, as in the line
-                raise _LineError("unsupported_parameter", f"{name} is not read in a plain {{\"prompt\": ...}} line; "
-                                 'to set it, write the line in the OpenAI Batch form: {"custom_id": ..., "method": '
-                                 f'"POST", "url": "{CHAT_URL}", "body": {{"messages": [...], {name}: ...}}}}')
-        return _plain_request(_expect_string(value, "prompt"), custom_id, line_no)
+        return _plain_object_request(value, custom_id, line_no)
     return _openai_request(value, custom_id, line_no)
+
+
+def _plain_object_request(value: dict, custom_id: str, line_no: int) -> BatchRequest:
+    """A {"prompt": ...} line: a user turn, and any settings beside it (max_tokens, temperature...) are its
+    chat body's, checked like a Batch line's body (for_the_engine), never dropped."""
+    prompt = _expect_string(value, "prompt")
+    settings = {field: item for field, item in value.items() if field not in ("prompt", "custom_id")}
+    if not settings:
+        return _plain_request(prompt, custom_id, line_no)
+    if "messages" in settings:
+        raise _LineError("invalid_field", 'a plain line holds "prompt" or "messages", not both; for a whole chat, '
+                         f'write the OpenAI Batch form: {{"custom_id": ..., "method": "POST", "url": "{CHAT_URL}", '
+                         '"body": {"messages": [...]}}')
+    turn = {"role": "user", "content": prompt}
+    _fitting_chat((turn,))
+    return BatchRequest(custom_id, line_no, CHAT_URL, body={"messages": [turn], **settings})
 
 
 def _plain_request(prompt: str, custom_id: str, line_no: int) -> BatchRequest:
