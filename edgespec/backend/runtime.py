@@ -88,6 +88,9 @@ def forget_log() -> None:
     _recent_log_lines.clear()
     _kv_buffer_lines.clear()
     _flash_attn_verdicts.clear()
+    # A Ctrl+C kept from a callback during some other call (a decode, which nothing checks afterwards) was
+    # answered or is stale: only one pressed during the load that follows may stop it.
+    _kept_interrupts.clear()
 
 
 def logged_kv_buffer_bytes() -> int | None:
