@@ -76,9 +76,9 @@ def parse_report(stderr: str) -> dict:
 def generated_text(stdout: str, prompt: str) -> str:
     """What the binary generated: its stdout is two newlines, the prompt echoed, the reply, two newlines.
 
-    The echo leaves out the prompt's last token (the binary holds it back for
-    the first verification pass), so it is the longest common prefix with the
-    prompt that is cut off (seen with Qwen's template, which ends in a newline).
+    The echo is cut off as the longest common prefix with the prompt, so an
+    echo that lost the prompt's last newline (a prompt file that llama.cpp read
+    without the newline run() adds) still leaves only the reply.
     """
     text = stdout[2:] if stdout.startswith("\n\n") else stdout
     echoed = next((i for i, (a, b) in enumerate(zip(text, prompt)) if a != b), min(len(text), len(prompt)))
@@ -123,7 +123,10 @@ class LlamaCppPeer:
     def run(self, prompt: str, *, spec_type: str, draft_max: int | None, max_tokens: int,
             temperature: float = 0.0, seed: int = 0) -> PeerRun:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as prompt_file:
-            prompt_file.write(prompt)
+            # llama.cpp's -f drops one trailing newline from the file (common/arg.cpp), which would cut Qwen's
+            # template's last token, "assistant\n", and leave the peer another prompt (and on some, another
+            # reply) than edgespec's: the newline written here is the one it drops.
+            prompt_file.write(prompt + "\n")
             prompt_file.flush()
             args = self.command(Path(prompt_file.name), spec_type, draft_max, max_tokens, temperature, seed)
             try:
