@@ -42,10 +42,12 @@ def test_the_report_gives_the_binarys_own_timings_and_draft_counts():
 
 
 def test_the_generated_text_is_stdout_without_the_echoed_prompt():
-    assert peers.generated_text(f"\n\n{PROMPT}1. 1\n2. 2\n\n", PROMPT) == "1. 1\n2. 2"
+    # after the reply: two newlines when generation ends, two more when the report does
+    assert peers.generated_text(f"\n\n{PROMPT}1. 1\n2. 2\n\n\n\n", PROMPT) == "1. 1\n2. 2"
+    assert peers.generated_text(f"\n\n{PROMPT}```\n\n\n\n\n", PROMPT) == "```\n"  # the reply's own newline stays
     # an echo without the template's final newline (llama.cpp's -f drops one from a file that ends in it)
     chat = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    assert peers.generated_text(f"\n\n{chat[:-1]}Hello!\n\n", chat) == "Hello!"
+    assert peers.generated_text(f"\n\n{chat[:-1]}Hello!\n\n\n\n", chat) == "Hello!"
 
 
 def test_command_line_per_speculation_type(tmp_path):

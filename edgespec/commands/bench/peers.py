@@ -26,6 +26,7 @@ SPEC_TYPES = {"none": False, "ngram-simple": False, "ngram-mod": False, "draft-s
 
 _ENCODED = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_STDOUT_END = "\n\n\n\n"  # what the binary prints to stdout after the reply
 _COUNT = re.compile(r"\b(n_drafted|n_accept)\s*=\s*(\d+)")
 
 
@@ -74,7 +75,8 @@ def parse_report(stderr: str) -> dict:
 
 
 def generated_text(stdout: str, prompt: str) -> str:
-    """What the binary generated: its stdout is two newlines, the prompt echoed, the reply, two newlines.
+    """What the binary generated: its stdout is two newlines, the prompt echoed, the reply, then two newlines
+    after the generation and two more at the end of its report (speculative-simple.cpp).
 
     The echo is cut off as the longest common prefix with the prompt, so an
     echo that lost the prompt's last newline (a prompt file that llama.cpp read
@@ -83,7 +85,7 @@ def generated_text(stdout: str, prompt: str) -> str:
     text = stdout[2:] if stdout.startswith("\n\n") else stdout
     echoed = next((i for i, (a, b) in enumerate(zip(text, prompt)) if a != b), min(len(text), len(prompt)))
     text = text[echoed:]
-    return text[:-2] if text.endswith("\n\n") else text
+    return text.removesuffix(_STDOUT_END)
 
 
 class LlamaCppPeer:
