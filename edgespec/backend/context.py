@@ -92,12 +92,7 @@ class Context:
         params.type_k, params.type_v = _GGML_TYPES[self.type_k], _GGML_TYPES[self.type_v]
         forget_log()
         ctx = llama_cpp.llama_init_from_model(weights.handle, params)
-        try:
-            raise_kept_interrupt()  # a Ctrl+C while it allocated
-        except KeyboardInterrupt:
-            if ctx:
-                llama_cpp.llama_free(ctx)
-            raise
+        raise_kept_interrupt(ctx, llama_cpp.llama_free)  # a Ctrl+C while it allocated
         if not ctx:
             smaller_cache = () if self.type_k == "f16" else (", or ", Setting("kv_type", "f16"))
             raise ModelLoadError(f"llama.cpp could not create a {n_ctx}-token context for {self._path}: {last_error()} "

@@ -6,6 +6,7 @@ import ctypes
 import re
 import sys
 from collections import deque
+from typing import Callable
 
 import llama_cpp
 
@@ -46,10 +47,13 @@ def _keep_interrupt(unraisable, previous=sys.unraisablehook) -> None:
         previous(unraisable)
 
 
-def raise_kept_interrupt() -> None:
-    """Raise the Ctrl+C a callback could not, now that llama.cpp has returned."""
+def raise_kept_interrupt(allocated=None, free: Callable | None = None) -> None:
+    """Raise the Ctrl+C a callback could not, now that llama.cpp has returned; what the call allocated (a
+    handle, or NULL) is freed with free first."""
     if _kept_interrupts:
         _kept_interrupts.clear()
+        if allocated:
+            free(allocated)
         raise KeyboardInterrupt
 
 

@@ -41,12 +41,7 @@ class Weights:
         params.use_extra_bufts = EXTRA_BUFFER_TYPES_SAFE
         forget_log()
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
-        try:
-            raise_kept_interrupt()  # a Ctrl+C while it loaded
-        except KeyboardInterrupt:
-            if model:
-                llama_cpp.llama_model_free(model)
-            raise
+        raise_kept_interrupt(model, llama_cpp.llama_model_free)  # a Ctrl+C while it loaded
         if not model:
             raise ModelLoadError(
                 f"llama.cpp could not load {self.path}: {last_error()} (the file may be truncated or of an unsupported architecture)"
