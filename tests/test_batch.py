@@ -148,6 +148,7 @@ REFUSED_BODIES = [
     ({"mirostat": 2}, "mirostat"), ({"temperature": float("nan")}, "temperature"),
     ({"messages": [{"role": "user", "content": "x", "tool_call_id": "c1"}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
+    ({"stop": [""]}, "stop"),
 ]
 
 
@@ -323,7 +324,7 @@ def test_a_local_batch_refuses_each_body_the_server_refuses_and_runs_the_rest(mo
     for custom_id, record in by_id.items():
         param = custom_id.removeprefix("refused-")
         assert record["response"] is None and param in record["error"]["message"]
-        assert record["error"]["code"] == ("invalid_value" if param == "temperature" else "unsupported_parameter")
+        assert record["error"]["code"] == ("invalid_value" if param in ("temperature", "stop") else "unsupported_parameter")
 
 
 def test_requests_sharing_a_system_prompt_reuse_the_kv_cache(models, tmp_path):

@@ -116,6 +116,19 @@ def test_bad_values_name_their_field(field, value):
     assert refusal(**{field: value}).param == field
 
 
+@pytest.mark.parametrize("stop", ["", [""], ["END", ""]])
+@pytest.mark.parametrize("chat_request", [True, False], ids=["chat", "completions"])
+def test_an_empty_stop_string_is_refused_by_name_not_dropped(stop, chat_request):
+    # the stop check skips empty strings, so one was accepted and silently did nothing
+    error = refusal(chat_request, stop=stop)
+    assert error.param == "stop" and "empty" in error.message and "leave it out" in error.message
+    assert "\n" not in error.message
+
+
+def test_no_stop_strings_at_all_stay_valid():
+    assert chat(stop=[]).params.stop == ()
+
+
 def test_completion_prompts():
     make = lambda prompt: parse_request({"model": "m", "prompt": prompt}, chat=False, defaults=DEFAULTS).prompt
     assert make("abc") == make(["abc"]) == "abc"

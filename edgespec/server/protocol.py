@@ -216,6 +216,8 @@ def _stop(stop: Any) -> tuple[str, ...]:
         raise bad_param("stop", f"at most {MAX_STOP_STRINGS} stop strings are allowed")
     if any(len(s) > MAX_STOP_CHARS for s in stops):
         raise bad_param("stop", f"a stop string may have at most {MAX_STOP_CHARS} characters")
+    if "" in stops:  # the stop check (text.py) skips it: accepted, it would silently stop nothing
+        raise bad_param("stop", "a stop string may not be empty (it would stop nothing); leave it out of stop")
     return tuple(_unicode(s, "stop") for s in stops)
 
 
