@@ -165,6 +165,14 @@ def test_a_body_the_server_refuses_is_refused_by_name_with_the_servers_check(ext
     assert (entry.code, entry.message) == (served.value.code, f"line 7: {served.value.message}")
 
 
+@pytest.mark.parametrize("extra, param", [({"n": True}, "n"), ({"logprobs": 0.0}, "logprobs")])
+def test_a_boolean_for_a_count_or_a_number_for_a_boolean_is_refused_in_a_batch_body(extra, param):
+    entry = parse({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"messages": [{"role": "user", "content": "Hi"}], **extra}})
+    assert isinstance(entry, batch_requests.InvalidRequest) and entry.code == "invalid_value"
+    assert entry.message.startswith(f"line 7: {param} must be ")
+
+
 def test_what_the_server_accepts_unused_a_local_batch_accepts_too():
     body = {"model": "gpt-4o", "user": "u", "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
             "n": 1, "logprobs": False, "stream": True, "stream_options": {"include_usage": True},

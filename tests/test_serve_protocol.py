@@ -116,6 +116,40 @@ def test_bad_values_name_their_field(field, value):
     assert refusal(**{field: value}).param == field
 
 
+@pytest.mark.parametrize("field, value", [
+    ("n", True), ("n", 1.0), ("best_of", True), ("logprobs", 0.0), ("logprobs", 0), ("top_logprobs", False),
+    ("echo", 0), ("parallel_tool_calls", 0), ("presence_penalty", False), ("frequency_penalty", False),
+    ("max_tokens", True), ("max_completion_tokens", True), ("seed", False), ("top_k", True), ("temperature", True),
+    ("top_p", True), ("min_p", False), ("stream", 1), ("store", 0),
+])
+def test_a_json_boolean_is_no_number_and_a_number_no_boolean(field, value):
+    # Python's bool is an int: true == 1 and 0.0 == false let "n": true and "logprobs": 0.0 through as inert
+    error = refusal(**{field: value})
+    assert (error.param, error.code) == (field, "invalid_value") and field in error.message
+
+
+@pytest.mark.parametrize("value", [False, True, 0.0])
+def test_a_completions_logprobs_is_a_count(value):
+    # /v1/completions' logprobs is how many to return (0: none), a chat's a yes or no (false: none)
+    assert refusal(chat_request=False, logprobs=value).param == "logprobs"
+    assert parse_request({"prompt": "hi", "logprobs": 0}, chat=False, defaults=DEFAULTS).params == DEFAULTS
+
+
+def test_numbers_and_nulls_that_clients_send_stay_valid():
+    # the openai client passes an int for a float field as the caller wrote it; langchain-openai sends its
+    # defaults (integer penalties, n=1, null for what is unset)
+    request = chat(temperature=1, top_p=1, min_p=0, presence_penalty=0, frequency_penalty=0.0, n=1, logprobs=False,
+                   top_logprobs=0, parallel_tool_calls=False, stream=False, max_tokens=5, seed=0)
+    assert request.params == SamplingParams(temperature=1.0, top_p=1.0, min_p=0.0, max_tokens=5, seed=0, stop=("END",))
+    nulls = ("n", "best_of", "logprobs", "top_logprobs", "echo", "presence_penalty", "frequency_penalty", "temperature",
+             "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "seed", "stop", "stream",
+             "stream_options", "parallel_tool_calls", "store", "user")
+    assert chat(**dict.fromkeys(nulls)).params == DEFAULTS
+    legacy = {"prompt": "hi", "temperature": 0.7, "top_p": 1, "frequency_penalty": 0, "presence_penalty": 0, "n": 1,
+              "best_of": 1, "logit_bias": {}, "max_tokens": 256, "logprobs": None, "seed": None}
+    assert parse_request(legacy, chat=False, defaults=DEFAULTS).params.max_tokens == 256
+
+
 @pytest.mark.parametrize("stop", ["", [""], ["END", ""]])
 @pytest.mark.parametrize("chat_request", [True, False], ids=["chat", "completions"])
 def test_an_empty_stop_string_is_refused_by_name_not_dropped(stop, chat_request):

@@ -10,6 +10,7 @@ check of a body: the server's, and a local `edgespec batch`'s.
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 import time
@@ -25,11 +26,11 @@ CHAT_ROLES = {"system", "developer", "user", "assistant"}
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 512  # the stop check holds back text that could start a stop string: keep that small
 
-# Fields edgespec cannot honour, with the one value that means "not used".
+# Fields edgespec cannot honour, with the one value that means "not used", of the JSON type the field has.
 _INERT_VALUES = {
     "n": (1,),
     "best_of": (1,),
-    "logprobs": (False, 0),
+    "logprobs": (False,),  # a chat body's; a completions body's is a count (_COMPLETION_INERT_VALUES)
     "top_logprobs": (0,),
     "echo": (False,),
     "suffix": ("",),
@@ -43,6 +44,9 @@ _INERT_VALUES = {
     "response_format": ({"type": "text"},),
     "parallel_tool_calls": (False,),
 }
+_COMPLETION_INERT_VALUES = {**_INERT_VALUES, "logprobs": (0,)}
+# The JSON types of the inert values above, as a message names them.
+_SCALAR_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number"}
 _SAMPLING_FIELDS = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop"}
 # Fields that cannot change the output, with the JSON type each must have: accepted and left unused.
 # (metadata and store are for OpenAI's dashboard, service_tier its pricing, user its abuse checks.)
@@ -128,11 +132,12 @@ def check_body(body: Any, chat: bool) -> RequestBody:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    inert_values = _INERT_VALUES if chat else _COMPLETION_INERT_VALUES
     for field, value in body.items():
         if field not in allowed:
             raise bad_param(field, f"unrecognized request argument {field!r}: edgespec does not support it", "unsupported_parameter")
-        if field in _INERT_VALUES and value is not None and value not in _INERT_VALUES[field]:
-            raise bad_param(field, f"{field}={value!r} is not supported by edgespec; leave it out", "unsupported_parameter")
+        if field in inert_values and value is not None:
+            _check_inert(field, value, inert_values[field])
         kind = _UNUSED_FIELDS.get(field)
         if kind is not None and value is not None and not isinstance(value, kind):
             raise bad_param(field, f"{field} must be {_JSON_TYPE_NAMES[kind]}")
@@ -148,6 +153,24 @@ def check_body(body: Any, chat: bool) -> RequestBody:
                            prediction=prediction)
     return RequestBody(False, sampling, prompt=_prompt(body), stream=stream, include_usage=include_usage,
                        prediction=prediction)
+
+
+def _check_inert(field: str, value: Any, inert_values: tuple) -> None:
+    """Raises unless value is one of the field's inert values, as JSON has it.
+
+    Python's == takes true for 1 and 0.0 for false, so a value is inert only with its inert value's type
+    too: "n": true is no count, and "logprobs": 0.0 no answer to a yes-or-no question.
+    """
+    if any(type(value) is type(inert) and value == inert for inert in inert_values):
+        return
+    kinds = {type(inert) for inert in inert_values}
+    if float in kinds:
+        kinds.add(int)  # a float field takes an integer, as JSON has no separate kinds of number
+    if kinds <= set(_SCALAR_KIND_NAMES) and type(value) not in kinds:
+        wanted = _SCALAR_KIND_NAMES[float if float in kinds else kinds.pop()]
+        raise bad_param(field, f"{field} must be {wanted}, not {json.dumps(value)}; leave it out "
+                               f"(edgespec supports only {json.dumps(inert_values[0])})")
+    raise bad_param(field, f"{field}={value!r} is not supported by edgespec; leave it out", "unsupported_parameter")
 
 
 def _boolean(body: dict, field: str, param: str | None = None) -> bool:
