@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.commands import batch
+from edgespec.commands import batch, main
 from edgespec.commands.batch.runner import RunTally, summarize
 from test_batch import chat_line, completion_line, edgespec_command, line_count, write_lines
 from test_serve import API_KEY, ServerProcess, server_env
@@ -115,6 +115,27 @@ def test_a_batch_that_cannot_start_says_why_in_one_line(server, tmp_path, extra,
     assert run.returncode == batch.EXIT_REFUSED, run.stderr
     assert expected in run.stderr and "Traceback" not in run.stderr
     assert not out.exists() or out.read_text() == ""
+
+
+def test_a_streaming_body_is_answered_whole_as_a_local_batch_answers_it(server, tiny_models, tmp_path):
+    # A record holds a whole answer. A local batch gives one for "stream": true; sent as it was, the server
+    # streamed it and the line became an invalid_response error record.
+    lines = [chat_line("chat", "Hello the cat", stream=True, stream_options={"include_usage": True}),
+             completion_line("text", "The cat sat on", stream=True)]
+    source = write_lines(tmp_path / "in.jsonl", lines)
+    remote_out, local_out = tmp_path / "remote.jsonl", tmp_path / "local.jsonl"
+    run = subprocess.run(endpoint_argv(server, source, remote_out), capture_output=True, text=True, timeout=300)
+    assert run.returncode == batch.EXIT_OK, run.stderr
+    assert "stream" not in run.stderr  # nothing to tell: the answer is what was asked for
+    local = main(["batch", str(source), "-o", str(local_out), "--model", str(tiny_models["target"]), "--draft", "ngram",
+                  "--threads", "1", "--parallel", "1", "--max-tokens", "16", "--temperature", "0"])
+    assert local == batch.EXIT_OK
+    for out in (remote_out, local_out):
+        by_id = {r["custom_id"]: r for r in records(out)}
+        assert [by_id[i]["response"]["status_code"] for i in ("chat", "text")] == [200, 200], out
+        assert by_id["chat"]["response"]["body"]["object"] == "chat.completion"
+        assert by_id["text"]["response"]["body"]["object"] == "text_completion"
+        assert by_id["chat"]["response"]["body"]["usage"]["completion_tokens"] == 16
 
 
 def test_the_summary_reports_a_draft_that_went_stale():

@@ -19,7 +19,7 @@ from edgespec.commands import batch, main
 from edgespec.commands.batch import remote
 from edgespec.commands.batch.answers import answer_problem, is_answer
 from edgespec.commands.batch.output import RecordWriter
-from edgespec.commands.batch.requests import CHAT_URL, COMPLETIONS_URL
+from edgespec.commands.batch.requests import CHAT_URL, COMPLETIONS_URL, BatchRequest
 from fake_openai_server import (FakeServer, answer, chat_completion, cut_reply, json_reply, raw_reply,
                                 reset_reply, text_completion)
 from test_batch import completion_line, edgespec_command, write_lines
@@ -108,7 +108,17 @@ def test_no_body_that_is_not_an_answer_is_saved_as_one(fake_server, tmp_path, ca
     messages = {name: by_id[name]["error"]["message"] for name in NOT_ANSWERS}
     assert "not JSON" in messages["invalid-json"] and "an empty body" in messages["empty-body"]
     assert '"choices" is missing or empty' in messages["no-choices"] and "model overloaded" in messages["error-body"]
-    assert 'leave "stream" out of the body' in messages["event-stream"] and "HTTP 201" in messages["created-201"]
+    assert "an event stream" in messages["event-stream"] and "HTTP 201" in messages["created-201"]
+
+
+def test_a_streaming_body_is_sent_asking_for_the_whole_answer():
+    body = {"messages": [{"role": "user", "content": "Hi"}], "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": 4}
+    sent = remote.request_body(BatchRequest("a", 1, CHAT_URL, body=body), {"max_tokens": 8, "temperature": 0}, "fake")
+    assert sent == {"messages": body["messages"], "max_tokens": 4, "temperature": 0, "model": "fake"}
+    assert body["stream"] is True  # IN's body itself is left as it is (its fingerprint is a rerun's check)
+    odd = remote.request_body(BatchRequest("b", 2, COMPLETIONS_URL, body={"prompt": "Hi", "stream": "yes"}), {}, "fake")
+    assert odd["stream"] == "yes"  # not a stream asked for: the server judges it, as a local batch does
 
 
 def test_a_body_cut_every_time_is_left_for_a_rerun_and_the_summary_still_comes(fake_server, tmp_path, capsys):

@@ -5,7 +5,9 @@ Each pending request's body goes as IN states it to URL + its url
 in flight; edgespec serve, vLLM and llama-server all answer it. A plain line
 ({"prompt": ...}) becomes a chat body. Fields a body leaves out get the
 command line's sampling values (max_tokens, temperature, top_p, and seed and
-stop when given), and "model" the server's first model.
+stop when given), and "model" the server's first model. A body's
+"stream": true (and its stream_options) is left out: a record is a whole
+answer, as a local batch gives it.
 
 The records are the local batch's, appended and fsynced one by one as the
 answers come back (in any order, which the OpenAI Batch format allows), so
@@ -170,8 +172,7 @@ def _answer_body(url: str, reply: _Reply) -> dict:
     if reply.status != 200:
         raise _NotAnAnswer(f"HTTP {reply.status} where a 200 with the answer was due")
     if reply.content_type == "text/event-stream" or text.startswith((b"data:", b"event:")):
-        raise _NotAnAnswer('an event stream instead of one JSON answer; leave "stream" out of the body '
-                           '(a batch needs one answer per request)')
+        raise _NotAnAnswer("an event stream, though the batch asked for one JSON answer")
     if not text:
         raise _NotAnAnswer("an empty body")
     if len(reply.raw) > MAX_ANSWER_BYTES:
@@ -221,8 +222,14 @@ def _seconds(header: str | None) -> float | None:
 
 
 def request_body(request: BatchRequest, defaults: dict, model: str) -> dict:
-    """The body to send: IN's own (a chat body for a plain line), filled in from defaults and model."""
+    """The body to send: IN's own (a chat body for a plain line), filled in from defaults and model, and
+    asking for the answer whole."""
     body = dict(request.body) if request.body is not None else {"messages": [dict(m) for m in request.messages]}
+    if body.get("stream") is True:
+        # A record holds a whole answer, which is what a local batch gives such a body too: an event stream
+        # could only become an error record. (Any other value goes as it is, for the server to judge.)
+        del body["stream"]
+        body.pop("stream_options", None)
     for field, value in defaults.items():
         if field not in body and not (field == "max_tokens" and "max_completion_tokens" in body):
             body[field] = value
