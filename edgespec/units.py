@@ -19,6 +19,9 @@ class InvalidSizeError(EdgespecError, ValueError):
 
 def parse_size(text: str) -> int:
     """Bytes in "6GiB", "512MB", "1.5G", "2048": MB/GB are decimal, MiB/GiB and a bare M/G binary."""
+    signless = str(text).strip().removeprefix("-")
+    if signless != str(text).strip() and _SIZE_PATTERN.match(signless):  # a size, but for its sign
+        raise InvalidSizeError(f"memory size {text!r} is negative; give a positive size like 6GiB")
     match = _SIZE_PATTERN.match(str(text))
     if not match:
         raise InvalidSizeError(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.commands import build_parser, main
+from edgespec.commands.options import SIZE_FLAGS, joined_negative_sizes
 from edgespec.commands.run import MAX_PROMPT_BYTES_PER_TOKEN, read_text_bytes
 from edgespec.errors import EdgespecError
 from edgespec.fetch import ModelUnavailableError, resolve_model
@@ -131,6 +132,37 @@ def test_a_bad_flag_is_a_usage_error_with_exit_code_2_on_every_command(command, 
     lines = err.strip().splitlines()
     assert code == 2, err
     assert len(lines) == 1 and "Traceback" not in err and named in lines[0], err
+
+
+SIZE_FLAG_USES = [(command, flag) for command, parser in subcommand_parsers().items()
+                  for flag in sorted(value_flags(parser) & SIZE_FLAGS)]
+
+
+@pytest.mark.parametrize("command, flag", SIZE_FLAG_USES)
+@pytest.mark.parametrize("joined", [False, True], ids=["separate", "joined"])
+def test_a_negative_size_is_one_line_naming_the_problem(command, flag, joined, tmp_path, capsys, monkeypatch):
+    # argparse took "-5GiB" for a flag: "--memory-budget: expected one argument", which says nothing of why
+    import tui.app
+
+    monkeypatch.setattr(tui.app, "run_chat", lambda *args, **kwargs: pytest.fail("the bad size went through"))
+    monkeypatch.delenv("EDGESPEC_API_KEY", raising=False)
+    (tmp_path / "in.jsonl").write_text(BATCH_LINE)
+    argv = command_line(command, flag, "-5GiB", tmp_path)
+    if joined:
+        argv[-2:] = [f"{flag}=-5GiB"]
+    code, err = exit_code_and_error(argv, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert flag in lines[0] and "'-5GiB' is negative" in lines[0] and "give a positive size like 6GiB" in lines[0]
+
+
+def test_only_a_negative_number_after_a_size_flag_is_joined_to_it():
+    assert joined_negative_sizes(["run", "hi", "--memory-budget", "-.5G"]) == ["run", "hi", "--memory-budget=-.5G"]
+    for args in (["run", "hi", "--memory-budget", "--threads", "2"],  # a missing value stays argparse's to name
+                 ["run", "--memory-budget", "-x", "hi"], ["run", "--threads", "-5", "hi"],
+                 ["run", "--", "--memory-budget", "-5GiB"]):  # after --, a prompt
+        assert joined_negative_sizes(args) == args
+    assert SIZE_FLAG_USES  # every command that plans memory has them
 
 
 @pytest.mark.parametrize("argv, named", [

@@ -41,3 +41,10 @@ def test_parse_size_refuses_with_a_user_error(text):
 @pytest.mark.parametrize("n_bytes,shown", [(1_117_320_768, "1.04 GiB"), (98 * MiB, "98.0 MiB"), (2048, "2.0 KiB")])
 def test_format_size_uses_binary_units(n_bytes, shown):
     assert format_size(n_bytes) == shown
+
+
+@pytest.mark.parametrize("text", ["-5GiB", " -1G", "-0.5G", "-2048", "-0"])
+def test_a_negative_size_is_called_negative(text):
+    # it was "not understood; write a number with a unit", which a number with a unit already was
+    with pytest.raises(EdgespecError, match="is negative; give a positive size like 6GiB"):
+        parse_size(text)

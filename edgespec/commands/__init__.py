@@ -23,6 +23,12 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
+    def parse_known_args(self, args=None, namespace=None):
+        from .options import joined_negative_sizes
+
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(joined_negative_sizes(args), namespace)
+
 
 def build_parser() -> argparse.ArgumentParser:
     from .batch import add_batch_parser

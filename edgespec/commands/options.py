@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Callable
 
 from ..errors import EdgespecError, UsageError
@@ -10,6 +11,9 @@ from ..notices import print_notice
 from ..limits import KV_TYPES, MAX_DRAFT_TOKENS, MIN_N_CTX, SettingError, checked_kv_type, checked_setting, checked_threads
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
+# The flags whose value is a byte size (their type is _size_text or _size_or_zero), for joined_negative_sizes.
+SIZE_FLAGS = frozenset({"--memory-budget", "--prompt-cache-size", "--prompt-cache-ram"})
+_NEGATIVE_NUMBER_START = re.compile(r"-\.?\d")
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -147,6 +151,24 @@ def whole_number(low: int):
         return value
 
     return parse
+
+
+def joined_negative_sizes(args: list[str]) -> list[str]:
+    """args with each size flag joined to a negative value after it ("--memory-budget", "-5GiB" ->
+    "--memory-budget=-5GiB").  argparse takes "-5GiB" for an unknown flag and answers only that
+    --memory-budget "expected one argument"; joined, the value reaches the size check, which names the
+    problem.  (argparse has no public way to let one option take a value that starts with "-".)"""
+    joined, i = [], 0
+    while i < len(args):
+        if args[i] == "--":  # what follows is positional text, e.g. a prompt
+            return joined + args[i:]
+        if args[i] in SIZE_FLAGS and i + 1 < len(args) and _NEGATIVE_NUMBER_START.match(args[i + 1]):
+            joined.append(f"{args[i]}={args[i + 1]}")
+            i += 2
+        else:
+            joined.append(args[i])
+            i += 1
+    return joined
 
 
 def _size_text(text: str) -> str:
