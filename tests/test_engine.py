@@ -80,6 +80,30 @@ def exact_two_token_law(target_path, prompt_ids, params):
     return law
 
 
+def test_a_ctrl_c_as_a_free_call_returns_leaves_nothing_to_free_twice(tiny_models, monkeypatch):
+    # A Ctrl+C raised just as llama.cpp's free returned left the handle set, and close() or __del__ freed it
+    # again: "edgespec: interrupted", then "double free or corruption" and exit -6 (or -11).
+    import llama_cpp
+
+    model = LlamaModel(tiny_models["target"], n_ctx=256)
+    calls = Counter()
+
+    def interrupted_free(name):
+        def free(handle):  # frees nothing (a second real free would crash the test); what counts is the calls
+            calls[name] += 1
+            raise KeyboardInterrupt  # the Ctrl+C, due as the call returns
+        return free
+
+    for name in ("llama_free", "llama_model_free", "llama_batch_free"):
+        monkeypatch.setattr(llama_cpp, name, interrupted_free(name))
+    for _ in range(4):  # each close cut short by a Ctrl+C, then done again, as __del__ does
+        try:
+            model.close()
+        except KeyboardInterrupt:
+            pass
+    assert calls == {"llama_free": 1, "llama_model_free": 1, "llama_batch_free": 1}
+
+
 @pytest.mark.parametrize("bit_exact", [False, True])
 def test_sampled_draft_model_output_has_the_targets_distribution(engine, tiny_models, bit_exact):
     prompt = PROMPTS[0]

@@ -40,4 +40,7 @@ class TokenBatch:
         self.raw.n_tokens = n
 
     def free(self) -> None:
-        llama_cpp.llama_batch_free(self.raw)
+        # Once only, however often called (as Weights.free): a second llama_batch_free is a double free.
+        raw, self.raw = self.raw, None
+        if raw is not None:
+            llama_cpp.llama_batch_free(raw)

@@ -100,10 +100,13 @@ class Context:
         return ctx
 
     def free(self) -> None:
-        if self._ctx:
-            self._batch.free()
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        # As Weights.free: the handle is let go of first, so a Ctrl+C on the way cannot lead to a double free.
+        ctx, self._ctx = self._ctx, None
+        if ctx:
+            try:
+                self._batch.free()
+            finally:
+                llama_cpp.llama_free(ctx)
 
     @property
     def kv_cache_label(self) -> str:

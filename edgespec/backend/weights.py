@@ -60,6 +60,8 @@ class Weights:
         return buf.value.decode("utf-8", errors="replace")
 
     def free(self) -> None:
-        if self.handle:
-            llama_cpp.llama_model_free(self.handle)
-            self.handle = None
+        # The handle is let go of before the call: a Ctrl+C raised as the call returns must not leave it
+        # set for close() or __del__ to free again, a double free that aborts the process.
+        handle, self.handle = self.handle, None
+        if handle:
+            llama_cpp.llama_model_free(handle)
