@@ -4,10 +4,13 @@ command, a directory given as a model, and a prompt on stdin that is endless or 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import io
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -327,3 +330,43 @@ def test_ctrl_c_that_lands_in_a_llama_cpp_callback_is_not_lost():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stdout == "returned\ninterrupted\n" and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="needs a pipe shrunk to one page (Linux)")
+def test_ctrl_c_during_a_run_is_exit_130_and_one_line_even_when_pressed_twice(tiny_models):
+    # Python's teardown restores SIGINT's default action partway: a second Ctrl+C (or one just as the run
+    # ended) landed there and killed the process by the signal, exit -2, whatever it had not yet flushed lost.
+    # Timing-free: the run writes at least 8000 bytes (8000 tokens, no stop) into a pipe that holds 4096, so
+    # it is still running, or blocked on the full pipe, until the test reads on.
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    command = [*EDGESPEC, "run", "--raw", "The cat sat on", "--model", str(tiny_models["target"]), "--draft", "ngram",
+               "--threads", "1", "--n-ctx", "8192", "--max-tokens", "8000", "--temperature", "0"]
+    process = subprocess.Popen(command, stdout=write_end, stderr=subprocess.PIPE, text=True)
+    os.close(write_end)
+    watchdog = threading.Timer(120, process.kill)  # a run that ignored Ctrl+C would hang the test
+    watchdog.start()
+    try:
+        written = [os.read(read_end, 1)]  # it is generating
+        process.send_signal(signal.SIGINT)
+        stderr = []
+        for line in process.stderr:  # the first Ctrl+C handled...
+            stderr.append(line)
+            if line == "edgespec: interrupted\n":
+                break
+        process.send_signal(signal.SIGINT)  # ...a second one on the way out
+        while chunk := os.read(read_end, 1 << 16):  # to the end: what the run wrote comes through
+            written.append(chunk)
+        stderr.append(process.stderr.read())
+        process.wait()
+    finally:
+        watchdog.cancel()
+        os.close(read_end)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    stderr = "".join(stderr)
+    assert process.returncode == 130, stderr
+    assert stderr.splitlines()[-1] == "edgespec: interrupted" and stderr.count("edgespec: interrupted") == 1, stderr
+    assert "Traceback" not in stderr and "stop: " not in stderr  # no summary: the run did not end by itself
+    assert b"".join(written)

@@ -5,12 +5,15 @@ prints "edgespec: <message>" on stderr, the settings it names worded as
 flags, and exits with the error's exit_code (1 unless its class says
 otherwise, e.g. a refused batch exits 2); Ctrl-C exits 130. Usage errors exit 2 on every command: argparse's own, a bad value
 the flags' types refuse, and a UsageError (flags that cannot go together).
+For the process's own command line, a Ctrl-C before the exit code is settled
+exits 130 wherever it lands, and later ones change nothing (see main).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from .. import __version__
@@ -55,6 +58,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command argv (None: the process's own command line, as the edgespec script and `python -m
+    edgespec` run it) and its exit code.
+
+    For the process's own command line, a Ctrl-C while the command runs always ends in "edgespec:
+    interrupted" and exit 130, with what the command wrote kept.  Left to Python, one that landed as the
+    command ended escaped this function (a traceback), and one in Python's teardown, which restores
+    SIGINT's default action partway, killed the process (exit -2, stdout's buffer unwritten): a second
+    Ctrl-C landed there every time.  So the first Ctrl-C interrupts the command and later ones are
+    ignored (batch and serve, which stop politely first, still see a second), and so is any once the exit
+    code is settled.  A caller's own argv (tests, scripts) keeps its own Ctrl-C handling.
+    """
+    if argv is not None:
+        return _run_command(argv)
+    signal.signal(signal.SIGINT, _interrupt_once)
+    try:
+        try:
+            return _run_command(None)
+        finally:
+            # signal.signal first runs a handler already due: its KeyboardInterrupt is caught below
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt:  # a Ctrl-C that landed as the command ended, outside its own handling
+        print("edgespec: interrupted", file=sys.stderr)
+        return 130
+
+
+def _interrupt_once(signum, frame) -> None:
+    """SIGINT's handler while the process's own command runs: a KeyboardInterrupt, as Python's own handler
+    raises, once; a second Ctrl-C would only cut short the cleanup and the message on the way out."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _run_command(argv: list[str] | None) -> int:
     try:
         # building the parser imports every command (numpy, the engine): Ctrl+C may come that early
         args = build_parser().parse_args(argv)
