@@ -89,6 +89,8 @@ class SamplingParams:
         }
         if not (isinstance(checked["stop"], (tuple, list)) and all(isinstance(text, str) for text in checked["stop"])):
             raise ValueError(f"stop must be a string or a list of strings, not {self.stop!r}")
+        if "" in checked["stop"]:  # the stop check skips it, so accepted it would silently stop nothing
+            raise ValueError("a stop string may not be empty (it would stop nothing); leave it out")
         checked["stop"] = tuple(checked["stop"])
         for name, value in checked.items():
             object.__setattr__(self, name, value)

@@ -149,6 +149,14 @@ def test_sampling_params_refuse_bad_values_naming_the_field_and_range(field, val
         SamplingParams(**{field: value})
 
 
+def test_an_empty_stop_string_is_refused_not_dropped(tiny_models):
+    # the stop check skips an empty string, so accepted it would stop nothing without a word
+    with pytest.raises(ValueError, match="stop string may not be empty"):
+        SamplingParams(stop=["END", ""])
+    done = run_cli(*tiny_run(tiny_models), "--stop", "")
+    assert done.returncode == 2 and "stop string may not be empty" in one_error_line(done)
+
+
 def test_sampling_params_take_the_whole_valid_range():
     params = SamplingParams(temperature=0, top_k=0, top_p=1, min_p=0, max_tokens=1, seed=2**64 - 1, stop="x")
     assert params.greedy and params.seed == 2**64 - 1 and params.stop == ("x",)
