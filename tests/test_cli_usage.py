@@ -370,3 +370,27 @@ def test_ctrl_c_during_a_run_is_exit_130_and_one_line_even_when_pressed_twice(ti
     assert stderr.splitlines()[-1] == "edgespec: interrupted" and stderr.count("edgespec: interrupted") == 1, stderr
     assert "Traceback" not in stderr and "stop: " not in stderr  # no summary: the run did not end by itself
     assert b"".join(written)
+
+
+def test_the_command_line_loads_llama_cpp_before_numpy():
+    # On an H200's CUDA image, numpy's libraries loaded first made llama.cpp's model loader segfault
+    # (docs/benchmarks.md, "A GPU check"): every command, as `--help` does, starts the backend first.
+    script = (
+        "import ctypes, sys\n"
+        "numpy_first = []\n"
+        "load = ctypes.CDLL.__init__\n"
+        "def recording(self, name, *args, **kwargs):\n"
+        "    if name and 'llama' in str(name) and not numpy_first:\n"
+        "        numpy_first.append('numpy' in sys.modules)\n"
+        "    load(self, name, *args, **kwargs)\n"
+        "ctypes.CDLL.__init__ = recording\n"
+        "sys.argv = ['edgespec', '--help']\n"
+        "from edgespec.commands import main\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(numpy_first, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stderr.strip().splitlines()[-1] == "[False]", done.stderr

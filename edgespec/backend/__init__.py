@@ -9,10 +9,11 @@ LlamaModel loads the three together; probing.py measures its passes;
 kvcache.py is the token arithmetic of reusing a cache.
 """
 
+# runtime first: it loads llama.cpp's libraries, which must come before numpy's (see commands._run_command)
+from .runtime import RUNTIME, default_threads, supports_gpu_offload, width_independent_kernels  # isort: skip
 from .kvcache import common_prefix_length, dropped_span
 from .model import LlamaModel
 from .probing import PassProbe, plain_logits, probe_pass_widths, probe_tokens, time_forward, time_sequence_passes
-from .runtime import RUNTIME, default_threads, supports_gpu_offload, width_independent_kernels
 from .state import state_buffer
 
 __all__ = [

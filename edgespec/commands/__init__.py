@@ -92,6 +92,10 @@ def _interrupt_once(signum, frame) -> None:
 
 def _run_command(argv: list[str] | None) -> int:
     try:
+        # llama.cpp's libraries before numpy's: on an H200's CUDA image, numpy loaded first made llama.cpp's
+        # model loader segfault (plain llama-cpp-python too), and every command needs the backend anyway
+        from .. import backend  # noqa: F401
+
         # building the parser imports every command (numpy, the engine): Ctrl+C may come that early
         args = build_parser().parse_args(argv)
         return args.func(args)
