@@ -52,7 +52,8 @@ check() {
     wait; cat "$OUT/pair.log"
     export PYTHONPATH=/tmp/site:$PWD
     # On that image, numpy imported before llama.cpp's libraries makes the model loader segfault (plain
-    # llama-cpp-python too), and edgespec's command line imports numpy first: load llama_cpp first.
+    # llama-cpp-python too). The command line imported numpy first when this ran (it loads llama.cpp
+    # first now): load llama_cpp first, as then.
     edgespec=(python3 -c "import llama_cpp, runpy, sys; sys.argv[0] = 'edgespec'; runpy.run_module('edgespec', run_name='__main__')")
     timeout 30 "${edgespec[@]}" bench --model /tmp/pair/target.gguf --cost-curve --json "$OUT/curve.json" > "$OUT/curve.txt" 2>&1
     echo "cost curve rc $?"; grep "│" "$OUT/curve.txt"
