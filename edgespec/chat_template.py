@@ -78,6 +78,7 @@ class ChatTemplate:
         self.bos_token, self.eos_token = bos_token, eos_token
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> RenderedChat:
+        messages = [_template_message(m, i) for i, m in enumerate(messages)]
         contents = [m["content"] for m in messages]
         real = [{"role": m["role"], "content": m["content"]} for m in messages]
         marked = [{"role": m["role"], "content": _sentinel(i)} for i, m in enumerate(messages)]
@@ -92,6 +93,21 @@ class ChatTemplate:
         if spans is not None:
             return RenderedChat(text, spans)
         return _with_untouched_contents(pieces, contents)
+
+
+def _template_message(message: object, index: int) -> dict:
+    """A message as the template gets it: its role and its text.  A library caller's mistake is named here, not
+    met as the template's own failure; content may be OpenAI's list of text parts, joined."""
+    where = f"messages[{index}]"
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise ValueError(f"{where} must be a dict with a string role and content, like {{'role': 'user', 'content': 'Hi'}}")
+    content = message.get("content")
+    if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text"
+                                         and isinstance(part.get("text"), str) for part in content):
+        content = "".join(part["text"] for part in content)
+    if not isinstance(content, str):
+        raise ValueError(f"{where}.content must be a string or a list of text parts, not {type(content).__name__}")
+    return {"role": message["role"], "content": content}
 
 
 def _content_forms(content: str) -> dict[str, None]:

@@ -28,6 +28,7 @@ from .ngram_pool import NgramPool
 from .errors import EdgespecError, Setting
 from .notices import log_notice
 from .phases import PhaseClock
+from .prediction import prediction_text
 from .prefix_cache import PrefixStore
 from .sampling import SamplingParams, sampling_params
 from .scheduler import Job, Scheduler
@@ -304,7 +305,8 @@ class Engine:
     # -- generation ----------------------------------------------------------
 
     def generate(self, prompt: str, params: SamplingParams | None = None, raw: bool = False,
-                 cancel: threading.Event | None = None, prediction: str | None = None, **sampling) -> GenerationResult:
+                 cancel: threading.Event | None = None, prediction: str | dict | None = None,
+                 **sampling) -> GenerationResult:
         """The reply to prompt, a user message in the model's chat template (raw: the prompt as written,
         control tokens included): its .text, .token_ids, .finish_reason and .stats.
 
@@ -316,26 +318,35 @@ class Engine:
         return result_of(self.stream(prompt, params, raw, cancel, prediction, **sampling))
 
     def stream(self, prompt: str, params: SamplingParams | None = None, raw: bool = False,
-               cancel: threading.Event | None = None, prediction: str | None = None,
+               cancel: threading.Event | None = None, prediction: str | dict | None = None,
                **sampling) -> Iterator[Step | Done]:
         """generate, step by step: each Step's .text is what it added and .stats the figures so far;
         the final Done carries the result."""
         return self.stream_tokens(self.prompt_tokens(prompt, raw), sampling_params(params, sampling), cancel=cancel,
                                   prediction=self.prediction_tokens(prediction))
 
-    def prediction_tokens(self, prediction: str | None) -> list[int] | None:
-        """A predicted output as tokens, its text never read as control tokens; None for none."""
-        return self.target.tokenize(prediction, add_special=False) if prediction else None
+    def prediction_tokens(self, prediction: str | dict | None) -> list[int] | None:
+        """A predicted output as tokens, its text never read as control tokens; None for none.  prediction: the
+        text, or the request field as OpenAI writes it, {"type": "content", "content": ...} (prediction.py)."""
+        if prediction is not None and not isinstance(prediction, (str, dict)):
+            raise ValueError('prediction must be the expected text, or {"type": "content", "content": "..."}, '
+                             f"not {type(prediction).__name__}")
+        text = prediction if isinstance(prediction, str) else prediction_text(prediction)
+        return self.target.tokenize(text, add_special=False) if text else None
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None,
-             cancel: threading.Event | None = None, **sampling) -> GenerationResult:
-        """The assistant's reply to a conversation: messages as {"role": ..., "content": ...} dicts."""
-        return result_of(self.stream_chat(messages, params, cancel, **sampling))
+             cancel: threading.Event | None = None, prediction: str | dict | None = None,
+             **sampling) -> GenerationResult:
+        """The assistant's reply to a conversation: messages as {"role": ..., "content": ...} dicts.
+        prediction: as for generate."""
+        return result_of(self.stream_chat(messages, params, cancel, prediction, **sampling))
 
     def stream_chat(self, messages: list[dict], params: SamplingParams | None = None,
-                    cancel: threading.Event | None = None, **sampling) -> Iterator[Step | Done]:
+                    cancel: threading.Event | None = None, prediction: str | dict | None = None,
+                    **sampling) -> Iterator[Step | Done]:
         """chat, step by step (see stream)."""
-        return self.stream_tokens(self.chat_tokens(messages), sampling_params(params, sampling), cancel=cancel)
+        return self.stream_tokens(self.chat_tokens(messages), sampling_params(params, sampling), cancel=cancel,
+                                  prediction=self.prediction_tokens(prediction))
 
     def stream_tokens(
         self, prompt_ids: list[int], params: SamplingParams, cancel: threading.Event | None = None,

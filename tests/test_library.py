@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import edgespec
+from edgespec.chat_template import ChatTemplate
 from edgespec.sampling import SamplingParams
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -67,3 +68,20 @@ def test_loading_prints_nothing_and_tells_the_logger(tiny_models, caplog):
         edgespec.load(str(tiny_models["target"]), "ngram", pull=False, n_ctx=512, n_threads=1).close()
     assert stderr.getvalue() == ""
     assert any("measuring this model's speed" in record.message for record in caplog.records)
+
+
+@pytest.mark.parametrize("messages, named", [
+    ([{"role": "user", "content": None}], "messages[0].content must be a string or a list of text parts, not NoneType"),
+    ([{"role": "user", "content": "Hi"}, "Hello"], "messages[1] must be a dict with a string role and content"),
+    ([{"content": "Hi"}], "messages[0] must be a dict with a string role and content"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content must be"),
+])
+def test_a_malformed_message_is_named_before_the_template_runs(messages, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        ChatTemplate(None, bos_token="", eos_token="").render(messages)
+
+
+def test_text_parts_are_joined_as_the_server_joins_them():
+    template = ChatTemplate(None, bos_token="", eos_token="")
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]
+    assert template.render(parts) == template.render([{"role": "user", "content": "Hello"}])

@@ -72,6 +72,23 @@ def test_a_prediction_is_verified_token_by_token(engine):
     assert wrong.stats.accepted_prediction_tokens + wrong.stats.rejected_prediction_tokens <= wrong.stats.draft_tokens_proposed
 
 
+def test_the_library_takes_a_prediction_in_chats_and_in_openais_form(engine):
+    messages = [{"role": "user", "content": PROMPT}]
+    plain = engine.chat(messages, GREEDY)
+    predicted = engine.chat(messages, GREEDY, prediction={"type": "content", "content": plain.text})
+    parts = engine.chat(messages, GREEDY, prediction={"type": "content", "content": [{"type": "text", "text": plain.text}]})
+    assert predicted.token_ids == parts.token_ids == plain.token_ids
+    assert predicted.stats.accepted_prediction_tokens > 0
+    assert parts.stats.accepted_prediction_tokens == predicted.stats.accepted_prediction_tokens
+
+
+@pytest.mark.parametrize("value, named", [(5, "not int"), (["x"], "not list"), ({"type": "text"}, '"type": "content"')])
+def test_a_bad_library_prediction_is_one_clear_error(engine, value, named):
+    with pytest.raises(ValueError, match="prediction") as raised:
+        engine.generate(PROMPT, GREEDY, raw=True, prediction=value)
+    assert named in str(raised.value)
+
+
 def test_the_pool_offers_an_earlier_generation_and_changes_nothing_else(tiny_models):
     engine = load_engine(tiny_models["target"], "ngram", n_ctx=512, draft_tokens=4, cost_curve=FIXED_COST)
     use_learning(engine, "cold", pool=True)
