@@ -21,6 +21,9 @@ Run:
                                          # plans made on one curve, passes paid at another
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve TRUE --plan-curve CACHED --learned-prices
                                          # ... on the cached curve at the prices the other prompts paid
+    .venv/bin/python benchmarks/ngram_sim.py REPLIES --seconds-noise 0.11 --noise-rho 0.7 --noise-seeds 5
+                                         # the controller told each pass's time with the noise pass_noise.py
+                                         # measures (passes still paid at the curve): what reacting to it costs
 The default curve is the one the engine calibrated for Qwen2.5-Coder-1.5B on the idle AVX-512 EPYC of
 benchmarks/results/heldout-t0.json (33 widths, so drafts of up to 32 tokens); `--curve issue` is the one
 the issue quotes (16 widths), `--curve FILE` another bench JSON's.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -98,9 +102,24 @@ class Replay:
         return position + len(emitted)
 
 
+class PassNoise:
+    """Each timed pass's seconds over what the curve says: a log deviation of spread `sd` that carries over from
+    one pass to the next with correlation `rho` (a slow spell lasts), as benchmarks/pass_noise.py measures them."""
+
+    def __init__(self, sd: float, rho: float, seed: int) -> None:
+        self.sd, self.rho = sd, rho
+        self.rng = np.random.default_rng(seed)
+        self.log = self.rng.normal(0.0, sd)
+
+    def __call__(self) -> float:
+        self.log = self.rho * self.log + math.sqrt(1.0 - self.rho ** 2) * self.rng.normal(0.0, self.sd)
+        return math.exp(self.log)
+
+
 def replay(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: CostModel, controller,
-           drafter: NgramDrafter, max_tokens: int) -> Replay:
-    """Decode the recorded reply again as the engine would, with drafts checked against it."""
+           drafter: NgramDrafter, max_tokens: int, noise: PassNoise | None = None) -> Replay:
+    """Decode the recorded reply again as the engine would, with drafts checked against it; noise: what the
+    controller is told each pass took is that far off the curve (the pass is still paid at the curve)."""
     truth = list(reply_ids) + ([END] if stopped else [])
     context, position, k_max, result = list(prompt_ids), 0, controller.k_max, Replay()
     while position < len(truth):
@@ -113,7 +132,8 @@ def replay(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: Cos
         tokens = drafter.propose(context, k).tokens if k > 0 else []
         accepted = result.verify(tokens, truth, position)
         if cap > 0:  # the pass's price on the curve it is paid at, as the engine reports a timed pass
-            controller.update(len(tokens), accepted, hint.signal, cost.target(len(tokens) + 1))
+            seconds = cost.target(len(tokens) + 1) * (noise() if noise is not None else 1.0)
+            controller.update(len(tokens), accepted, hint.signal, seconds)
         position = result.count_step(tokens, accepted, truth, position, context, cost)
     result.plain = len(truth) * cost.target(1)
     return result
@@ -181,18 +201,28 @@ def replay_oracle(prompt_ids: list[int], reply_ids: list[int], stopped: bool, co
 
 
 def simulate(rows: list[dict], cost: CostModel, learned=None, max_tokens: int = 200,
-             plan_cost: CostModel | None = None, plan_cost_for=None) -> dict[str, Replay]:
+             plan_cost: CostModel | None = None, plan_cost_for=None,
+             noise: tuple[float, float, int] | None = None) -> dict[str, Replay]:
     """Each row replayed by a fresh drafter and controller (a new process), starting from learned or neutral priors;
     plan_cost: the curve the controller plans with, where it is not the one the passes cost (a stale calibration);
-    plan_cost_for: a row's own plan curve instead (prices_from_others)."""
+    plan_cost_for: a row's own plan curve instead (prices_from_others); noise: (sd, rho, seeds), each row replayed
+    once per seed with PassNoise(sd, rho) on the times the controller is told, and the replays added up."""
     results = {}
     plan_cost = plan_cost or cost
-    for row in rows:
+    sd, rho, seeds = noise if noise is not None else (0.0, 0.0, 1)
+    for index, row in enumerate(rows):
         row_plan = plan_cost_for(row) if plan_cost_for else plan_cost
-        controller = controller_for("ngram", row_plan, len(row_plan.forward_seconds) - 1,
-                                    learned=learned(row) if learned else None)
-        results[row["id"]] = replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
-                                    cost, controller, NgramDrafter(), max_tokens)
+        total = Replay()
+        for seed in range(seeds):
+            controller = controller_for("ngram", row_plan, len(row_plan.forward_seconds) - 1,
+                                        learned=learned(row) if learned else None)
+            one = replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop", cost, controller,
+                         NgramDrafter(), max_tokens, PassNoise(sd, rho, 1000 * index + seed) if noise else None)
+            total.plain, total.drafted = total.plain + one.plain, total.drafted + one.drafted
+            total.proposed, total.accepted = total.proposed + one.proposed, total.accepted + one.accepted
+            for width, count in one.widths.items():
+                total.widths[width] = total.widths.get(width, 0) + count
+        results[row["id"]] = total
     return results
 
 
@@ -273,6 +303,10 @@ def main() -> int:
     parser.add_argument("--policy", choices=("edgespec", "llamacpp-simple", "oracle"), default="edgespec",
                         help="llamacpp-simple: replay llama.cpp's ngram-simple instead; oracle: the best draft "
                              "lengths for edgespec's drafter, chosen knowing the reply (an upper bound)")
+    parser.add_argument("--seconds-noise", type=float, default=0.0, metavar="SD",
+                        help="tell the controller each pass's time with log noise of this spread (0: the curve's)")
+    parser.add_argument("--noise-rho", type=float, default=0.7, help="how much of one pass's noise carries to the next")
+    parser.add_argument("--noise-seeds", type=int, default=5, help="replays per prompt with --seconds-noise")
     parser.add_argument("--json", type=Path, help="write the per-kind figures here")
     parser.add_argument("--per-prompt", action="store_true", help="also show each prompt's figures")
     args = parser.parse_args()
@@ -290,7 +324,8 @@ def main() -> int:
         plan_cost = CostModel(curve_named(args.plan_curve)) if args.plan_curve else cost
         results = simulate(rows, cost, learned_from_others(rows, cost, args.learned == "kind") if args.learned else None,
                            plan_cost=plan_cost,
-                           plan_cost_for=prices_from_others(rows, cost, plan_cost) if args.learned_prices else None)
+                           plan_cost_for=prices_from_others(rows, cost, plan_cost) if args.learned_prices else None,
+                           noise=(args.seconds_noise, args.noise_rho, args.noise_seeds) if args.seconds_noise else None)
     summary = report(rows, results, args.per_prompt)
     if args.json:
         args.json.write_text(json.dumps({"curve": cost.forward_seconds, "split": args.split,
