@@ -148,6 +148,7 @@ def check_body(body: Any, chat: bool) -> RequestBody:
         prediction = prediction_text(body.get("prediction"))
     except ValueError as error:
         raise bad_param("prediction", str(error)) from None
+    prediction = _unicode(prediction, "prediction.content")  # it is tokenized like a message
     if chat:
         return RequestBody(True, sampling, messages=_messages(body), stream=stream, include_usage=include_usage,
                            prediction=prediction)

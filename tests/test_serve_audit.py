@@ -1,0 +1,32 @@
+"""What an audit of `edgespec serve` found, as real clients and a hostile user hit it.
+
+No model runs here: bodies go through the request check, and routes through the
+app in front of an engine that is never asked to generate.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from edgespec.monitor import AcceptanceMonitor
+from edgespec.sampling import SamplingParams
+from edgespec.server.protocol import ApiError, check_body
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def refusal(body: dict, chat: bool = True) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        check_body(body, chat)
+    assert caught.value.status == 400
+    return caught.value
+
+
+@pytest.mark.parametrize("content", ["a\ud800b", [{"type": "text", "text": "ok"}, {"type": "text", "text": "\udfff"}]])
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_a_prediction_holding_a_lone_surrogate_is_a_400_not_a_500(content, chat):
+    # it reached the tokenizer, whose UnicodeEncodeError came back as "internal error" with status 500
+    body = {"messages": USER} if chat else {"prompt": "hi"}
+    error = refusal({**body, "prediction": {"type": "content", "content": content}}, chat)
+    assert error.param == "prediction.content" and "surrogate" in error.message
+    error.message.encode("utf-8")  # the answer itself is text
