@@ -30,3 +30,22 @@ def test_a_prediction_holding_a_lone_surrogate_is_a_400_not_a_500(content, chat)
     error = refusal({**body, "prediction": {"type": "content", "content": content}}, chat)
     assert error.param == "prediction.content" and "surrogate" in error.message
     error.message.encode("utf-8")  # the answer itself is text
+
+
+HUGE = "x" * 100_000
+
+
+@pytest.mark.parametrize("body", [
+    {HUGE: 1},
+    {"tools": [{"type": "function", "function": {"name": HUGE}}]},
+    {"logit_bias": {str(n): 1 for n in range(20_000)}},
+    {"stream": True, "stream_options": {HUGE: True}},
+    {"messages": [{"role": HUGE, "content": "hi"}]},
+    {"messages": [{"role": "user", "content": "hi", HUGE: 1}]},
+    {"max_tokens": -10 ** 4000},
+], ids=["field name", "tools", "logit_bias", "stream_options key", "role", "message key", "number"])
+def test_a_huge_value_is_not_echoed_back_whole(body):
+    # a 100 kB field name or value came back in the error's message (and param) in full
+    error = refusal({"messages": USER, **body})
+    assert len(error.message) < 400 and len(error.param or "") < 200
+    assert "\n" not in error.message

@@ -25,6 +25,7 @@ from ..stats import Stats
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 512  # the stop check holds back text that could start a stop string: keep that small
+MAX_QUOTED_CHARS = 80  # of a client's name or value an error quotes back: enough to know it, never a whole body
 
 # Fields edgespec cannot honour, with the one value that means "not used", of the JSON type the field has.
 _INERT_VALUES = {
@@ -135,7 +136,8 @@ def check_body(body: Any, chat: bool) -> RequestBody:
     inert_values = _INERT_VALUES if chat else _COMPLETION_INERT_VALUES
     for field, value in body.items():
         if field not in allowed:
-            raise bad_param(field, f"unrecognized request argument {field!r}: edgespec does not support it", "unsupported_parameter")
+            raise bad_param(_cut(field), f"unrecognized request argument {_cut(repr(field))}: edgespec does not support it",
+                            "unsupported_parameter")
         if field in inert_values and value is not None:
             _check_inert(field, value, inert_values[field])
         kind = _UNUSED_FIELDS.get(field)
@@ -169,9 +171,9 @@ def _check_inert(field: str, value: Any, inert_values: tuple) -> None:
         kinds.add(int)  # a float field takes an integer, as JSON has no separate kinds of number
     if kinds <= set(_SCALAR_KIND_NAMES) and type(value) not in kinds:
         wanted = _SCALAR_KIND_NAMES[float if float in kinds else kinds.pop()]
-        raise bad_param(field, f"{field} must be {wanted}, not {json.dumps(value)}; leave it out "
+        raise bad_param(field, f"{field} must be {wanted}, not {_cut(json.dumps(value))}; leave it out "
                                f"(edgespec supports only {json.dumps(inert_values[0])})")
-    raise bad_param(field, f"{field}={value!r} is not supported by edgespec; leave it out", "unsupported_parameter")
+    raise bad_param(field, f"{field}={_cut(repr(value))} is not supported by edgespec; leave it out", "unsupported_parameter")
 
 
 def _boolean(body: dict, field: str, param: str | None = None) -> bool:
@@ -194,7 +196,8 @@ def _stream_options(body: dict, stream: bool) -> bool:
         raise bad_param("stream_options", "stream_options must be an object")
     for key in options:
         if key != "include_usage":
-            raise bad_param(f"stream_options.{key}", f"stream_options.{key} is not supported by edgespec", "unsupported_parameter")
+            param = f"stream_options.{_cut(key)}"
+            raise bad_param(param, f"{param} is not supported by edgespec", "unsupported_parameter")
     return _boolean(options, "include_usage", "stream_options.include_usage")
 
 
@@ -228,7 +231,7 @@ def _number(body: dict, field: str, integer: bool = False, low=None, high=None):
             raise bad_param(field, f"{field} must be a finite number, not {value}")
     if (low is not None and value < low) or (high is not None and value > high):
         span = f"at least {low}" if high is None else f"between {low} and {high}"
-        raise bad_param(field, f"{field} must be {span}, not {value}")
+        raise bad_param(field, f"{field} must be {span}, not {_cut(str(value))}")
     return value
 
 
@@ -261,11 +264,12 @@ def _message(message: Any, index: int) -> dict:
         if key in _NULL_MESSAGE_FIELDS and value is None:
             continue
         if key not in ("role", "content", "name"):
-            raise bad_param(f"{where}.{key}", f"{where}.{key} is not supported by edgespec (only role, content and name)",
+            param = f"{where}.{_cut(key)}"
+            raise bad_param(param, f"{param} is not supported by edgespec (only role, content and name)",
                             "unsupported_parameter")
     role = message.get("role")
     if role not in CHAT_ROLES:
-        raise bad_param(f"{where}.role", f"{where}.role must be one of {sorted(CHAT_ROLES)}, not {role!r}")
+        raise bad_param(f"{where}.role", f"{where}.role must be one of {sorted(CHAT_ROLES)}, not {_cut(repr(role))}")
     # A participant's name (AutoGen and LangChain send one) is accepted and left out: the templates get a
     # message's role and content only (chat_template.py), so no text of it can reach the model.
     if message.get("name") is not None and not isinstance(message["name"], str):
@@ -277,6 +281,11 @@ def _message(message: Any, index: int) -> dict:
     if not isinstance(content, str):
         raise bad_param(f"{where}.content", f"{where}.content must be a string or a list of text parts")
     return {"role": "system" if role == "developer" else role, "content": _unicode(content, f"{where}.content")}
+
+
+def _cut(text: str) -> str:
+    """A client's name or value as an error quotes it: cut short, so that a huge one is not sent back whole."""
+    return text if len(text) <= MAX_QUOTED_CHARS else text[:MAX_QUOTED_CHARS] + "..."
 
 
 def _prompt(body: dict) -> str:
