@@ -49,3 +49,35 @@ def test_a_huge_value_is_not_echoed_back_whole(body):
     error = refusal({"messages": USER, **body})
     assert len(error.message) < 400 and len(error.param or "") < 200
     assert "\n" not in error.message
+
+
+# -- routes -------------------------------------------------------------------------------------
+
+
+class _IdleEngine:
+    """Enough of an Engine for the app to be made; nothing here asks it to generate."""
+
+    mode = "none"
+    pool = None
+
+
+@pytest.fixture
+def client():
+    from starlette.testclient import TestClient
+
+    from edgespec.server.app import ServerConfig, create_app
+
+    app = create_app(_IdleEngine(), ServerConfig("tiny", SamplingParams()), AcceptanceMonitor())
+    return TestClient(app)  # not started: no engine thread
+
+
+@pytest.mark.parametrize("method, path, allowed", [
+    ("GET", "/v1/chat/completions", "POST"), ("PUT", "/v1/completions", "POST"), ("POST", "/v1/models", "GET"),
+    ("DELETE", "/health", "GET"),
+])
+def test_a_wrong_method_is_told_the_one_to_use(client, method, path, allowed):
+    # a 405 named no method: no Allow header (RFC 9110 wants one) and no fix in the message
+    reply = client.request(method, path)
+    assert reply.status_code == 405 and allowed in reply.headers["allow"]
+    error = reply.json()["error"]
+    assert f"use {allowed}" in error["message"] and error["code"] == "method_not_allowed"

@@ -269,7 +269,12 @@ def _api_error(request: Request, error: ApiError) -> Response:
 
 def _http_error(request: Request, error: HTTPException) -> Response:
     kind = "not_found" if error.status_code == 404 else "invalid_request_error"
-    return _api_error(request, ApiError(error.status_code, f"{request.method} {request.url.path}: {error.detail}", type=kind))
+    message, code = f"{request.method} {request.url.path}: {error.detail}", None
+    allowed = (error.headers or {}).get("Allow", "")
+    if error.status_code == 405 and allowed:  # each route takes one method (a GET route HEAD too, which nobody means)
+        method = next(m.strip() for m in allowed.split(",") if m.strip() != "HEAD")
+        message, code = f"{message}; use {method}", "method_not_allowed"
+    return _api_error(request, ApiError(error.status_code, message, type=kind, code=code, headers=error.headers))
 
 
 class _CountResponses:
