@@ -81,3 +81,16 @@ def test_a_wrong_method_is_told_the_one_to_use(client, method, path, allowed):
     assert reply.status_code == 405 and allowed in reply.headers["allow"]
     error = reply.json()["error"]
     assert f"use {allowed}" in error["message"] and error["code"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions", "/models"])
+def test_a_base_url_without_v1_is_told_to_add_it(client, path):
+    # openai.OpenAI(base_url="http://127.0.0.1:8080") posts to /chat/completions: the 404 named no fix
+    reply = client.post(path, json={})
+    assert reply.status_code == 404
+    assert f"/v1{path}" in reply.json()["error"]["message"] and "base URL" in reply.json()["error"]["message"]
+
+
+def test_an_unknown_path_is_told_the_paths_there_are(client):
+    error = client.get("/v2/anything").json()["error"]
+    assert "/v1/chat/completions" in error["message"] and "/health" in error["message"]

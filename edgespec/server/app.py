@@ -274,7 +274,17 @@ def _http_error(request: Request, error: HTTPException) -> Response:
     if error.status_code == 405 and allowed:  # each route takes one method (a GET route HEAD too, which nobody means)
         method = next(m.strip() for m in allowed.split(",") if m.strip() != "HEAD")
         message, code = f"{message}; use {method}", "method_not_allowed"
+    elif error.status_code == 404:
+        message += "; " + _where_the_routes_are(request)
     return _api_error(request, ApiError(error.status_code, message, type=kind, code=code, headers=error.headers))
+
+
+def _where_the_routes_are(request: Request) -> str:
+    """A 404's fix: most often a client's base URL without its /v1, else the paths there are."""
+    paths = [route.path for route in request.app.routes if "{" not in route.path]
+    if "/v1" + request.url.path in paths:
+        return f"did you mean /v1{request.url.path}? (a client's base URL ends in /v1: http://HOST:PORT/v1)"
+    return "this server answers " + ", ".join(paths)
 
 
 class _CountResponses:
