@@ -94,3 +94,14 @@ def test_a_base_url_without_v1_is_told_to_add_it(client, path):
 def test_an_unknown_path_is_told_the_paths_there_are(client):
     error = client.get("/v2/anything").json()["error"]
     assert "/v1/chat/completions" in error["message"] and "/health" in error["message"]
+
+
+@pytest.mark.parametrize("body, chat, hint", [
+    ({"prompt": "hi"}, True, "/v1/completions"),
+    ({"messages": USER, "prompt": "hi"}, True, "/v1/completions"),
+    ({"prompt": "hi", "messages": USER}, False, "/v1/chat/completions"),
+], ids=["prompt to chat", "both to chat", "messages to completions"])
+def test_a_body_for_the_other_endpoint_is_told_where_it_goes(body, chat, hint):
+    # "unrecognized request argument 'prompt'" left a client that posted to the wrong path guessing
+    error = refusal(body, chat)
+    assert hint in error.message and error.param in ("prompt", "messages")

@@ -55,6 +55,11 @@ _UNUSED_FIELDS = {"model": str, "user": str, "metadata": dict, "store": bool, "s
 _COMMON_FIELDS = {"stream", "stream_options", "prediction"} | set(_UNUSED_FIELDS) | _SAMPLING_FIELDS | set(_INERT_VALUES)
 CHAT_FIELDS = _COMMON_FIELDS | {"messages"}
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt"}
+# The field that says a body was meant for the other endpoint, with the fix.
+_OTHER_ENDPOINTS_FIELDS = {
+    "prompt": "a prompt is for /v1/completions; /v1/chat/completions takes messages: [{role, content}, ...]",
+    "messages": "messages are for /v1/chat/completions; /v1/completions takes a prompt string",
+}
 _JSON_TYPE_NAMES = {str: "a string", dict: "an object", bool: "true or false"}
 # OpenAI's other fields of an assistant message, which its client writes back as null (message.model_dump()):
 # null says there are none, which changes nothing; any other value is refused like an unknown field.
@@ -136,6 +141,8 @@ def check_body(body: Any, chat: bool) -> RequestBody:
     inert_values = _INERT_VALUES if chat else _COMPLETION_INERT_VALUES
     for field, value in body.items():
         if field not in allowed:
+            if field in _OTHER_ENDPOINTS_FIELDS:  # a client posting to the wrong path: say which is right
+                raise bad_param(field, _OTHER_ENDPOINTS_FIELDS[field], "unsupported_parameter")
             raise bad_param(_cut(field), f"unrecognized request argument {_cut(repr(field))}: edgespec does not support it",
                             "unsupported_parameter")
         if field in inert_values and value is not None:
