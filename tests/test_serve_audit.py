@@ -105,3 +105,16 @@ def test_a_body_for_the_other_endpoint_is_told_where_it_goes(body, chat, hint):
     # "unrecognized request argument 'prompt'" left a client that posted to the wrong path guessing
     error = refusal(body, chat)
     assert hint in error.message and error.param in ("prompt", "messages")
+
+
+@pytest.mark.parametrize("part, named", [
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "image_url"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "input_audio"),
+    ({"type": "text"}, "text"),
+    ("plain", "str"),
+])
+def test_a_content_part_that_is_not_text_is_named(part, named):
+    # "must be a string or a list of text parts" did not say which part, nor that images are not read
+    content = [{"type": "text", "text": "What is this?"}, part]
+    error = refusal({"messages": [{"role": "user", "content": content}]})
+    assert error.param == "messages[0].content" and "messages[0].content[1]" in error.message and named in error.message

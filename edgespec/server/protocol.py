@@ -282,9 +282,8 @@ def _message(message: Any, index: int) -> dict:
     if message.get("name") is not None and not isinstance(message["name"], str):
         raise bad_param(f"{where}.name", f"{where}.name must be a string")
     content = message.get("content")
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                                         for p in content):
-        content = "".join(p["text"] for p in content)
+    if isinstance(content, list):
+        content = _text_of_parts(content, f"{where}.content")
     if not isinstance(content, str):
         raise bad_param(f"{where}.content", f"{where}.content must be a string or a list of text parts")
     return {"role": "system" if role == "developer" else role, "content": _unicode(content, f"{where}.content")}
@@ -293,6 +292,21 @@ def _message(message: Any, index: int) -> dict:
 def _cut(text: str) -> str:
     """A client's name or value as an error quotes it: cut short, so that a huge one is not sent back whole."""
     return text if len(text) <= MAX_QUOTED_CHARS else text[:MAX_QUOTED_CHARS] + "..."
+
+
+def _text_of_parts(parts: list, param: str) -> str:
+    """A content list's text; a part that is not text (an image, audio) is named: the models read text only."""
+    for index, part in enumerate(parts):
+        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            where = f"{param}[{index}]"
+            if not isinstance(part, dict):
+                problem = f"{where} is a {type(part).__name__}, not a part object"
+            elif part.get("type") == "text":
+                problem = f'{where}, a text part, has no string "text"'
+            else:
+                problem = f"{where} is of type {_cut(json.dumps(part.get('type')))}: edgespec's models read text only"
+            raise bad_param(param, problem + '; send a string, or parts {"type": "text", "text": "..."}')
+    return "".join(part["text"] for part in parts)
 
 
 def _prompt(body: dict) -> str:
