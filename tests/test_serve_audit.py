@@ -118,3 +118,12 @@ def test_a_content_part_that_is_not_text_is_named(part, named):
     content = [{"type": "text", "text": "What is this?"}, part]
     error = refusal({"messages": [{"role": "user", "content": content}]})
     assert error.param == "messages[0].content" and "messages[0].content[1]" in error.message and named in error.message
+
+
+@pytest.mark.parametrize("body, quoted", [
+    ({"logprobs": True}, "logprobs=true"), ({"tool_choice": {"type": "function"}}, 'tool_choice={"type": "function"}'),
+    ({"messages": [{"role": None, "content": "hi"}]}, "not null"),
+])
+def test_a_value_is_quoted_back_as_json_not_python(body, quoted):
+    # "logprobs=True", "not None": the client wrote JSON
+    assert quoted in refusal({"messages": USER, **body}).message

@@ -180,7 +180,7 @@ def _check_inert(field: str, value: Any, inert_values: tuple) -> None:
         wanted = _SCALAR_KIND_NAMES[float if float in kinds else kinds.pop()]
         raise bad_param(field, f"{field} must be {wanted}, not {_cut(json.dumps(value))}; leave it out "
                                f"(edgespec supports only {json.dumps(inert_values[0])})")
-    raise bad_param(field, f"{field}={_cut(repr(value))} is not supported by edgespec; leave it out", "unsupported_parameter")
+    raise bad_param(field, f"{field}={_cut(json.dumps(value))} is not supported by edgespec; leave it out", "unsupported_parameter")
 
 
 def _boolean(body: dict, field: str, param: str | None = None) -> bool:
@@ -276,7 +276,7 @@ def _message(message: Any, index: int) -> dict:
                             "unsupported_parameter")
     role = message.get("role")
     if role not in CHAT_ROLES:
-        raise bad_param(f"{where}.role", f"{where}.role must be one of {sorted(CHAT_ROLES)}, not {_cut(repr(role))}")
+        raise bad_param(f"{where}.role", f"{where}.role must be one of {sorted(CHAT_ROLES)}, not {_cut(json.dumps(role))}")
     # A participant's name (AutoGen and LangChain send one) is accepted and left out: the templates get a
     # message's role and content only (chat_template.py), so no text of it can reach the model.
     if message.get("name") is not None and not isinstance(message["name"], str):
