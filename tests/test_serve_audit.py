@@ -127,3 +127,14 @@ def test_a_content_part_that_is_not_text_is_named(part, named):
 def test_a_value_is_quoted_back_as_json_not_python(body, quoted):
     # "logprobs=True", "not None": the client wrote JSON
     assert quoted in refusal({"messages": USER, **body}).message
+
+
+@pytest.mark.parametrize("body, named", [
+    (b"", "empty"), (b"  \n", "empty"), (b'{"messages": "h\xffi"}', "UTF-8"), (b"{'messages': []}", "not valid JSON"),
+])
+def test_a_body_that_is_no_json_says_what_to_send(client, body, named):
+    # curl -X POST with no -d got "Expecting value: line 1 column 1 (char 0)"
+    reply = client.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["code"] == "invalid_json"
+    assert named in error["message"] and "send" in error["message"]

@@ -229,10 +229,17 @@ def _is_json(content_type: str) -> bool:
 
 def _json_value(body: bytes):
     """The body's JSON value; every way it can fail is the client's 400."""
+    if not body.strip():  # curl -X POST without -d
+        raise ApiError(400, 'the request body is empty; send a JSON object, e.g. {"messages": [{"role": "user", '
+                            '"content": "Hello"}]}', code="invalid_json")
     try:
         return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ApiError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
+    except UnicodeDecodeError as error:
+        raise ApiError(400, f"the request body is not UTF-8 text (byte {body[error.start]:#04x} at {error.start}); "
+                            "send the JSON encoded as UTF-8", code="invalid_json") from None
+    except json.JSONDecodeError as error:
+        raise ApiError(400, f"the request body is not valid JSON: {error}; send one JSON object (strings in "
+                            "double quotes, no trailing commas)", code="invalid_json") from None
     except RecursionError:
         raise ApiError(400, "the request body is nested too deeply to read; send a flatter JSON object",
                        code="invalid_json") from None
