@@ -138,3 +138,10 @@ def test_a_body_that_is_no_json_says_what_to_send(client, body, named):
     error = reply.json()["error"]
     assert reply.status_code == 400 and error["code"] == "invalid_json"
     assert named in error["message"] and "send" in error["message"]
+
+
+@pytest.mark.parametrize("role", [["user"], {"user": 1}])
+def test_a_role_that_is_a_list_or_an_object_is_a_400(role):
+    # looked up in a set: TypeError (unhashable), answered as a 500
+    error = refusal({"messages": [{"role": role, "content": "hi"}]})
+    assert error.param == "messages[0].role"
