@@ -145,3 +145,20 @@ def test_a_role_that_is_a_list_or_an_object_is_a_400(role):
     # looked up in a set: TypeError (unhashable), answered as a 500
     error = refusal({"messages": [{"role": role, "content": "hi"}]})
     assert error.param == "messages[0].role"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br", "deflate, gzip"])
+def test_a_compressed_body_is_told_to_come_uncompressed(client, encoding):
+    # it was read as JSON text and came back as "not UTF-8 text (byte 0x8b at 1)"
+    import gzip
+
+    reply = client.post("/v1/chat/completions", content=gzip.compress(b'{"messages": []}'),
+                        headers={"Content-Type": "application/json", "Content-Encoding": encoding})
+    error = reply.json()["error"]
+    assert reply.status_code == 415 and encoding in error["message"] and "uncompressed" in error["message"]
+
+
+def test_an_identity_encoded_body_is_read(client):
+    reply = client.post("/v1/chat/completions", content=b'{"messages": []}',
+                        headers={"Content-Type": "application/json", "Content-Encoding": "identity"})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages"
