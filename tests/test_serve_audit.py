@@ -158,7 +158,8 @@ def test_a_compressed_body_is_told_to_come_uncompressed(client, encoding):
     assert reply.status_code == 415 and encoding in error["message"] and "uncompressed" in error["message"]
 
 
-def test_an_identity_encoded_body_is_read(client):
+@pytest.mark.parametrize("encoding", ["identity", "Identity", ""])
+def test_an_identity_encoded_body_is_read(client, encoding):
     reply = client.post("/v1/chat/completions", content=b'{"messages": []}',
-                        headers={"Content-Type": "application/json", "Content-Encoding": "identity"})
+                        headers={"Content-Type": "application/json", "Content-Encoding": encoding})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages"

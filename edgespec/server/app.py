@@ -207,7 +207,7 @@ class _Server:
             raise ApiError(415, "send the body as JSON, with the header 'Content-Type: application/json' "
                                 "(curl: -H 'Content-Type: application/json')", code="unsupported_media_type")
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
-        if encoding != "identity":  # the body would be read as JSON text and fail as "not UTF-8"
+        if encoding not in ("", "identity"):  # the body would be read as JSON text and fail as "not UTF-8"
             raise ApiError(415, f"the request body is compressed (Content-Encoding: {encoding[:40]}), which the "
                                 "server does not read; send it uncompressed", code="unsupported_media_type")
         limit = self.config.max_body_bytes
