@@ -301,3 +301,32 @@ def test_a_config_file_that_is_not_utf8_names_the_problem(tmp_path, data):
     path.write_bytes(data)
     with pytest.raises(ConfigError, match="cannot read .*not UTF-8 text.*fix or delete the file"):
         load_config(path)
+
+
+CONTROLS = "\x1b]2;PWNED\x07 \x1b[5;41mred\x9b2J\x00\x7f"
+
+
+def _holds_controls(text: str) -> bool:
+    return any(ord(char) < 32 and char not in "\n\t" or 0x7f <= ord(char) <= 0x9f for char in text)
+
+
+@pytest.mark.parametrize("reply", [f"Say {CONTROLS} now", f"```sh\necho {CONTROLS}\n```\n",
+                                   f"```py\x1b[31m\nx\n```\n", f"- **{CONTROLS}**"])
+def test_a_reply_with_escape_sequences_shows_them_as_symbols_and_keeps_its_tint(reply):
+    # a model may write ESC: on the screen it set the terminal's title and made text blink (an export made it plain)
+    drafted = bytes([1] * len(reply))
+    for block in split_blocks(reply):
+        rendered = BlockRenderer().render(block, reply, drafted, True)
+        assert not _holds_controls(rendered.plain), repr(rendered.plain)
+        assert "␛" in rendered.plain or block.kind == "code" and "\x1b" not in reply[block.body_start:block.body_end]
+        tinted = "".join(rendered.plain[span.start:span.end] for span in rendered.spans
+                         if span.style == Style(bgcolor=DEFAULT_DRAFT_TINT))
+        assert tinted.replace("\n", "") == rendered.plain.replace("\n", "").removeprefix("• "), "one symbol a character"
+
+
+def test_a_user_message_with_escape_sequences_shows_them_as_symbols():
+    from tui.widgets import UserMessage
+
+    shown = UserMessage(f"from an old chat: {CONTROLS}", 0).content
+    assert not _holds_controls(str(shown)) and "␛]2;PWNED" in str(shown)
+

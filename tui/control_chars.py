@@ -6,6 +6,12 @@ that shows it obeys it: it recolours the screen, sets the window title, or
 the like, with their parameters, so no "[31m" is left behind), C1 controls,
 and C0 controls other than newline and tab; a carriage return becomes a
 newline, as terminals send Enter inside a paste.
+
+Text the app shows (a model's reply, a message of a reopened chat) is not
+changed, only shown safely: `visible_controls` draws each control character
+as a symbol (ESC as ␛), one for one, so offsets into the text still hold.
+Rich and Textual drop only BEL, BS, VT, FF and CR; an ESC reached the
+terminal, and a reply holding "ESC]2;...BEL" retitled its window.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ _ESCAPE_SEQUENCE = re.compile(
     """,
     re.VERBOSE | re.MULTILINE,  # `.` stops at a newline: an unterminated string costs one line at most
 )
+# C0 but tab, newline and carriage return (which Rich drops), DEL, and C1: what visible_controls draws
+_SHOWN_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 # C0 but tab and newline (carriage returns are turned into newlines first), DEL, and C1
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -31,3 +39,14 @@ def plain_text(text: str) -> str:
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = _ESCAPE_SEQUENCE.sub("", text)
     return _CONTROL.sub("", text)
+
+
+def visible_controls(text: str) -> str:
+    """text with each control character but tab, newline and carriage return drawn as a symbol: C0 as its
+    Unicode control picture (ESC as ␛), DEL as ␡, C1 as �; one character for one."""
+    return _SHOWN_CONTROL.sub(_control_picture, text)
+
+
+def _control_picture(match: re.Match) -> str:
+    code = ord(match.group())
+    return chr(0x2400 + code) if code < 0x20 else "\u2421" if code == 0x7F else "\ufffd"

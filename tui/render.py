@@ -17,6 +17,8 @@ from rich.style import Style
 from rich.syntax import PygmentsSyntaxTheme
 from rich.text import Text
 
+from tui.control_chars import visible_controls
+
 CODE_THEME = "monokai"
 DEFAULT_DRAFT_TINT = "#24513a"
 
@@ -116,7 +118,7 @@ class BlockRenderer:
         return self._render_prose(block, text, mask)
 
     def _render_code(self, block: Block, text: str, mask: bytes | None) -> Text:
-        code = text[block.body_start:block.body_end].rstrip("\n")
+        code = visible_controls(text[block.body_start:block.body_end].rstrip("\n"))
         out = Text(no_wrap=False, end="")
         try:
             lexer = get_lexer_by_name(block.language or "text", stripnl=False, ensurenl=False)
@@ -177,7 +179,7 @@ class BlockRenderer:
         if start >= end:
             return
         offset = len(out)
-        out.append(text[start:end], style)
+        out.append(visible_controls(text[start:end]), style)  # one symbol a control: the tint's offsets hold
         if mask is not None:
             self._tint(out, mask, start, offset, end - start)
 

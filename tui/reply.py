@@ -21,6 +21,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Static
 
+from tui.control_chars import visible_controls
 from tui.render import Block, BlockRenderer, split_blocks
 
 SEGMENT_LINES = 8
@@ -94,7 +95,7 @@ class BlockView(Vertical):
         self.set_class(block.kind == "code", "code")
         self.set_class(block.kind == "prose", "prose")
         # Text, not a str: a str title is read as markup, and the language comes from the model's output
-        self.border_title = Text(block.language) if block.kind == "code" and block.language else None
+        self.border_title = Text(visible_controls(block.language)) if block.kind == "code" and block.language else None
         self.tooltip = "click to copy this code" if block.kind == "code" else None
 
     @property

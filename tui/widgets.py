@@ -17,7 +17,7 @@ from textual.widgets import Footer, LoadingIndicator, Sparkline, Static, TextAre
 
 from edgespec.stats import Stats
 from tui import stats as stats_text
-from tui.control_chars import plain_text
+from tui.control_chars import plain_text, visible_controls
 from tui.render import BlockRenderer
 from tui.reply import ReplyView
 
@@ -111,7 +111,7 @@ class UserMessage(Static):
             self.index = index
 
     def __init__(self, text: str, index: int):
-        super().__init__(Text(text), classes="user")
+        super().__init__(Text(visible_controls(text)), classes="user")  # a reopened chat's text was never a paste
         self.index = index  # in the session's messages
         self.border_title = "you"
         self.tooltip = "click to edit this message and answer it again"
