@@ -330,3 +330,14 @@ def test_a_user_message_with_escape_sequences_shows_them_as_symbols():
     shown = UserMessage(f"from an old chat: {CONTROLS}", 0).content
     assert not _holds_controls(str(shown)) and "␛]2;PWNED" in str(shown)
 
+
+@pytest.mark.parametrize("name", ["a" * 300 + ".md", "~no-such-user-here/chat.md", "nul\x00.md", "x" * 300 + "/chat.md"])
+def test_an_export_path_the_system_refuses_is_an_export_error_not_a_crash(name, tmp_path):
+    # the dialog shows an ExportError and stays open; an OSError, ValueError or RuntimeError ended the app
+    from tui.export import ExportError, write_new_file
+
+    path = tmp_path / name if not name.startswith("~") else __import__("pathlib").Path(name)
+    with pytest.raises(ExportError) as refused:
+        write_new_file(path, "text")
+    assert "\n" not in str(refused.value)
+    assert not list(tmp_path.iterdir())

@@ -76,10 +76,20 @@ def _marked(text: str, ranges: list) -> str:
 
 def write_new_file(path: Path, text: str) -> Path:
     """Write text to path, which must not exist yet, in one step: never over a file already there."""
-    path = path.expanduser()
-    if path.exists():
+    # what the user typed may be no path the system takes: each is said in the dialog, not a crash of the app
+    if "\0" in str(path):
+        raise ExportError("a file name cannot hold a NUL character; type another name")
+    try:
+        path = path.expanduser()
+    except RuntimeError:  # ~name for a user this system does not have
+        raise ExportError(f"{path}: there is no such user's home folder; write the folder out in full") from None
+    try:
+        exists, in_a_folder = path.exists(), path.parent.is_dir()
+    except OSError as error:  # e.g. a name longer than the file system allows
+        raise ExportError(f"cannot write {path}: {error.strerror or error}; choose another name") from None
+    if exists:
         raise ExportError(f"{path} already exists; choose another name (nothing is overwritten)")
-    if not path.parent.is_dir():
+    if not in_a_folder:
         raise ExportError(f"{path.parent} is not a folder; choose a path in an existing folder")
     try:
         descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
