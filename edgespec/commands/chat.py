@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
+from ..errors import UsageError
 
 from .options import add_engine_options, add_sampling_options
 
@@ -19,5 +22,11 @@ def add_chat_parser(subparsers) -> None:
 
 def chat(args: argparse.Namespace) -> int:
     from tui.app import run_chat
+
+    # The app draws a full screen and reads keys: on a pipe or a file it wrote escape codes into the
+    # output and, reading no keys, never ended.
+    if not all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stdout)):
+        raise UsageError("edgespec chat needs a terminal for its input and output, not a pipe or a file; "
+                         "to answer a prompt from a pipe, use `edgespec run -`")
 
     return run_chat(args)
