@@ -12,18 +12,41 @@ import pytest
 EDGESPEC = [sys.executable, "-m", "edgespec"]
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def own_dirs(tmp_path, monkeypatch):
-    """Config, history, cache and models of this test's own, so nothing here touches the user's."""
+    """Config, history, cache and models of this test's own, so nothing here touches the user's (conftest
+    leaves the models' store, where imports are registered, to each test)."""
     for variable in ("EDGESPEC_CONFIG_DIR", "EDGESPEC_DATA_DIR", "EDGESPEC_CACHE_DIR", "EDGESPEC_MODELS_DIR"):
         monkeypatch.setenv(variable, str(tmp_path / variable.lower()))
     return tmp_path
 
 
-def test_chat_without_a_terminal_says_so_instead_of_drawing_into_a_pipe(own_dirs):
+def test_chat_without_a_terminal_says_so_instead_of_drawing_into_a_pipe():
     # `echo hi | edgespec chat` started the full-screen app on a pipe: it drew escape codes into stdout and
     # never ended (the guard below is for a hang, not a timing)
     done = subprocess.run([*EDGESPEC, "chat"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=120, env=os.environ)
     assert done.returncode == 2 and done.stdout == "", done.stdout[-300:]
     assert done.stderr.count("\n") == 1 and "terminal" in done.stderr and "edgespec run -" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["two\nlines", "tab\there", "   ", "", "../up", "sub/name", "name.gguf", "esc\x1b[31m"])
+def test_models_import_refuses_a_name_no_command_could_use(name, tiny_models, capsys):
+    # a newline or a tab broke `models list`'s one model a line, a blank name listed as nothing, and a
+    # name with a slash or ending in .gguf was registered though `-m NAME` reads it as a file path
+    from edgespec.catalog import load_catalog
+    from edgespec.commands import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["models", "import", str(tiny_models["target"]), "--name", name])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "--name" in err and "Traceback" not in err, err
+    assert name not in load_catalog().models and not any(model.imported for model in load_catalog().models.values())
+
+
+def test_models_import_takes_a_plain_name(tiny_models, capsys):
+    from edgespec.catalog import load_catalog
+    from edgespec.commands import main
+
+    assert main(["models", "import", str(tiny_models["target"]), "--name", "my-tiny_1.5b"]) == 0
+    assert load_catalog().models["my-tiny_1.5b"].imported

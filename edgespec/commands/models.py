@@ -32,7 +32,7 @@ def add_models_parser(subparsers) -> None:
 
     importing = commands.add_parser("import", help="register a local GGUF file under a name")
     importing.add_argument("file", help="path to a .gguf file")
-    importing.add_argument("--name", help="catalog name to use (default: from the file name)")
+    importing.add_argument("--name", type=_catalog_name, help="catalog name to use (default: from the file name)")
     importing.add_argument("--draft-for", metavar="TARGET",
                            help="a catalog model this one drafts for: --draft auto then uses it with TARGET")
     importing.set_defaults(func=_import)
@@ -138,6 +138,22 @@ def _least_width(columns: tuple[str, ...], rows: list[dict[str, Text]]) -> int:
         pieces = [piece for text in texts for piece in (text.split() if column in WRAPPING else text.splitlines())]
         widths.append(max(map(cell_len, pieces), default=0))
     return sum(width + 2 for width in widths) + len(columns) + 1
+
+
+def _catalog_name(text: str) -> str:
+    """An argparse type for the name a model is imported under: one that `-m NAME` finds and `models list`
+    shows on one line.  A name with a path separator or ending in .gguf is read as a file path instead."""
+    import os
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a catalog name cannot be empty; leave --name out to name it after the file")
+    if any(char.isspace() or not char.isprintable() for char in text):
+        raise argparse.ArgumentTypeError(f"{text!r} holds a space or a control character; write the name as one "
+                                         "word, e.g. with dashes")
+    if os.sep in text or "/" in text or text.lower().endswith(".gguf"):
+        raise argparse.ArgumentTypeError(f"{text!r} reads as a file path (a slash, or .gguf at its end); "
+                                         "give a name without them, e.g. my-model")
+    return text
 
 
 def _pull(args: argparse.Namespace) -> int:
