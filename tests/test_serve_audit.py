@@ -111,7 +111,7 @@ def test_a_body_for_the_other_endpoint_is_told_where_it_goes(body, chat, hint):
     ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "image_url"),
     ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "input_audio"),
     ({"type": "text"}, "text"),
-    ("plain", "str"),
+    ("plain", '"plain", not a part object'), (7, "7, not a part object"),
 ])
 def test_a_content_part_that_is_not_text_is_named(part, named):
     # "must be a string or a list of text parts" did not say which part, nor that images are not read

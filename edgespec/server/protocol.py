@@ -276,7 +276,8 @@ def _message(message: Any, index: int) -> dict:
                             "unsupported_parameter")
     role = message.get("role")
     if not isinstance(role, str) or role not in CHAT_ROLES:  # a list or an object cannot even be looked up
-        raise bad_param(f"{where}.role", f"{where}.role must be one of {json.dumps(sorted(CHAT_ROLES))}, not {_cut(json.dumps(role))}")
+        raise bad_param(f"{where}.role", f"{where}.role must be one of {json.dumps(sorted(CHAT_ROLES))}, "
+                                         f"not {_cut(json.dumps(role))}")
     # A participant's name (AutoGen and LangChain send one) is accepted and left out: the templates get a
     # message's role and content only (chat_template.py), so no text of it can reach the model.
     if message.get("name") is not None and not isinstance(message["name"], str):
@@ -300,7 +301,7 @@ def _text_of_parts(parts: list, param: str) -> str:
         if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
             where = f"{param}[{index}]"
             if not isinstance(part, dict):
-                problem = f"{where} is a {type(part).__name__}, not a part object"
+                problem = f"{where} is {_cut(json.dumps(part))}, not a part object"
             elif part.get("type") == "text":
                 problem = f'{where}, a text part, has no string "text"'
             else:
