@@ -50,3 +50,21 @@ def test_models_import_takes_a_plain_name(tiny_models, capsys):
 
     assert main(["models", "import", str(tiny_models["target"]), "--name", "my-tiny_1.5b"]) == 0
     assert load_catalog().models["my-tiny_1.5b"].imported
+
+
+@pytest.mark.parametrize("argv", [["run", "hello", "--model", "missing.gguf"], ["plan", "--model", "missing.gguf"],
+                                  ["models", "list"], ["models", "path", "smollm2-135m-instruct"]])
+def test_a_command_whose_results_go_to_a_closed_stdout_says_so(argv):
+    # `edgespec run hi >&-` ended in a traceback (sys.stdout is None), and plan and models printed nothing and
+    # exited 0: their results were lost without a word
+    done = subprocess.run([*EDGESPEC, *argv], preexec_fn=lambda: os.close(1), stderr=subprocess.PIPE, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "stdout is closed" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("argv", [["batch", "missing.jsonl", "-o", "out.jsonl"], ["--version"]])
+def test_a_command_that_prints_no_results_runs_with_stdout_closed(argv, tmp_path):
+    done = subprocess.run([*EDGESPEC, *argv], preexec_fn=lambda: os.close(1), stderr=subprocess.PIPE, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert "stdout is closed" not in done.stderr and "Traceback" not in done.stderr

@@ -19,6 +19,10 @@ import sys
 from .. import __version__
 from ..errors import EdgespecError, as_flag
 
+# Commands whose results go to files, clients or the screen, so that they run with stdout closed (`serve >&- &`):
+# every other one prints its results on stdout, and with it closed print() dropped them without a word.
+NO_RESULTS_ON_STDOUT = frozenset({"batch", "serve", "chat"})
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, but a bad argument gets one line, not the usage text and then the error."""
@@ -98,6 +102,9 @@ def _run_command(argv: list[str] | None) -> int:
 
         # building the parser imports every command (numpy, the engine): Ctrl+C may come that early
         args = build_parser().parse_args(argv)
+        if sys.stdout is None and args.command not in NO_RESULTS_ON_STDOUT:  # started with fd 1 closed
+            raise EdgespecError(f"stdout is closed, and edgespec {args.command} prints its results there; "
+                                "send them somewhere, e.g. > /dev/null to drop them")
         return args.func(args)
     except EdgespecError as error:
         print(f"edgespec: {error.worded(as_flag)}", file=sys.stderr)
