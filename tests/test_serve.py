@@ -434,10 +434,12 @@ def test_metrics_move_with_each_request(server):
 def test_time_limit_gets_408_and_the_server_goes_on(start_server):
     # 60000 sampled tokens take far longer than half a second on any machine
     server = start_server("--request-timeout", "0.5", "--n-ctx", "65536")
-    client = server.client()
+    # the client's default retries: a 408 is one it retries, unless the server says not to
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, timeout=WAIT_SECONDS)
     with pytest.raises(openai.APIStatusError) as caught:
         client.chat.completions.create(model="tiny", messages=USER, **{**LONG_REQUEST, "max_tokens": 60000})
     assert caught.value.status_code == 408 and "--request-timeout" in caught.value.message
+    assert server.metrics()[("edgespec_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "408")))] == 1
     wait_until(lambda: not server.health()["busy"], "the engine to stop the timed-out generation")
     generated = server.metrics()[("edgespec_tokens_generated_total", (("mode", "ngram"),))]
     assert generated < 60000

@@ -163,3 +163,26 @@ def test_an_identity_encoded_body_is_read(client, encoding):
     reply = client.post("/v1/chat/completions", content=b'{"messages": []}',
                         headers={"Content-Type": "application/json", "Content-Encoding": encoding})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages"
+
+
+def test_a_request_past_the_time_limit_tells_clients_not_to_retry_it():
+    # openai-python (and langchain-openai, litellm through it) retries a 408 twice: one call past a 300 s
+    # limit held the engine for 900 s.  Its x-should-retry header is how a server says no.
+    from edgespec.server.worker import Job
+
+    job = Job(None, None, time_limit=0.0)
+    job.check_deadline()
+    assert job.stopped_by.status == 408 and job.stopped_by.headers == {"x-should-retry": "false"}
+
+
+def test_an_allowed_web_page_can_read_the_no_retry_header():
+    # the openai JavaScript client reads it too, and a browser hides a header CORS does not expose
+    from starlette.testclient import TestClient
+
+    from edgespec.server.app import ServerConfig, create_app
+
+    app = create_app(_IdleEngine(), ServerConfig("tiny", SamplingParams(), origins="http://localhost:3000"),
+                     AcceptanceMonitor())
+    reply = TestClient(app).get("/v1/nothing", headers={"Origin": "http://localhost:3000"})
+    exposed = reply.headers["access-control-expose-headers"].lower()
+    assert "x-should-retry" in exposed and "retry-after" in exposed

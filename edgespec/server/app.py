@@ -372,7 +372,8 @@ def create_app(engine: Engine, config: ServerConfig, monitor: AcceptanceMonitor)
     ]
     if config.origins:  # the web pages allowed get CORS answers, their preflights included
         middleware.append(Middleware(CORSMiddleware, allow_origin_regex=config.origins, allow_methods=["GET", "POST"],
-                                     allow_headers=["*"], expose_headers=["Retry-After"], max_age=600,
+                                     allow_headers=["*"], expose_headers=["Retry-After", "x-should-retry"],
+                                     max_age=600,
                                      allow_private_network=True))  # Chrome asks a public page's preflight to a loopback server
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={ApiError: _api_error, HTTPException: _http_error})

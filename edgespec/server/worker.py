@@ -70,7 +70,10 @@ class Job:
         if time.monotonic() >= self.deadline and not self.cancel.is_set():
             self.stop(ApiError(408, f"the request ran past the {self.time_limit:g} s time limit; ask for fewer "
                                     "tokens (max_tokens) or start the server with a larger --request-timeout",
-                               type="timeout", code="request_timeout"))
+                               type="timeout", code="request_timeout",
+                               # a 408 is one openai-python retries, twice by default: each retry would
+                               # hold the engine for the whole limit again, and end the same way
+                               headers={"x-should-retry": "false"}))
 
 
 class EngineWorker:
