@@ -188,6 +188,9 @@ def test_the_kv_cache_settings_come_from_the_file_and_the_chat_flags(tmp_path):
     ("[keymap]\nfly = \"x\"\n", "unknown setting \\[keymap\\] fly"),
     ("draft_tokens = \"four\"\n", "draft_tokens must be"),
     ("model = [\n", "cannot read"),
+    # an escape in a setting the app shows (a text area, a note) acted on the terminal: retitled it here
+    ('system_prompt = "be brief\\u001b]2;pwned\\u0007"\n', "system_prompt holds a control character \\(U\\+001B\\)"),
+    ('model = "m\\u009b2J.gguf"\n', "model holds a control character \\(U\\+009B\\)"),
 ])
 def test_bad_config_names_the_problem(tmp_path, text, problem):
     path = tmp_path / "config.toml"
@@ -341,3 +344,15 @@ def test_an_export_path_the_system_refuses_is_an_export_error_not_a_crash(name, 
         write_new_file(path, "text")
     assert "\n" not in str(refused.value)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_config_system_prompt_keeps_its_lines_and_tabs(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('system_prompt = "one\\n\\ttwo"\n')
+    assert load_config(path).system_prompt == "one\n\ttwo"
+
+
+def test_a_note_shows_control_characters_as_symbols():
+    from tui.widgets import Note
+
+    assert not _holds_controls(str(Note(f"system prompt: {CONTROLS}", "note").content))

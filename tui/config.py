@@ -172,6 +172,12 @@ def _checked(name: str, value, path: Path):
 
 
 def _check_string(name: str, value: str, path: Path) -> None:
+    # the app shows these strings (the settings' text areas, notes, the loading panel), and a terminal obeys an
+    # escape sequence in them; a system prompt may have lines and tabs
+    allowed = "\n\t" if name == "system_prompt" else ""
+    control = next((char for char in value if (ord(char) < 0x20 or 0x7F <= ord(char) <= 0x9F) and char not in allowed), None)
+    if control is not None:
+        raise ConfigError(f"{path}: {name} holds a control character (U+{ord(control):04X}); remove it")
     if name == "draft_tint":
         try:
             Color.parse(value)

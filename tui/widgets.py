@@ -138,7 +138,7 @@ class Note(Static):
     """An error or a note in the conversation; the chat goes on."""
 
     def __init__(self, text: str, kind: str = "error"):
-        super().__init__(Text(text), classes=kind)
+        super().__init__(Text(visible_controls(text)), classes=kind)  # it may quote a system prompt or a file name
 
 
 ELAPSED_INTERVAL_S = 0.25
