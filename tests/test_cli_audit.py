@@ -68,3 +68,18 @@ def test_a_command_that_prints_no_results_runs_with_stdout_closed(argv, tmp_path
     done = subprocess.run([*EDGESPEC, *argv], preexec_fn=lambda: os.close(1), stderr=subprocess.PIPE, text=True,
                           timeout=120, cwd=tmp_path)
     assert "stdout is closed" not in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("argv", [["batch", "", "-o", "out.jsonl"], ["batch", "in.jsonl", "-o", ""],
+                                  ["batch", "in.jsonl", "-o", "out.jsonl", "--summary", ""]])
+def test_an_empty_batch_path_is_named_as_empty(argv, tmp_path, capsys, monkeypatch):
+    # "" became Path("."), and the batch said "cannot write batch output .: Is a directory", a path nobody typed
+    from edgespec.commands import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('"hello"\n')
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "empty" in err and " . " not in err, err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.jsonl"]
