@@ -85,7 +85,7 @@ class Decoder:
         if pool is not None:
             pool.add(prompt_ids)
         generation = Generation(list(prompt_ids), params, drafter_set, counters, np.random.default_rng(params.seed),
-                                TextAssembler(params.stop), seq, pool=pool,
+                                TextAssembler(params.stop), seq, pool=pool, prediction=prediction or (),
                                 pace=PlainPace(planner.cost.relative() if planner.cost is not None else ()))
         started = time.perf_counter()
         try:
@@ -339,9 +339,6 @@ def _count_step(counters: Counters, draft: Draft, n_accepted: int) -> None:
     counters.k0_steps += not draft.tokens
     counters.widest_pass = max(counters.widest_pass, width)
     counters.pass_widths[width] = counters.pass_widths.get(width, 0) + 1
-    if draft.source == "prediction":
-        counters.accepted_prediction_tokens += n_accepted
-        counters.rejected_prediction_tokens += len(draft.tokens) - n_accepted
     name = draft.choice.drafter.name
     if n_accepted:
         counters.accepted_by_drafter[name] = counters.accepted_by_drafter.get(name, 0) + n_accepted

@@ -46,7 +46,6 @@ class Draft:
     choice: DraftChoice
     tokens: list[int]
     probs: object = None  # the draft model's distributions, for rejection sampling; None for n-grams
-    source: str = ""  # where the drafter found the tokens ("context", "prediction", "pool")
 
 
 def joint_draft_lengths(choices: Sequence[DraftChoice], cost: CostModel, max_rows: int = MAX_OUTPUT_ROWS,
@@ -216,7 +215,7 @@ class DraftPlanner:
                     if k > 0 else None)
         if proposal is None:
             return Draft(choice, [])
-        return Draft(choice, proposal.tokens, proposal.probs, proposal.source)
+        return Draft(choice, proposal.tokens, proposal.probs)
 
     def keep_hidden_rows(self, generations: Sequence[Generation], drafts: Sequence[Draft], together: bool) -> None:
         """Before a pass: have it keep each generation's hidden states only where heads may draft from them at

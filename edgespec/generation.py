@@ -20,6 +20,7 @@ from .drafters import Drafter
 from .errors import EdgespecError
 from .sampling import SamplingParams
 from .ngram_pool import NgramPool
+from .prediction import prediction_usage
 from .stats import Counters, Stats
 from .text import TextAssembler
 
@@ -142,6 +143,7 @@ class Generation:
     decode_start: float = 0.0
     draft_passes_at_start: int = 0  # the draft model's pass count when decoding began
     pool: NgramPool | None = None  # where its prompt and output go for other generations' drafts
+    prediction: Sequence[int] = ()  # the request's predicted output, for its usage (prediction_usage)
     pass_seconds: float | None = None  # its last target pass, when timed (a lone generation on a measured curve)
     pace: PlainPace = field(default_factory=lambda: PlainPace(()))  # what its plain steps cost, from its timed passes
     # its prompt is being fed into the cache in chunks, inside other sequences' passes (Decoder.step);
@@ -160,6 +162,9 @@ class Generation:
 
     def done(self) -> Done:
         self.counters.decode_seconds = time.perf_counter() - self.decode_start
+        if self.prediction:
+            usage = prediction_usage(self.prediction, self.generated)
+            self.counters.accepted_prediction_tokens, self.counters.rejected_prediction_tokens = usage
         return Done(GenerationResult(self.text.text, self.generated, self.counters.finish_reason,
                                      self.counters.snapshot()))
 

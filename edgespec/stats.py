@@ -98,9 +98,10 @@ class Stats:
     accepted_by_position: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     """Per drafter, how many of those the verifier accepted (see acceptance_by_position)."""
     accepted_prediction_tokens: int = 0
-    """Drafted tokens taken from the request's predicted output that the verifier accepted."""
+    """The request's predicted output's tokens that appeared in the completion, as OpenAI counts them
+    (prediction.prediction_usage); known when the generation ends."""
     rejected_prediction_tokens: int = 0
-    """Drafted tokens taken from the predicted output that the verifier rejected."""
+    """The predicted output's tokens that did not appear in the completion; known when the generation ends."""
     plain_step_seconds: float = 0.0
     """Plain decoding's pace: what a step over one token costs in this generation (generation.PlainPace, from
     its own steps, pass and all), the calibrated one-token pass until a step is timed (steps whose pass serves

@@ -10,7 +10,8 @@ from edgespec import SamplingParams
 from edgespec.commands.batch.requests import BatchRequest, InvalidRequest, for_the_engine, parse_line
 from edgespec.loading import load_engine, use_learning
 from edgespec.ngram_pool import NgramPool
-from edgespec.prediction import MAX_PREDICTION_CHARS, prediction_text
+from edgespec.generation import result_of
+from edgespec.prediction import MAX_PREDICTION_CHARS, prediction_text, prediction_usage
 from edgespec.server.worker import MAX_CLIENT_POOLS, EngineWorker, Job
 
 from test_serve import API_KEY, USER, ServerProcess, server_env
@@ -41,6 +42,16 @@ def test_a_bad_prediction_is_one_clear_error(value):
         prediction_text(value)
 
 
+def test_prediction_usage_counts_the_tokens_that_appeared_in_the_completion_as_openai_does():
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert prediction_usage(text, text) == (9, 0)
+    assert prediction_usage(text, [20, 21, 22, 23]) == (0, 9)
+    assert prediction_usage(text, [1, 2, 3, 4, 50, 6, 7, 8, 9]) == (8, 1), "one token edited: its neighbours still count"
+    assert prediction_usage(text, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]) == (9, 0), "the completion went on"
+    assert prediction_usage(text + text, text) == (9, 9), "a block the completion has once counts once"
+    assert prediction_usage([7, 8], [7, 8]) == (2, 0) and prediction_usage([7, 8], []) == (0, 2)
+
+
 def test_batch_bodies_take_a_prediction():
     line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
             "body": {"messages": USER, "prediction": {"type": "content", "content": "the mat"}}}
@@ -67,9 +78,18 @@ def test_a_prediction_is_verified_token_by_token(engine):
     wrong = engine.generate(PROMPT, GREEDY, raw=True, prediction="zebra quantum " * 20)
     assert right.token_ids == wrong.token_ids == plain.token_ids
     assert plain.stats.accepted_prediction_tokens == plain.stats.rejected_prediction_tokens == 0
-    assert right.stats.accepted_prediction_tokens > 0
-    assert right.stats.accepted_prediction_tokens <= right.stats.draft_tokens_accepted
-    assert wrong.stats.accepted_prediction_tokens + wrong.stats.rejected_prediction_tokens <= wrong.stats.draft_tokens_proposed
+    assert right.stats.draft_tokens_accepted > 0
+
+
+def test_the_usage_says_how_much_of_the_prediction_appeared(engine):
+    prompt = engine.prompt_tokens(PROMPT, raw=True)
+    plain = result_of(engine.stream_tokens(prompt, GREEDY))
+    right = result_of(engine.stream_tokens(prompt, GREEDY, prediction=plain.token_ids))
+    absent = [token for token in range(100, 160) if token not in plain.token_ids]
+    wrong = result_of(engine.stream_tokens(prompt, GREEDY, prediction=absent))
+    assert right.token_ids == wrong.token_ids == plain.token_ids
+    assert (right.stats.accepted_prediction_tokens, right.stats.rejected_prediction_tokens) == (len(plain.token_ids), 0)
+    assert (wrong.stats.accepted_prediction_tokens, wrong.stats.rejected_prediction_tokens) == (0, len(absent))
 
 
 def test_the_library_takes_a_prediction_in_chats_and_in_openais_form(engine):
