@@ -24,7 +24,8 @@ def prediction_text(value: object) -> str:
         raise ValueError('prediction must be {"type": "content", "content": "..."}')
     unknown = sorted(set(value) - {"type", "content"})
     if unknown:
-        raise ValueError(f"prediction.{unknown[0]} is not supported; send only type and content")
+        # a client's key is quoted back in part: enough to find it, never a body's worth
+        raise ValueError(f"prediction.{unknown[0][:40]} is not supported; send only type and content")
     content = value["content"]
     if isinstance(content, list):
         if not all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)

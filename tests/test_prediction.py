@@ -42,6 +42,12 @@ def test_a_bad_prediction_is_one_clear_error(value):
         prediction_text(value)
 
 
+def test_a_huge_unknown_key_is_quoted_in_part():
+    with pytest.raises(ValueError) as raised:
+        prediction_text({"type": "content", "content": "x", "k" * 100_000: 1})
+    assert len(str(raised.value)) < 120
+
+
 def test_prediction_usage_counts_the_tokens_that_appeared_in_the_completion_as_openai_does():
     text = [1, 2, 3, 4, 5, 6, 7, 8, 9]
     assert prediction_usage(text, text) == (9, 0)
