@@ -83,3 +83,32 @@ def test_an_empty_batch_path_is_named_as_empty(argv, tmp_path, capsys, monkeypat
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and "empty" in err and " . " not in err, err
     assert sorted(path.name for path in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+@pytest.mark.parametrize("command", [["run", "hello"], ["plan"], ["chat"], ["batch", "in.jsonl", "-o", "out.jsonl"],
+                                     ["heads", "train"], ["heads", "show"]])
+@pytest.mark.parametrize("flag", ["--model", "--draft"])
+def test_an_empty_model_or_draft_is_named_as_empty(command, flag, capsys, tmp_path, monkeypatch):
+    # "" became Path("."): "edgespec: . is a directory, not a model file", a path nobody typed
+    import tui.app
+    from edgespec.commands import main
+
+    if command[0] == "heads" and flag == "--draft":
+        pytest.skip("heads take no draft")
+    monkeypatch.setattr(tui.app, "run_chat", lambda *args, **kwargs: pytest.fail("the empty name went through"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('"hello"\n')
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, flag, ""])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and flag in err and "empty" in err, err
+
+
+def test_an_empty_model_in_the_chat_config_is_named(tmp_path):
+    from tui.config import ConfigError, load_config
+
+    path = tmp_path / "config.toml"
+    for setting in ("model", "draft"):
+        path.write_text(f'{setting} = ""\n')
+        with pytest.raises(ConfigError, match=f"{setting} cannot be empty"):
+            load_config(path)

@@ -178,6 +178,8 @@ def _check_string(name: str, value: str, path: Path) -> None:
     control = next((char for char in value if (ord(char) < 0x20 or 0x7F <= ord(char) <= 0x9F) and char not in allowed), None)
     if control is not None:
         raise ConfigError(f"{path}: {name} holds a control character (U+{ord(control):04X}); remove it")
+    if name in ("model", "draft") and not value:  # as a path, "" is "."
+        raise ConfigError(f'{path}: {name} cannot be empty; give a GGUF path or a catalog name, or leave {name} out')
     if name == "draft_tint":
         try:
             Color.parse(value)

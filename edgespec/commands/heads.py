@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import EdgespecError
-from .options import DEFAULT_MODEL, parse_threads, setting, whole_number
+from .options import DEFAULT_MODEL, model_text, parse_threads, setting, whole_number
 
 # Per sequence (prompts are answered 16 at a time): a prompt of up to 512 tokens and its reply fit, and
 # text is labelled in windows of 1023 tokens.
@@ -30,7 +30,7 @@ def add_heads_parser(subparsers) -> None:
     commands = parser.add_subparsers(dest="heads_command", metavar="ACTION", required=True)
     train = commands.add_parser("train", help="train heads for a target model on this machine")
     train.add_argument("paths", nargs="*", type=Path, help="text files or folders to train on (your code, your documents)")
-    train.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
+    train.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
     train.add_argument("--minutes", type=_positive_minutes, default=15.0, help="wall time for the whole run (default: %(default)s)")
     train.add_argument("--history", action="store_true", help="also train on the chat app's saved chats")
     train.add_argument("--batch", action="append", default=[], type=Path, metavar="FILE",
@@ -49,7 +49,7 @@ def add_heads_parser(subparsers) -> None:
     train.add_argument("--threads", type=parse_threads, default=None, help="CPU threads (default: all cores, up to 8)")
     train.set_defaults(func=train_command)
     show = commands.add_parser("show", help="what the heads file of a model says about itself")
-    show.add_argument("--model", "-m", default=DEFAULT_MODEL)
+    show.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL)
     show.add_argument("--heads", type=Path, default=None, help="heads file (default: the model's own)")
     show.set_defaults(func=show_command)
 

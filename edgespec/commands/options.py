@@ -19,8 +19,8 @@ _NEGATIVE_NUMBER_START = re.compile(r"-\.?\d")
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     """Model and drafting flags shared by every command that loads models."""
     group = parser.add_argument_group("models")
-    group.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
-    group.add_argument("--draft", default="auto", help="draft GGUF path or catalog name, 'ngram', 'heads' (trained with `edgespec heads train`), 'none', "
+    group.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
+    group.add_argument("--draft", type=model_text, default="auto", help="draft GGUF path or catalog name, 'ngram', 'heads' (trained with `edgespec heads train`), 'none', "
                             "or 'auto' (default: the catalog draft if it fits, else ngram; with trained heads, those too)")
     group.add_argument("--draft-tokens", type=setting("draft_tokens"), default="auto",
                        help=f"tokens drafted per step: 0 to {MAX_DRAFT_TOKENS}, or 'auto' to follow measured costs (default)")
@@ -70,6 +70,14 @@ def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256,
     if per_request:
         group.add_argument("--seed", type=sampling_value("seed", int), default=None)
         group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def model_text(text: str) -> str:
+    """An argparse type for --model and --draft: a path or a name, which an empty string is not (as a path it
+    was ".", and the error named a directory nobody typed)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a GGUF path or a catalog name, not an empty string")
+    return text
 
 
 def setting(name: str):
