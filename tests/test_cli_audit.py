@@ -112,3 +112,22 @@ def test_an_empty_model_in_the_chat_config_is_named(tmp_path):
         path.write_text(f'{setting} = ""\n')
         with pytest.raises(ConfigError, match=f"{setting} cannot be empty"):
             load_config(path)
+
+
+def test_a_batch_resumed_with_another_model_says_whose_answers_it_keeps(tiny_models, tmp_path, capsys):
+    # rerun with another --model, the batch counted the first model's answers as done without a word
+    from edgespec.commands import main
+
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text('"hello"\n"world"\n')
+    common = ["--draft", "none", "--temperature", "0", "--max-tokens", "2", "--no-prompt-cache"]
+    assert main(["batch", str(source), "-o", str(out), "--model", str(tiny_models["target"]), *common]) == 0
+    written = out.read_bytes()
+    capsys.readouterr()
+    assert main(["batch", str(source), "-o", str(out), "--model", str(tiny_models["draft"]), *common]) == 0
+    err = capsys.readouterr().err
+    assert out.read_bytes() == written, "the records are kept"
+    notes = [line for line in err.splitlines() if "answered by" in line]
+    assert len(notes) == 1 and "target.gguf" in notes[0] and "draft.gguf" in notes[0] and "-o" in notes[0], err
+    assert main(["batch", str(source), "-o", str(out), "--model", str(tiny_models["target"]), *common]) == 0
+    assert "answered by" not in capsys.readouterr().err

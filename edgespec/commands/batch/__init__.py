@@ -140,6 +140,8 @@ def _batch_command(args) -> int:
             print(f"edgespec batch: cut off a torn last record in {args.output}; that request is redone", file=sys.stderr)
         _note_retried_records(entries, writer.retried, args.output)
         _warn_changed_requests(entries, finished, args.output)
+        if not args.endpoint:
+            _note_other_models(entries, finished, args.model, args.output)
         resumed = sum(1 for e in entries if is_done(e, finished))
         tally = RunTally()
         if resumed < len(entries):
@@ -207,6 +209,29 @@ def _warn_changed_requests(entries, finished: dict[str, dict], out_path: Path) -
             " request fingerprint; they are kept unchecked (give -o a new path to redo them)",
             file=sys.stderr,
         )
+
+
+def _note_other_models(entries, finished: dict[str, dict], model: str, out_path: Path) -> None:
+    """Say so when records this run keeps as done were answered by another model than --model: resume
+    matches a request's line, not the flags, so a rerun with another model kept the first one's answers."""
+    from ...fetch import resolve_model
+
+    try:
+        asked = resolve_model(model, pull=False).name  # as success_record names it
+    except EdgespecError:
+        return  # not here yet: loading it says so, and then there is nothing to compare
+    others: dict[str, int] = {}
+    for entry in entries:
+        record = finished.get(entry.custom_id) if is_done(entry, finished) else None
+        response = record.get("response") if record else None
+        body = response.get("body") if isinstance(response, dict) else None
+        answered_by = body.get("model") if isinstance(body, dict) else None
+        if isinstance(answered_by, str) and answered_by != asked:
+            others[answered_by] = others.get(answered_by, 0) + 1
+    if others:
+        kept = ", ".join(f"{_requests(count)} by {name}" for name, count in others.items())
+        print(f"edgespec batch: note: {out_path} holds answers kept as done that were answered by another model "
+              f"than {asked} ({kept}); give -o a new path for {asked}'s own answers", file=sys.stderr)
 
 
 def _requests(count: int) -> str:
