@@ -191,6 +191,9 @@ def test_the_kv_cache_settings_come_from_the_file_and_the_chat_flags(tmp_path):
     # an escape in a setting the app shows (a text area, a note) acted on the terminal: retitled it here
     ('system_prompt = "be brief\\u001b]2;pwned\\u0007"\n', "system_prompt holds a control character \\(U\\+001B\\)"),
     ('model = "m\\u009b2J.gguf"\n', "model holds a control character \\(U\\+009B\\)"),
+    # one key for two actions left one of them out of reach without a word
+    ('[keymap]\nregenerate = "ctrl+n"\n', "\\[keymap\\] regenerate: ctrl\\+n is new_chat's key too"),
+    ('[keymap]\nhistory = "f5"\nsettings = "f6, f5"\n', "\\[keymap\\] settings: f5 is history's key too"),
 ])
 def test_bad_config_names_the_problem(tmp_path, text, problem):
     path = tmp_path / "config.toml"
@@ -356,3 +359,9 @@ def test_a_note_shows_control_characters_as_symbols():
     from tui.widgets import Note
 
     assert not _holds_controls(str(Note(f"system prompt: {CONTROLS}", "note").content))
+
+
+def test_a_keymap_may_swap_two_actions_keys(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('[keymap]\nregenerate = "ctrl+n"\nnew_chat = "ctrl+r"\n')
+    assert load_config(path).keymap == {"regenerate": "ctrl+n", "new_chat": "ctrl+r"}

@@ -136,6 +136,7 @@ def _parse(data: dict, path: Path) -> ChatConfig:
             for action, keys in value.items():
                 _check_key(action, tuple(KEY_ACTIONS), path, "[keymap] ")
                 _check_keys(action, keys, path)
+            _check_keys_are_distinct(value, path)
             values["keymap"] = dict(value)
         else:
             _check_key(key, TOP_LEVEL_SETTINGS, path, "")
@@ -214,6 +215,18 @@ def _check_keys(action: str, keys, path: Path) -> None:
             raise ConfigError(
                 f'{path}: [keymap] {action}: {key.strip()!r} is not a key; write keys like "ctrl+r", "f5", '
                 f'"escape" or "ctrl+comma", several separated by commas')
+
+
+def _check_keys_are_distinct(keymap: dict[str, str], path: Path) -> None:
+    """ConfigError when the keymap gives one key to two actions: only one of them would run.  The actions left
+    at their default keys claim them first, so the error names the action the file rebound."""
+    owners: dict[str, str] = {}
+    unchanged = [action for action in KEY_ACTIONS if action not in keymap]
+    for action in unchanged + [action for action in KEY_ACTIONS if action in keymap]:
+        for key in (key.strip() for key in keymap.get(action, KEY_ACTIONS[action][0]).split(",")):
+            if owners.setdefault(key, action) != action:
+                raise ConfigError(f"{path}: [keymap] {action}: {key} is {owners[key]}'s key too; give one of "
+                                  "them another key")
 
 
 def _check_key(key: str, known: tuple[str, ...], path: Path, section: str) -> None:
