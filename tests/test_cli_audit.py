@@ -131,3 +131,19 @@ def test_a_batch_resumed_with_another_model_says_whose_answers_it_keeps(tiny_mod
     assert len(notes) == 1 and "target.gguf" in notes[0] and "draft.gguf" in notes[0] and "-o" in notes[0], err
     assert main(["batch", str(source), "-o", str(out), "--model", str(tiny_models["target"]), *common]) == 0
     assert "answered by" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["heads", "train", "--output", ""], "--output"),  # a traceback: PosixPath('.') has an empty name
+    (["heads", "train", "--batch", ""], "--batch"),  # ".: Is a directory"
+    (["heads", "train", ""], "paths"),  # trained on the current folder, "." , without a word
+    (["heads", "show", "--heads", ""], "--heads"),  # "heads file . is damaged"
+    (["heads", "train", "--minutes", "1e308"], "--minutes"),  # a traceback: cannot convert float infinity to integer
+])
+def test_heads_refuses_an_empty_path_or_an_endless_time_in_one_line(argv, flag, capsys):
+    from edgespec.commands import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--model", "missing.gguf"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and flag in err and "Traceback" not in err, err

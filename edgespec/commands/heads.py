@@ -16,12 +16,13 @@ import time
 from pathlib import Path
 
 from ..errors import EdgespecError
-from .options import DEFAULT_MODEL, model_text, parse_threads, setting, whole_number
+from .options import DEFAULT_MODEL, file_path, model_text, parse_threads, setting, whole_number
 
 # Per sequence (prompts are answered 16 at a time): a prompt of up to 512 tokens and its reply fit, and
 # text is labelled in windows of 1023 tokens.
 TRAINING_N_CTX = 1024
 MAX_TEXT_FILE_BYTES = 2 << 20  # bigger files are data, not text to learn from
+MAX_MINUTES = 7 * 24 * 60
 _SKIPPED_FOLDERS = {".git", ".venv", "node_modules", "__pycache__", ".mypy_cache", ".tox", "dist", "build"}
 
 
@@ -29,11 +30,11 @@ def add_heads_parser(subparsers) -> None:
     parser = subparsers.add_parser("heads", help="train drafting heads that read the target's own hidden state")
     commands = parser.add_subparsers(dest="heads_command", metavar="ACTION", required=True)
     train = commands.add_parser("train", help="train heads for a target model on this machine")
-    train.add_argument("paths", nargs="*", type=Path, help="text files or folders to train on (your code, your documents)")
+    train.add_argument("paths", nargs="*", type=file_path, help="text files or folders to train on (your code, your documents)")
     train.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
     train.add_argument("--minutes", type=_positive_minutes, default=15.0, help="wall time for the whole run (default: %(default)s)")
     train.add_argument("--history", action="store_true", help="also train on the chat app's saved chats")
-    train.add_argument("--batch", action="append", default=[], type=Path, metavar="FILE",
+    train.add_argument("--batch", action="append", default=[], type=file_path, metavar="FILE",
                        help="also train on a batch input or output file (repeatable)")
     train.add_argument("--no-builtin", dest="builtin", action="store_false",
                        help="leave out the built-in prompts the target answers itself")
@@ -42,7 +43,7 @@ def add_heads_parser(subparsers) -> None:
     train.add_argument("--n-heads", type=int, choices=range(1, 5), default=3, metavar="N", help="heads, 1 to 4 (default: %(default)s)")
     train.add_argument("--vocab", type=whole_number(2), default=8192, help="reduced vocabulary the heads rank (default: %(default)s)")
     train.add_argument("--max-tokens", type=whole_number(100), default=100_000, help="training positions kept in memory (default: %(default)s)")
-    train.add_argument("--output", type=Path, default=None, help="heads file (default: next to the calibration cache)")
+    train.add_argument("--output", type=file_path, default=None, help="heads file (default: next to the calibration cache)")
     train.add_argument("--restart", action="store_true", help="discard what an interrupted run left and start afresh")
     train.add_argument("--gpu-layers", type=setting("gpu_layers"), default=None,
                        help="target layers to offload (-1: all; default: from the memory plan)")
@@ -50,7 +51,7 @@ def add_heads_parser(subparsers) -> None:
     train.set_defaults(func=train_command)
     show = commands.add_parser("show", help="what the heads file of a model says about itself")
     show.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL)
-    show.add_argument("--heads", type=Path, default=None, help="heads file (default: the model's own)")
+    show.add_argument("--heads", type=file_path, default=None, help="heads file (default: the model's own)")
     show.set_defaults(func=show_command)
 
 
@@ -60,8 +61,9 @@ def _positive_minutes(text: str) -> float:
         minutes = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of minutes, not {text!r}") from None
-    if not minutes > 0 or minutes == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of minutes, not {text}")
+    if not 0 < minutes <= MAX_MINUTES:  # an endless one overflowed the progress line's countdown
+        raise argparse.ArgumentTypeError(f"must be a number of minutes above 0 and at most {MAX_MINUTES} (a week), "
+                                         f"not {text}")
     return minutes
 
 

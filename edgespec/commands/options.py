@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 from typing import Callable
 
 from ..errors import EdgespecError, UsageError
@@ -78,6 +79,14 @@ def model_text(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("expected a GGUF path or a catalog name, not an empty string")
     return text
+
+
+def file_path(text: str) -> Path:
+    """An argparse type for a file's or a folder's path: an empty one is refused, where Path("") is "." and the
+    command went on to name a directory nobody typed (or to read the current one)."""
+    if not text:
+        raise argparse.ArgumentTypeError("a path cannot be empty")
+    return Path(text)
 
 
 def setting(name: str):

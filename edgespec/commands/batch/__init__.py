@@ -56,7 +56,7 @@ from ...notices import print_notice
 from ...limits import MAX_PARALLEL
 from ...scheduler import best_parallel
 from ...stats import Stats
-from ..options import add_engine_options, add_sampling_options, engine_from_args, sampling_params, setting
+from ..options import add_engine_options, add_sampling_options, engine_from_args, file_path, sampling_params, setting
 from ..serve import API_KEY_ENV
 from .output import FINGERPRINT_FIELD, RecordWriter, is_done, same_file
 from .remote import MAX_ATTEMPTS, MAX_CONCURRENCY, Endpoint, default_fields, run_remote_batch
@@ -88,9 +88,9 @@ def add_batch_parser(subparsers) -> None:
             "2 refused before starting, 130 interrupted."
         ),
     )
-    parser.add_argument("input", type=_file_path, metavar="IN", help="batch input, JSONL")
-    parser.add_argument("-o", "--output", type=_file_path, required=True, metavar="OUT", help="batch output, JSONL (appended)")
-    parser.add_argument("--summary", type=_file_path, metavar="FILE", help="also write the summary as JSON to FILE")
+    parser.add_argument("input", type=file_path, metavar="IN", help="batch input, JSONL")
+    parser.add_argument("-o", "--output", type=file_path, required=True, metavar="OUT", help="batch output, JSONL (appended)")
+    parser.add_argument("--summary", type=file_path, metavar="FILE", help="also write the summary as JSON to FILE")
     remote = parser.add_argument_group("server (instead of a local engine)")
     remote.add_argument("--endpoint", metavar="URL", help="send the requests to this OpenAI-compatible server "
                         "(edgespec serve, vLLM, llama-server), e.g. http://127.0.0.1:8080; the model options are then unused")
@@ -291,14 +291,6 @@ def _run_on_endpoint(args, entries, writer, finished, resumed) -> RunTally:
     with _progress_bar(len(entries), resumed) as on_progress, interrupt.catching_sigint():
         return run_remote_batch(endpoint, entries, writer, default_fields(args), finished, interrupt,
                                 args.concurrency, on_progress)
-
-
-def _file_path(text: str) -> Path:
-    """An argparse type for a file's path: an empty one is refused, where Path("") is "." and the batch
-    went on to name a directory nobody typed."""
-    if not text:
-        raise argparse.ArgumentTypeError("a file path cannot be empty")
-    return Path(text)
 
 
 def _concurrency(text: str) -> int:
