@@ -147,3 +147,13 @@ def test_heads_refuses_an_empty_path_or_an_endless_time_in_one_line(argv, flag, 
         main([*argv, "--model", "missing.gguf"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and flag in err and "Traceback" not in err, err
+
+
+def test_heads_train_refuses_a_folder_as_its_output_before_it_trains(tmp_path, capsys):
+    # it trained for all its --minutes, then said "edgespec: /tmp/.audit.cdog5lei.partial: Is a directory"
+    from edgespec.commands import main
+
+    code = main(["heads", "train", "--output", str(tmp_path), "--model", "missing.gguf"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--output" in err and "is a directory" in err, err
+    assert list(tmp_path.iterdir()) == []

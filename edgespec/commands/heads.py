@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import EdgespecError
+from ..errors import EdgespecError, UsageError
 from .options import DEFAULT_MODEL, file_path, model_text, parse_threads, setting, whole_number
 
 # Per sequence (prompts are answered 16 at a time): a prompt of up to 512 tokens and its reply fit, and
@@ -76,6 +76,8 @@ def train_command(args: argparse.Namespace) -> int:
     from ..loading import plan_load
     from ..notices import print_notice
 
+    if args.output is not None and args.output.is_dir():  # else found out when writing, after all the training
+        raise UsageError(f"--output {args.output} is a directory; give a file path, e.g. {args.output / 'heads.npz'}")
     path, _, plan = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False,
                               notice=print_notice)
     heads_path = args.output or default_heads_path(path)
