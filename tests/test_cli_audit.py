@@ -157,3 +157,17 @@ def test_heads_train_refuses_a_folder_as_its_output_before_it_trains(tmp_path, c
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--output" in err and "is a directory" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["", "http://[::1", "http://127.0.0.1:99999", "http://:8080/v1", "ftp://x"])
+def test_a_batch_endpoint_that_is_no_url_is_one_usage_line(url, tmp_path, capsys):
+    # "" ran the requests on the local default model instead, and "http://[::1" was a traceback
+    from edgespec.commands import main
+
+    (tmp_path / "in.jsonl").write_text('"hello"\n')
+    with pytest.raises(SystemExit) as exit_:
+        main(["batch", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--endpoint", url,
+              "--model", "missing.gguf"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "--endpoint" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out.jsonl").exists()

@@ -59,7 +59,7 @@ from ...stats import Stats
 from ..options import add_engine_options, add_sampling_options, engine_from_args, file_path, sampling_params, setting
 from ..serve import API_KEY_ENV
 from .output import FINGERPRINT_FIELD, RecordWriter, is_done, same_file
-from .remote import MAX_ATTEMPTS, MAX_CONCURRENCY, Endpoint, default_fields, run_remote_batch
+from .remote import EXAMPLE_URL, MAX_ATTEMPTS, MAX_CONCURRENCY, Endpoint, default_fields, run_remote_batch, url_problem
 from .requests import BatchError, check_unique_ids, for_the_engine, read_requests
 from .runner import Interrupt, RunTally, batch_summary_line, run_batch, summarize, write_summary
 
@@ -92,7 +92,7 @@ def add_batch_parser(subparsers) -> None:
     parser.add_argument("-o", "--output", type=file_path, required=True, metavar="OUT", help="batch output, JSONL (appended)")
     parser.add_argument("--summary", type=file_path, metavar="FILE", help="also write the summary as JSON to FILE")
     remote = parser.add_argument_group("server (instead of a local engine)")
-    remote.add_argument("--endpoint", metavar="URL", help="send the requests to this OpenAI-compatible server "
+    remote.add_argument("--endpoint", type=_endpoint_url, metavar="URL", help="send the requests to this OpenAI-compatible server "
                         "(edgespec serve, vLLM, llama-server), e.g. http://127.0.0.1:8080; the model options are then unused")
     remote.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
                         help=f"the server's API key (default: ${API_KEY_ENV})")
@@ -291,6 +291,15 @@ def _run_on_endpoint(args, entries, writer, finished, resumed) -> RunTally:
     with _progress_bar(len(entries), resumed) as on_progress, interrupt.catching_sigint():
         return run_remote_batch(endpoint, entries, writer, default_fields(args), finished, interrupt,
                                 args.concurrency, on_progress)
+
+
+def _endpoint_url(text: str) -> str:
+    """An argparse type for --endpoint: a server's URL.  An empty one ran the batch on the local default model
+    instead, and a malformed one was a traceback once the first request went out."""
+    problem = url_problem(text.strip().rstrip("/"))
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}; give e.g. {EXAMPLE_URL}")
+    return text
 
 
 def _concurrency(text: str) -> int:

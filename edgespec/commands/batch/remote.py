@@ -33,6 +33,7 @@ import json
 import math
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from .output import INVALID_ANSWER, REQUEST_FAILED, RecordWriter, answer_record,
 from .requests import BatchError, BatchRequest, InvalidRequest
 from .runner import Interrupt, RunTally
 
+EXAMPLE_URL = "http://127.0.0.1:8080"
 RETRIED_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 MAX_ATTEMPTS = 6
 FIRST_BACKOFF_SECONDS = 1.0
@@ -67,6 +69,20 @@ class _NotAnAnswer(Exception):
     """A 2xx whose body is no answer (see answers.py): an error record, which a rerun retries."""
 
 
+def url_problem(url: str) -> str | None:
+    """What keeps url from being a server's address, worded to follow it, or None when it is one."""
+    if not url.startswith(("http://", "https://")):
+        return "is not an http:// or https:// URL"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 -- a port out of range raises ValueError here
+    except ValueError as error:  # e.g. "http://[::1": Invalid IPv6 URL
+        return f"is not a URL ({error})"
+    if not parts.hostname:
+        return "names no host"
+    return None
+
+
 @dataclass(frozen=True)
 class _Reply:
     status: int
@@ -85,8 +101,9 @@ class Endpoint:
     @classmethod
     def parse(cls, url: str, api_key: str | None) -> "Endpoint":
         base = url.strip().rstrip("/")
-        if not base.startswith(("http://", "https://")):
-            raise BatchError(f"--endpoint {url!r} is not an http:// or https:// URL; give e.g. http://127.0.0.1:8080")
+        problem = url_problem(base)
+        if problem is not None:
+            raise BatchError(f"--endpoint {url!r} {problem}; give e.g. {EXAMPLE_URL}")
         return cls(base[: -len("/v1")] if base.endswith("/v1") else base, api_key or None)
 
     def first_model(self) -> str:
