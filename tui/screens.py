@@ -6,6 +6,7 @@ import dataclasses
 import re
 
 from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -16,6 +17,7 @@ from edgespec.gguf_info import read_gguf_info
 from edgespec.limits import SettingError, checked_setting
 from edgespec.plan_table import format_plan_table
 from tui import stats as stats_text
+from tui.control_chars import visible_controls
 from tui.settings import KINDS, LABELS, SCREEN_SETTINGS, ChatSettings
 
 
@@ -57,7 +59,7 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
         try:
             settings = self._read()
         except ValueError as error:
-            self.query_one("#settings-error", Static).update(str(error))
+            self.query_one("#settings-error", Static).update(Text(str(error)))  # it quotes what was typed: not markup
             return
         self.dismiss((settings, event.button.id == "save"))
 
@@ -185,7 +187,7 @@ def model_info(engine, plain: tuple[float, str] | None, plain_min_steps: int) ->
         *([f"Draft: {stats_text.display_path(engine.draft_path)}"] if engine.draft_path else []),
         plain_line,
     ]
-    renderables: list = ["\n".join(lines)]
+    renderables: list = [Text("\n".join(lines))]  # it names files as given: paths, not markup
     if engine.plan is not None:
         renderables.append(format_plan_table(engine.plan))
     renderables.append(gguf_table("Target model", read_gguf_info(engine.target_path)))
@@ -212,6 +214,6 @@ def gguf_table(title: str, info) -> Table:
         ("vocabulary", f"{info.vocab_size:,}  ({info.tokenizer_model or 'unknown'} tokenizer)"),
         ("chat template", f"{len(info.chat_template):,} characters" if info.chat_template else "none"),
     ]
-    for key, value in rows:
-        table.add_row(key, value)
+    for key, value in rows:  # a header's text is the file's: not markup, and no escape reaches the terminal
+        table.add_row(key, Text(visible_controls(value)))
     return table
