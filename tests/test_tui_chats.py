@@ -315,3 +315,22 @@ async def test_a_paste_is_plain_text_and_its_escape_bytes_drive_nothing(models):
         app.post_message(events.Paste("a\x1b[1mb\x07c"))  # a Paste event from any driver is cleaned too
         await pilot.pause()
         assert app.prompt_input.text == "abc" and app.chat.engine.mode == mode
+
+
+@pilot_test
+async def test_a_settings_value_that_looks_like_markup_is_refused_as_typed(models):
+    # the error quoting it was read as markup: "[/]" ended the app with a MarkupError, "[bold]x" lost its brackets
+    from tui.screens import SettingsScreen
+
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        for value in ("[/]", "[bold]x", "[link=x]y"):
+            await pilot.press("ctrl+s")
+            app.screen.query_one("#temperature").value = value
+            app.screen.query_one("#apply").press()
+            await pilot.pause()
+            assert isinstance(app.screen, SettingsScreen), f"temperature = {value} keeps the dialog open"
+            assert repr(value) in str(app.screen.query_one("#settings-error").render())
+            await pilot.press("escape")
+
