@@ -334,3 +334,20 @@ async def test_a_settings_value_that_looks_like_markup_is_refused_as_typed(model
             assert repr(value) in str(app.screen.query_one("#settings-error").render())
             await pilot.press("escape")
 
+
+@pilot_test
+async def test_a_model_path_that_looks_like_markup_loads_with_its_name_shown_as_is(models, tmp_path):
+    # the loading panel and the model info read the path as markup: a folder "a[" holding "]b.gguf" is
+    # "a[/]b.gguf", a MarkupError that ended the app
+    import shutil
+
+    folder = tmp_path / "a["
+    folder.mkdir()
+    path = shutil.copy(models["target"], folder / "]b.gguf")
+    app = make_app(models, model=str(path))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        assert app.chat.session is not None and not [note for note in app.query(Note) if note.has_class("error")]
+        await pilot.press("f2")  # the model info names it too
+        await pilot.pause()
+        assert "a[/]b.gguf" in "".join(str(static.render()) for static in app.screen.query("Static"))

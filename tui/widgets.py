@@ -151,7 +151,7 @@ class LoadingPanel(Vertical):
     def __init__(self, description: str):
         super().__init__(id="loading")
         self.description = description
-        self.label = Static(description)
+        self.label = Static(Text(description))  # it names the model as given: a path, not markup
         self.status = Static("", classes="loading-status")
         self._started = time.monotonic()
 
@@ -164,7 +164,7 @@ class LoadingPanel(Vertical):
         self.set_interval(ELAPSED_INTERVAL_S, self._show_elapsed)
 
     def _show_elapsed(self) -> None:
-        self.label.update(f"{self.description}  {time.monotonic() - self._started:.1f} s")
+        self.label.update(Text(f"{self.description}  {time.monotonic() - self._started:.1f} s"))
 
     def show_status(self, text: str) -> None:
         self.status.update(Text(text))
