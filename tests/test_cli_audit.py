@@ -171,3 +171,17 @@ def test_a_batch_endpoint_that_is_no_url_is_one_usage_line(url, tmp_path, capsys
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and "--endpoint" in err and "Traceback" not in err, err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
+def test_a_batch_input_in_utf16_is_refused_before_anything_runs(encoding, tmp_path, capsys):
+    # PowerShell's Out-File writes UTF-16: every line became an invalid_json error record in OUT
+    from edgespec.commands import main
+
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    text = '"hello"\r\n"world"\r\n'
+    source.write_bytes(text.encode(encoding) if encoding != "utf-16-be" else b"\xfe\xff" + text.encode(encoding))
+    code = main(["batch", str(source), "-o", str(out), "--model", "missing.gguf"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and encoding[:6].upper() in err and "iconv" in err, err
+    assert not out.exists()

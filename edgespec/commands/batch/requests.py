@@ -71,6 +71,12 @@ def read_requests(path: Path) -> list[BatchRequest | InvalidRequest]:
     except OSError as err:
         raise BatchError(f"cannot read batch input {path}: {err.strerror}; check the path") from None
     data = data.removeprefix(codecs.BOM_UTF8)  # Windows editors start UTF-8 files with one
+    # PowerShell's Out-File writes UTF-16: read as UTF-8, every line was an error record of its own
+    for encoding, marks in (("UTF-32", (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)),
+                            ("UTF-16", (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))):
+        if data.startswith(marks):
+            raise BatchError(f"batch input {path} is {encoding} text (it starts with a {encoding} byte-order mark), and "
+                             f"a batch reads UTF-8; convert it first, e.g. with iconv -f {encoding} -t UTF-8")
     entries = []
     for line_no, raw in enumerate(data.split(b"\n"), start=1):
         if raw.strip():
