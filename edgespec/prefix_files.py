@@ -31,7 +31,7 @@ from .files import AtomicFile, NotARegularFile, open_regular
 from .notices import log_notice
 from .prefix_cache import DEFAULT_MIN_TOKENS, PrefixStore, Snapshot, SnapshotKey
 from .prefix_sightings import PrefixSightings
-from .units import GiB, parse_size
+from .units import GiB, InvalidSizeError, parse_size
 
 FORMAT_VERSION = 2  # 2: keyed by the model's content, not its path, size and mtime
 MAGIC = b"EDGESPEC-KV\x00"
@@ -54,7 +54,10 @@ def token_bytes(tokens: Sequence[int]) -> bytes:
 def max_bytes_from_env(default: int = DEFAULT_MAX_BYTES) -> int:
     """The disk cap: EDGESPEC_PROMPT_CACHE_SIZE (e.g. 2GiB), else default."""
     text = os.environ.get("EDGESPEC_PROMPT_CACHE_SIZE")
-    return parse_size(text) if text else default
+    try:
+        return parse_size(text) if text else default
+    except InvalidSizeError as error:  # the value came from the environment: say which variable to mend
+        raise InvalidSizeError(f"EDGESPEC_PROMPT_CACHE_SIZE: {error}") from None
 
 
 def prefix_cache_dir() -> Path:

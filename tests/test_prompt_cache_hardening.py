@@ -22,7 +22,8 @@ from edgespec.model_identity import IdentityCache, content_hash, model_identity
 from edgespec.plan_table import format_plan_table
 from edgespec.planner import plan
 from edgespec.prefix_cache import MemoryPrefixCache, SnapshotKey
-from edgespec.prefix_files import SIGHTINGS_FILE, SUFFIX, DiskPrefixCache
+from edgespec.prefix_files import SIGHTINGS_FILE, SUFFIX, DiskPrefixCache, max_bytes_from_env
+from edgespec.units import InvalidSizeError
 from edgespec.prefix_sightings import BLOCK_TOKENS, RECORD_BYTES, PrefixSightings
 from test_prefix_cache import rewrite_header
 from tinygguf import write_tiny_model
@@ -333,3 +334,11 @@ def test_the_plan_counts_the_servers_snapshots_in_ram_and_gives_them_only_what_t
     on_gpu = plan(target, None, n_ctx=1024, budget=gpu, gpu_offload=True, prompt_cache_ram=256 * MiB)
     bare_gpu = plan(target, None, n_ctx=1024, budget=gpu, gpu_offload=True)
     assert on_gpu.prompt_cache_ram == 256 * MiB and on_gpu.total_bytes == bare_gpu.total_bytes  # RAM, not VRAM
+
+
+def test_a_bad_cache_size_in_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("EDGESPEC_PROMPT_CACHE_SIZE", "lots")
+    with pytest.raises(InvalidSizeError, match="^EDGESPEC_PROMPT_CACHE_SIZE: memory size 'lots' is not understood"):
+        max_bytes_from_env()
+    monkeypatch.setenv("EDGESPEC_PROMPT_CACHE_SIZE", "2MiB")
+    assert max_bytes_from_env() == 2 * 1024 * 1024
