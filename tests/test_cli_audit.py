@@ -173,6 +173,19 @@ def test_a_batch_endpoint_that_is_no_url_is_one_usage_line(url, tmp_path, capsys
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_a_batch_endpoint_with_a_password_is_refused_without_quoting_it(tmp_path, capsys):
+    # urllib never sent it, and "cannot reach http://user:s3cret@..." printed it back
+    from edgespec.commands import main
+
+    (tmp_path / "in.jsonl").write_text('"hello"\n')
+    with pytest.raises(SystemExit) as exit_:
+        main(["batch", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"),
+              "--endpoint", "http://user:s3cret@127.0.0.1:1/v1"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "--api-key" in err, err
+    assert "s3cret" not in err and "http://127.0.0.1:1/v1" in err
+
+
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
 def test_a_batch_input_in_utf16_is_refused_before_anything_runs(encoding, tmp_path, capsys):
     # PowerShell's Out-File writes UTF-16: every line became an invalid_json error record in OUT

@@ -59,7 +59,7 @@ from ...stats import Stats
 from ..options import add_engine_options, add_sampling_options, engine_from_args, file_path, sampling_params, setting
 from ..serve import API_KEY_ENV
 from .output import FINGERPRINT_FIELD, RecordWriter, is_done, same_file
-from .remote import EXAMPLE_URL, MAX_ATTEMPTS, MAX_CONCURRENCY, Endpoint, default_fields, run_remote_batch, url_problem
+from .remote import EXAMPLE_URL, MAX_ATTEMPTS, MAX_CONCURRENCY, Endpoint, default_fields, run_remote_batch, shown_url, url_problem
 from .requests import BatchError, check_unique_ids, for_the_engine, read_requests
 from .runner import Interrupt, RunTally, batch_summary_line, run_batch, summarize, write_summary
 
@@ -298,7 +298,7 @@ def _endpoint_url(text: str) -> str:
     instead, and a malformed one was a traceback once the first request went out."""
     problem = url_problem(text.strip().rstrip("/"))
     if problem is not None:
-        raise argparse.ArgumentTypeError(f"{text!r} {problem}; give e.g. {EXAMPLE_URL}")
+        raise argparse.ArgumentTypeError(f"{shown_url(text)!r} {problem}; give e.g. {EXAMPLE_URL}")
     return text
 
 

@@ -32,6 +32,7 @@ import http.client
 import json
 import math
 import time
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -80,7 +81,14 @@ def url_problem(url: str) -> str | None:
         return f"is not a URL ({error})"
     if not parts.hostname:
         return "names no host"
+    if parts.username is not None or parts.password is not None:  # urllib would not send them: a key goes in a header
+        return "holds a user name or password, which edgespec does not send; give the server's key with --api-key"
     return None
+
+
+def shown_url(url: str) -> str:
+    """url as an error may quote it: without a user name or password it holds."""
+    return re.sub(r"^(https?://)[^/@]*@", r"\1", url.strip())
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,7 @@ class Endpoint:
         base = url.strip().rstrip("/")
         problem = url_problem(base)
         if problem is not None:
-            raise BatchError(f"--endpoint {url!r} {problem}; give e.g. {EXAMPLE_URL}")
+            raise BatchError(f"--endpoint {shown_url(url)!r} {problem}; give e.g. {EXAMPLE_URL}")
         return cls(base[: -len("/v1")] if base.endswith("/v1") else base, api_key or None)
 
     def first_model(self) -> str:
