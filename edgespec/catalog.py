@@ -268,7 +268,10 @@ def import_model(file: str | os.PathLike, name: str | None = None, draft_for: st
     """
     path = Path(file).expanduser().resolve()
     info = read_gguf_info(path)
-    name = name or _name_from_file(path)
+    name = _name_from_file(path) if name is None else name
+    problem = name_problem(name)
+    if problem is not None:
+        raise EdgespecError(f"the catalog name {name!r} {problem}")
     catalog = load_catalog()
     existing = catalog.models.get(name)
     if existing is not None and not existing.imported:
@@ -320,5 +323,19 @@ def _check_drafts_for(draft: GGUFInfo, name: str, catalog: Catalog, target_name:
                             f"({'; '.join(differences)}); pair it with a model of its own family")
 
 
+def name_problem(name: str) -> str | None:
+    """What keeps name from being one that `-m NAME` finds and `models list` shows on one line, worded to follow
+    the name; None when it is one.  A name with a path separator or .gguf at its end is read as a path."""
+    if not name.strip():
+        return "is empty; leave the name out to name the model after its file"
+    if any(char.isspace() or not char.isprintable() for char in name):
+        return "holds a space or a control character; write the name as one word, e.g. with dashes"
+    if os.sep in name or "/" in name or name.lower().endswith(".gguf"):
+        return "reads as a file path (a slash, or .gguf at its end); give a name without them, e.g. my-model"
+    return None
+
+
 def _name_from_file(path: Path) -> str:
-    return path.stem.lower().replace(" ", "-").replace("_", "-")
+    # a file's name may hold what a catalog name may not: spaces and control characters become dashes
+    words = "".join(char if char.isprintable() else " " for char in path.stem.lower().replace("_", "-")).split()
+    return "-".join(words)

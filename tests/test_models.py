@@ -263,6 +263,19 @@ def test_import_registers_a_local_gguf(store, tmp_path, capsys):
     assert set(load_catalog().models) >= {"my-tiny-model", "tiny2"}
 
 
+@pytest.mark.parametrize("name", ["", "a\nb", "a b", "../x", "x.gguf"])
+def test_the_library_refuses_a_name_no_command_could_use(store, tmp_path, name):
+    tiny = write_tiny_model(tmp_path / "tiny.gguf", seed=0)
+    with pytest.raises(EdgespecError, match="the catalog name"):
+        import_model(tiny, name=name)
+    assert not any(model.imported for model in load_catalog().models.values())
+
+
+def test_a_name_made_from_a_file_name_is_one_word(store, tmp_path):
+    tiny = write_tiny_model(tmp_path / "My\tTiny\x07  Model.gguf", seed=0)
+    assert import_model(tiny).name == "my-tiny-model"
+
+
 def test_a_draft_imported_for_a_target_is_the_pair_draft_auto_picks_first(store, tiny_models, capsys):
     import_model(tiny_models["target"], name="tiny-target")
     assert run_cli("import", str(tiny_models["draft"]), "--name", "tiny-draft", "--draft-for", "tiny-target") == 0

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from edgespec.catalog import default_pair, import_model, load_catalog, local_path, store_dir
+from edgespec.catalog import default_pair, import_model, load_catalog, local_path, name_problem, store_dir
 from edgespec.fetch import pull, resolve_model
 from edgespec.units import format_size
 
@@ -141,18 +141,10 @@ def _least_width(columns: tuple[str, ...], rows: list[dict[str, Text]]) -> int:
 
 
 def _catalog_name(text: str) -> str:
-    """An argparse type for the name a model is imported under: one that `-m NAME` finds and `models list`
-    shows on one line.  A name with a path separator or ending in .gguf is read as a file path instead."""
-    import os
-
-    if not text.strip():
-        raise argparse.ArgumentTypeError("a catalog name cannot be empty; leave --name out to name it after the file")
-    if any(char.isspace() or not char.isprintable() for char in text):
-        raise argparse.ArgumentTypeError(f"{text!r} holds a space or a control character; write the name as one "
-                                         "word, e.g. with dashes")
-    if os.sep in text or "/" in text or text.lower().endswith(".gguf"):
-        raise argparse.ArgumentTypeError(f"{text!r} reads as a file path (a slash, or .gguf at its end); "
-                                         "give a name without them, e.g. my-model")
+    """An argparse type for the name a model is imported under (catalog.name_problem)."""
+    problem = name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}")
     return text
 
 
