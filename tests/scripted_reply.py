@@ -44,7 +44,8 @@ class ScriptedReply:
     def _is_drafted(self, position: int) -> bool:
         return any(start <= position < end for start, end in self.drafted)
 
-    def stream_tokens(self, prompt_ids, params, cancel: threading.Event | None = None, shift_dropped_span=False):
+    def stream_tokens(self, prompt_ids, params, cancel: threading.Event | None = None, shift_dropped_span=False,
+                      prediction=None):
         counts = _Counts(self.mode, len(prompt_ids))
         text = ""
         for step in self._steps(params.max_tokens):

@@ -198,3 +198,36 @@ def test_a_batch_input_in_utf16_is_refused_before_anything_runs(encoding, tmp_pa
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and encoding[:6].upper() in err and "iconv" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_run_draws_a_replys_escapes_on_a_terminal_and_pipes_them_as_they_are(tty, tiny_models, monkeypatch):
+    # A model copying "ESC]2;...BEL" from a pasted prompt retitled the terminal `edgespec run` wrote to,
+    # and a carriage return let the rest of a line hide what was shown before it.
+    import pty
+
+    import edgespec.commands.run as run_command
+    from edgespec.commands import main
+    from scripted_reply import ScriptedReply, use_script
+
+    reply = "ok \x1b]2;pwned\x07 rm -rf ~\rls \x9b31m"
+    real_engine_from_args = run_command.engine_from_args
+
+    def engine_with_scripted_reply(args):
+        engine = real_engine_from_args(args)
+        use_script(engine, ScriptedReply(reply))
+        return engine
+
+    monkeypatch.setattr(run_command, "engine_from_args", engine_with_scripted_reply)
+    reader, writer = pty.openpty() if tty else os.pipe()
+    with open(writer, "w", encoding="utf-8") as stdout:
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert main(["run", "hi", "--model", str(tiny_models["target"]), "--draft", "none"]) == 0
+    shown = os.read(reader, 1 << 16).decode("utf-8")
+    os.close(reader)
+    if tty:
+        assert not set(shown) & {"\x1b", "\x9b", "\x07"}, repr(shown)
+        # the terminal's own line discipline ends the line with \r\n
+        assert shown == "ok \u241b]2;pwned\u2407 rm -rf ~\u240dls \ufffd31m\r\n", repr(shown)
+    else:
+        assert shown == reply + "\n"

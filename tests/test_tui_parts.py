@@ -12,7 +12,7 @@ from edgespec import Notice
 from edgespec.errors import Setting, Wording
 from tui.chat import ChatController, ReplyStream
 from tui.config import ChatConfig, ConfigError, load_config, save_defaults
-from tui.control_chars import plain_text
+from edgespec.control_chars import plain_text
 from tui.engine_host import SMALL_MACHINE_CORES, default_chat_threads
 from tui.export import chat_markdown
 from tui.history import ChatStore, StoredChat, content_key

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
-from tui.control_chars import plain_text
+from edgespec.control_chars import plain_text
 from tui.history import StoredChat, content_key
 from tui.render import split_blocks
 
@@ -27,7 +27,7 @@ class ExportError(EdgespecError):
 def chat_markdown(chat: StoredChat, mark_drafts: bool) -> str:
     """The chat as Markdown: its title, system prompt and messages, replies marked if asked.
 
-    Plain text (tui.control_chars): an escape sequence that a paste or a model put in a
+    Plain text (edgespec.control_chars): an escape sequence that a paste or a model put in a
     message would act on the terminal or editor that shows the file."""
     return plain_text(_markdown(chat, mark_drafts))
 

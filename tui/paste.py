@@ -7,7 +7,7 @@ are replayed as key presses before the rest arrives as the paste.  So
 string was a Ctrl+G press that switched the drafting mode.
 
 PasteSafeParser sits in front of that parser: it holds a paste back until its
-end marker, makes it plain text (tui.control_chars), and only then hands it
+end marker, makes it plain text (edgespec.control_chars), and only then hands it
 on, so the parser sees a paste without escapes and makes it one Paste event.
 Everything outside a paste passes through at once (a lone Esc press is not
 delayed).  `guard_terminal_pastes` makes the terminal driver use it.
@@ -20,7 +20,7 @@ from typing import Iterable
 from textual._xterm_parser import XTermParser
 from textual.message import Message
 
-from tui.control_chars import plain_text
+from edgespec.control_chars import plain_text
 
 PASTE_START = "\x1b[200~"
 PASTE_END = "\x1b[201~"

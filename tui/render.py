@@ -17,7 +17,7 @@ from rich.style import Style
 from rich.syntax import PygmentsSyntaxTheme
 from rich.text import Text
 
-from tui.control_chars import visible_controls
+from edgespec.control_chars import visible_controls
 
 CODE_THEME = "monokai"
 DEFAULT_DRAFT_TINT = "#24513a"

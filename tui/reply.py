@@ -21,7 +21,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Static
 
-from tui.control_chars import visible_controls
+from edgespec.control_chars import visible_controls
 from tui.render import Block, BlockRenderer, split_blocks
 
 SEGMENT_LINES = 8

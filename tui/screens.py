@@ -17,7 +17,7 @@ from edgespec.gguf_info import read_gguf_info
 from edgespec.limits import SettingError, checked_setting
 from edgespec.plan_table import format_plan_table
 from tui import stats as stats_text
-from tui.control_chars import visible_controls
+from edgespec.control_chars import visible_controls
 from tui.settings import KINDS, LABELS, SCREEN_SETTINGS, ChatSettings
 
 

@@ -17,7 +17,7 @@ from textual.widgets import Footer, LoadingIndicator, Sparkline, Static, TextAre
 
 from edgespec.stats import Stats
 from tui import stats as stats_text
-from tui.control_chars import plain_text, visible_controls
+from edgespec.control_chars import plain_text, visible_controls
 from tui.render import BlockRenderer
 from tui.reply import ReplyView
 
@@ -55,7 +55,7 @@ class PromptInput(TextArea):
             await super()._on_key(event)
 
     async def _on_paste(self, event: events.Paste) -> None:
-        """A paste is text: escape sequences and control characters in it are dropped (tui.control_chars)."""
+        """A paste is text: escape sequences and control characters in it are dropped (edgespec.control_chars)."""
         event.prevent_default()  # instead of TextArea's paste, which inserts it as it came
         text = plain_text(event.text)
         if text and not self.read_only:

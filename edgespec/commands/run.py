@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from ..control_chars import terminal_text
 from ..errors import EdgespecError
 from ..stats import Stats
 from ..units import format_size
@@ -41,12 +42,15 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     engine = engine_from_args(args)
     result = None
+    # A reply is untrusted text: a terminal would obey the escape sequences a model copies from a
+    # prompt (retitle the window, hide a line), so they are drawn there. A pipe gets the text as is.
+    shown = terminal_text if sys.stdout.isatty() else str
     try:
         for event in engine.stream(prompt, params, raw=args.raw):
             if isinstance(event, Done):
                 result = event.result
             elif not args.json:
-                sys.stdout.write("".join(token.text for token in event.tokens))
+                sys.stdout.write(shown("".join(token.text for token in event.tokens)))
                 sys.stdout.flush()
     finally:
         engine.close()

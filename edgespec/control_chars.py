@@ -1,4 +1,4 @@
-"""Text from outside the app (a paste, a saved chat being exported) made plain: no terminal controls.
+"""Text from outside the program (a paste, a model's reply, a saved chat being exported) shown safely.
 
 A pasted or generated escape sequence is data, but a terminal or an editor
 that shows it obeys it: it recolours the screen, sets the window title, or
@@ -12,6 +12,9 @@ changed, only shown safely: `visible_controls` draws each control character
 as a symbol (ESC as ␛), one for one, so offsets into the text still hold.
 Rich and Textual drop only BEL, BS, VT, FF and CR; an ESC reached the
 terminal, and a reply holding "ESC]2;...BEL" retitled its window.
+`terminal_text` is the same for text written straight to a terminal
+(`edgespec run`), where a carriage return is drawn too: it would move the
+cursor back and let the rest of the line hide what was shown before it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ _ESCAPE_SEQUENCE = re.compile(
 )
 # C0 but tab, newline and carriage return (which Rich drops), DEL, and C1: what visible_controls draws
 _SHOWN_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# ... and carriage return: what terminal_text draws
+_TERMINAL_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # C0 but tab and newline (carriage returns are turned into newlines first), DEL, and C1
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -50,3 +55,9 @@ def visible_controls(text: str) -> str:
 def _control_picture(match: re.Match) -> str:
     code = ord(match.group())
     return chr(0x2400 + code) if code < 0x20 else "\u2421" if code == 0x7F else "\ufffd"
+
+
+def terminal_text(text: str) -> str:
+    """text as visible_controls draws it, carriage returns drawn as well (as ␍): safe to write to a
+    terminal as it is."""
+    return _TERMINAL_CONTROL.sub(_control_picture, text)
