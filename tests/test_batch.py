@@ -65,8 +65,9 @@ def batch_argv(models, source: Path, out: Path, *extra: str) -> list[str]:
 
 
 def assert_openai_success(record: dict, custom_id: str) -> None:
-    assert set(record) - {"supersedes"} == {"id", "custom_id", "response", "error", "fingerprint"}
+    assert set(record) - {"supersedes"} == {"id", "custom_id", "response", "error", "fingerprint", "sampling"}
     assert record["custom_id"] == custom_id and record["error"] is None
+    assert set(record["sampling"]) == {"temperature", "top_k", "top_p", "min_p", "max_tokens", "seed", "stop"}
     response = record["response"]
     assert response["status_code"] == 200 and response["request_id"]
     body = response["body"]

@@ -220,6 +220,27 @@ def test_a_changed_line_gets_a_record_that_supersedes_the_old_one(fake_server, t
     assert "supersedes" not in old and "supersedes" not in other
 
 
+def test_an_answer_made_with_other_sampling_flags_is_redone_unless_its_body_set_them(fake_server, tmp_path, capsys):
+    # A rerun with another --max-tokens kept the first run's answers as done: resume matched the line only.
+    server = fake_server({"first": [answer, answer], "other": [answer]})
+    own = {"custom_id": "r", "method": "POST", "url": CHAT_URL,
+           "body": {"messages": [{"role": "user", "content": "other"}], "max_tokens": 5}}
+    source = write_lines(tmp_path / "in.jsonl", [json.dumps({"custom_id": "q", "prompt": "first"}), json.dumps(own)])
+    out = tmp_path / "out.jsonl"
+    assert run_batch(server, source, out) == batch.EXIT_OK
+    capsys.readouterr()
+    assert run_batch(server, source, out, "--max-tokens", "9") == batch.EXIT_OK
+    err = capsys.readouterr().err
+    assert "1 request in" in err and "other sampling settings" in err and "'q', max_tokens 8, now 9" in err, err
+    old, kept, new = records(out)
+    assert (old["custom_id"], kept["custom_id"], new["custom_id"]) == ("q", "r", "q")
+    assert new["supersedes"] == old["id"] and new["fingerprint"] == old["fingerprint"]
+    assert (old["sampling"]["max_tokens"], new["sampling"]["max_tokens"]) == (8, 9)
+    assert "max_tokens" not in kept["sampling"], "the body set its own: the flag never reached it"
+    assert run_batch(server, source, out, "--max-tokens", "9") == batch.EXIT_OK
+    assert len(records(out)) == 3 and "other sampling settings" not in capsys.readouterr().err
+
+
 def test_a_bug_while_sending_one_request_is_its_own_error_record(fake_server, tmp_path, capsys, monkeypatch):
     server = fake_server({"a": [answer], "b": [answer]})
     real_body = remote.request_body

@@ -3,6 +3,7 @@ and the fix, never a hang, a traceback or a half-made result."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -131,6 +132,28 @@ def test_a_batch_resumed_with_another_model_says_whose_answers_it_keeps(tiny_mod
     assert len(notes) == 1 and "target.gguf" in notes[0] and "draft.gguf" in notes[0] and "-o" in notes[0], err
     assert main(["batch", str(source), "-o", str(out), "--model", str(tiny_models["target"]), *common]) == 0
     assert "answered by" not in capsys.readouterr().err
+
+
+def test_a_batch_rerun_with_other_sampling_flags_redoes_the_answers_they_made(tiny_models, tmp_path, capsys):
+    # It kept the first run's answers as done: resume matched a request's line, not the flags.
+    from edgespec.commands import main
+
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    own = {"custom_id": "own", "method": "POST", "url": "/v1/chat/completions",
+           "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}
+    source.write_text('"hello"\n' + json.dumps(own) + "\n")
+    common = ["--model", str(tiny_models["target"]), "--draft", "none", "--temperature", "0", "--no-prompt-cache"]
+    assert main(["batch", str(source), "-o", str(out), *common, "--max-tokens", "2"]) == 0
+    capsys.readouterr()
+    assert main(["batch", str(source), "-o", str(out), *common, "--max-tokens", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "1 request in" in err and "'line-1', max_tokens 2, now 3" in err, err
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["custom_id"] for r in records] == ["line-1", "own", "line-1"]
+    assert records[2]["supersedes"] == records[0]["id"]
+    assert [r["sampling"]["max_tokens"] for r in records] == [2, 2, 3]
+    assert main(["batch", str(source), "-o", str(out), *common, "--max-tokens", "3"]) == 0
+    assert len(out.read_text().splitlines()) == 3
 
 
 @pytest.mark.parametrize("argv, flag", [

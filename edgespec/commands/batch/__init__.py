@@ -12,7 +12,8 @@ output. A failed request, a bad line or a bad sampling value in one body
 included, gets an error record and the batch goes on. Each response body
 carries edgespec's figures in an extra "stats" field, and each record an
 extra "fingerprint": a hash of its request as IN states it (custom_id left
-out).
+out); an answer's record also keeps the "sampling" settings it was made with
+(those the command line filled in, with --endpoint).
 
 OUT is only ever appended to, with one exception: a last line without its
 newline that starts like a record this module writes (every record begins
@@ -25,7 +26,8 @@ keeps in OUT's ".edgespec-lock" file next to it.
 
 On resume, a request whose fingerprint differs from the one stored with its
 record (the request changed since OUT was written) is redone, and so is one
-whose record is an error that may pass (a server's answer that was none, see
+whose answer was made with other sampling settings than this run gives it
+(another --max-tokens or --temperature), and one whose record is an error that may pass (a server's answer that was none, see
 output.RETRIED_ERROR_CODES). Its new record is appended with a "supersedes"
 field holding the old record's "id": OUT is never rewritten, and the last
 record for a custom_id is the one that counts. Records written before
@@ -44,6 +46,7 @@ to load) or OUT became unwritable, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -58,10 +61,12 @@ from ...scheduler import best_parallel
 from ...stats import Stats
 from ..options import add_engine_options, add_sampling_options, engine_from_args, file_path, sampling_params, setting
 from ..serve import API_KEY_ENV
-from .output import FINGERPRINT_FIELD, RecordWriter, is_done, same_file
-from .remote import EXAMPLE_URL, MAX_ATTEMPTS, MAX_CONCURRENCY, Endpoint, default_fields, run_remote_batch, shown_url, url_problem
-from .requests import BatchError, check_unique_ids, for_the_engine, read_requests
-from .runner import Interrupt, RunTally, batch_summary_line, run_batch, summarize, write_summary
+from .output import FINGERPRINT_FIELD, RecordWriter, changed_sampling, is_done, same_file
+from .remote import (EXAMPLE_URL, MAX_ATTEMPTS, MAX_CONCURRENCY, Endpoint, default_fields, filled_in, run_remote_batch,
+                     shown_url, url_problem)
+from .requests import BatchError, BatchRequest, check_unique_ids, for_the_engine, read_requests
+from .runner import (Interrupt, RunTally, batch_summary_line, request_params, run_batch, sampling_settings, summarize,
+                     write_summary)
 
 EXIT_OK = 0
 EXIT_REQUESTS_FAILED = 1
@@ -82,8 +87,9 @@ def add_batch_parser(subparsers) -> None:
         description=(
             "Run every request of IN (OpenAI Batch JSONL, or one prompt per line as "
             '{"prompt": ...} or a JSON string) and append OpenAI Batch output records to OUT. '
-            "Rerun the same command to resume: requests already done in OUT are skipped; a changed line, or "
-            "a server's answer that was none, is redone and its new record appended. "
+            "Rerun the same command to resume: requests already done in OUT are skipped; a changed line, an "
+            "answer made with other sampling flags, or a server's answer that was none, is redone and its new "
+            "record appended. "
             "Exit codes: 0 all requests succeeded, 1 some requests failed (error records in OUT), "
             "2 refused before starting, 130 interrupted."
         ),
@@ -133,6 +139,7 @@ def _batch_command(args) -> int:
     check_unique_ids(entries)
     if not args.endpoint:
         entries = [for_the_engine(entry) for entry in entries]
+    entries = _with_sampling(entries, args)
     writer = RecordWriter(args.output)  # locked before anything reads or repairs OUT
     try:
         finished, torn = writer.load_finished()
@@ -180,6 +187,25 @@ def check_paths(input_path: Path, output_path: Path, summary_path: Path | None) 
             raise BatchError(f"cannot write --summary {summary_path}: {why}; check the path")
 
 
+def _with_sampling(entries, args) -> list:
+    """Each request with the sampling settings this run gives it (see BatchRequest.sampling): with
+    --endpoint, the command line's values that its body leaves out; for the engine, all it samples with."""
+    if args.endpoint:
+        defaults = default_fields(args)
+        return [dataclasses.replace(e, sampling=filled_in(e, defaults)) if isinstance(e, BatchRequest) else e
+                for e in entries]
+    base = sampling_params(args)
+    return [dataclasses.replace(e, sampling=_engine_sampling(e, base)) if isinstance(e, BatchRequest) else e
+            for e in entries]
+
+
+def _engine_sampling(request: BatchRequest, base) -> dict | None:
+    try:
+        return sampling_settings(request_params(request, base))
+    except (EdgespecError, ValueError):
+        return None  # a bad value in the body: its error record says which
+
+
 def _note_retried_records(entries, retried: list[str], out_path: Path) -> None:
     ids = {e.custom_id for e in entries}
     redone = [custom_id for custom_id in retried if custom_id in ids]
@@ -194,14 +220,19 @@ def _warn_changed_requests(entries, finished: dict[str, dict], out_path: Path) -
     if foreign:
         print(f"edgespec batch: note: {out_path} has {foreign} records whose custom_id is not in this input", file=sys.stderr)
     known = [e for e in entries if e.custom_id in finished]
-    changed = [e for e in known if not is_done(e, finished)]
+    redone = [e for e in known if not is_done(e, finished)]
+    resampled = [e for e in redone if changed_sampling(e, finished[e.custom_id])]
+    changed = [e for e in redone if not changed_sampling(e, finished[e.custom_id])]
+    superseding = ("they are redone and their new records appended, each naming the record it supersedes"
+                   " (the last record for a custom_id counts)")
     if changed:
-        print(
-            f"edgespec batch: {_requests(len(changed))} changed since {out_path} was written"
-            f" (first: {changed[0].custom_id!r}, line {changed[0].line}); they are redone and their new records"
-            " appended, each naming the record it supersedes (the last record for a custom_id counts)",
-            file=sys.stderr,
-        )
+        print(f"edgespec batch: {_requests(len(changed))} changed since {out_path} was written"
+              f" (first: {changed[0].custom_id!r}, line {changed[0].line}); {superseding}", file=sys.stderr)
+    if resampled:
+        first = resampled[0]
+        print(f"edgespec batch: {_requests(len(resampled))} in {out_path} were answered with other sampling settings"
+              f" than this run's (first: {first.custom_id!r}, {changed_sampling(first, finished[first.custom_id])});"
+              f" {superseding}", file=sys.stderr)
     unmarked = sum(1 for e in known if FINGERPRINT_FIELD not in finished[e.custom_id])
     if unmarked:
         print(
@@ -213,7 +244,7 @@ def _warn_changed_requests(entries, finished: dict[str, dict], out_path: Path) -
 
 def _note_other_models(entries, finished: dict[str, dict], model: str, out_path: Path) -> None:
     """Say so when records this run keeps as done were answered by another model than --model: resume
-    matches a request's line, not the flags, so a rerun with another model kept the first one's answers."""
+    matches a request's line and sampling, not the model, so a rerun with another model kept the first one's answers."""
     from ...fetch import resolve_model
 
     try:

@@ -24,8 +24,9 @@ from .requests import CHAT_URL, BatchError, BatchRequest, InvalidRequest
 RECORD_PREFIX = '{"id": "batch_req_'
 RECORD_FIELDS = {"id", "custom_id", "response", "error"}
 FINGERPRINT_FIELD = "fingerprint"
+SAMPLING_FIELD = "sampling"
 SUPERSEDES_FIELD = "supersedes"  # on a record that replaces an earlier one for its custom_id: that one's "id"
-OPTIONAL_FIELDS = {FINGERPRINT_FIELD, SUPERSEDES_FIELD}
+OPTIONAL_FIELDS = {FINGERPRINT_FIELD, SUPERSEDES_FIELD, SAMPLING_FIELD}
 # Error records of failures that may pass (a server's answer that was not one, see answers.py):
 # a resume redoes their requests, where other error records (a bad line, a prompt too long) stand.
 INVALID_ANSWER = "invalid_response"
@@ -278,13 +279,13 @@ def success_record(request: BatchRequest, result, model_name: str) -> dict:
         "stats": stats,
     }
     response = {"status_code": 200, "request_id": _new_id("req_"), "body": body}
-    return _record(request.custom_id, response, None, request.fingerprint)
+    return _record(request.custom_id, response, None, request.fingerprint, request.sampling)
 
 
 def answer_record(request: BatchRequest, status: int, body: dict) -> dict:
     """The record of a server's answer (edgespec batch --endpoint): its status and body as they came."""
     response = {"status_code": status, "request_id": _new_id("req_"), "body": body}
-    return _record(request.custom_id, response, None, request.fingerprint)
+    return _record(request.custom_id, response, None, request.fingerprint, request.sampling)
 
 
 def _choice(request: BatchRequest, text: str, finish_reason: str) -> dict:
@@ -297,21 +298,46 @@ def error_record(custom_id: str, code: str, message: str, fingerprint: str = "")
     return _record(custom_id, None, {"code": code, "message": message}, fingerprint)
 
 
-def _record(custom_id: str, response: dict | None, error: dict | None, fingerprint: str) -> dict:
+def _record(custom_id: str, response: dict | None, error: dict | None, fingerprint: str,
+            sampling: dict | None = None) -> dict:
     # "id" first: every line then starts with RECORD_PREFIX.
     record = {"id": _new_id("batch_req_"), "custom_id": custom_id, "response": response, "error": error}
     if fingerprint:
         record[FINGERPRINT_FIELD] = fingerprint
+    if sampling is not None:
+        record[SAMPLING_FIELD] = sampling
     return record
 
 
 def is_done(entry: BatchRequest | InvalidRequest, finished: dict[str, dict]) -> bool:
-    """Whether OUT holds this very request's record: same custom_id and, where stored, same fingerprint."""
+    """Whether OUT holds this very request's record: same custom_id and, where stored, same fingerprint and
+    the sampling settings this run gives it (a rerun with another --max-tokens or --temperature redoes
+    the answers the old ones made)."""
     record = finished.get(entry.custom_id)
     if record is None:
         return False
     stored = record.get(FINGERPRINT_FIELD)
-    return stored is None or stored == entry.fingerprint  # no fingerprint: written before they existed
+    if stored is not None and stored != entry.fingerprint:  # no fingerprint: written before they existed
+        return False
+    return changed_sampling(entry, record) is None
+
+
+def changed_sampling(entry: BatchRequest | InvalidRequest, record: dict) -> str | None:
+    """The first sampling setting the record's answer was made with that this run gives the request
+    otherwise, as "max_tokens 256, now 500"; None when none differs, or when either side has no settings
+    (an error record, a record from before they were kept, a request with a bad value)."""
+    stored, current = record.get(SAMPLING_FIELD), getattr(entry, "sampling", None)
+    if not isinstance(stored, dict) or current is None:
+        return None
+    for name in sorted(stored.keys() | current.keys()):
+        before, now = stored.get(name), current.get(name)
+        if before != now:
+            return f"{name} {_setting_text(before)}, now {_setting_text(now)}"
+    return None
+
+
+def _setting_text(value) -> str:
+    return "unset" if value is None else json.dumps(value, ensure_ascii=True)[:40]
 
 
 def redone_on_resume(record: dict) -> bool:

@@ -255,11 +255,17 @@ def request_body(request: BatchRequest, defaults: dict, model: str) -> dict:
         # could only become an error record. (Any other value goes as it is, for the server to judge.)
         del body["stream"]
         body.pop("stream_options", None)
-    for field, value in defaults.items():
-        if field not in body and not (field == "max_tokens" and "max_completion_tokens" in body):
-            body[field] = value
+    body.update(filled_in(request, defaults))
     body.setdefault("model", model)
     return body
+
+
+def filled_in(request: BatchRequest, defaults: dict) -> dict:
+    """The defaults (the command line's sampling values) that the request's body leaves out, which the
+    client adds to it: all of them for a plain line."""
+    body = request.body or {}
+    return {field: value for field, value in defaults.items()
+            if field not in body and not (field == "max_tokens" and "max_completion_tokens" in body)}
 
 
 def run_remote_batch(

@@ -46,6 +46,9 @@ class BatchRequest:
     prediction: str = ""  # the body's predicted output (OpenAI's Predicted Outputs): a draft source (likewise)
     fingerprint: str = dataclasses.field(default="", compare=False)  # see request_fingerprint
     body: dict | None = dataclasses.field(default=None, compare=False)  # IN's body as it is; None for a plain line
+    # The sampling settings this run gives the request, which its answer's record keeps (see
+    # output.is_done); None where they could not be worked out (a bad value: its error record says so).
+    sampling: dict | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

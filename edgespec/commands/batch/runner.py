@@ -13,7 +13,7 @@ from collections import namedtuple
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from ...errors import ContextOverflowError, EdgespecError
 from ...generation import Failed, Step
@@ -24,6 +24,9 @@ from ...session import ChatSession
 from ...stats import Stats
 from .output import RecordWriter, error_record, is_done, is_success, success_record
 from .requests import COMPLETIONS_URL, BatchError, BatchRequest, InvalidRequest, failure_text
+
+if TYPE_CHECKING:
+    from ...sampling import SamplingParams
 
 
 # What the progress bar reads of the requests in flight, summed over them.
@@ -214,6 +217,16 @@ def _jobs(engine, entries, base_params, finished, interrupt, write) -> Iterator[
             write(entry, job_or_error)
 
 
+def request_params(request: BatchRequest, base_params: SamplingParams) -> SamplingParams:
+    """What the request samples with: the command line's values, and the body's own where it sets them."""
+    return dataclasses.replace(base_params, **dict(request.overrides))
+
+
+def sampling_settings(params: SamplingParams) -> dict:
+    """params as a record keeps them (JSON's types: the stop strings a list)."""
+    return {**dataclasses.asdict(params), "stop": list(params.stop)}
+
+
 def _job(engine, request: BatchRequest, base_params) -> Job | dict:
     """The request's job: its prompt tokens and sampling; or its error record.
 
@@ -225,7 +238,7 @@ def _job(engine, request: BatchRequest, base_params) -> Job | dict:
         return error_record(request.custom_id, code, f"line {request.line}: {failure_text(reason)}", request.fingerprint)
 
     try:
-        params = dataclasses.replace(base_params, **dict(request.overrides))
+        params = request_params(request, base_params)
     except (EdgespecError, ValueError) as err:
         return failed("invalid_field", f"bad sampling setting: {err}")
     try:
