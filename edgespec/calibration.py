@@ -191,6 +191,7 @@ class CalibrationCache:
     def __init__(self, path: Path | None = None, max_age_days: float = MAX_AGE_DAYS) -> None:
         self.path = path if path is not None else cache_dir() / "calibration.json"
         self.max_age_seconds = max_age_days * 86400.0
+        self.write_error: str | None = None  # why the last write failed; None once one succeeds
 
     def load(self, key: CalibrationKey, max_width: int, now: float | None = None) -> tuple[float, ...] | None:
         """The cached curve, or None when missing, marked stale, too old, or measured for a
@@ -291,8 +292,12 @@ class CalibrationCache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(self.path, text)
-        except OSError:
-            pass  # an unwritable cache means measuring again next time
+        except FileExistsError:  # mkdir: a file where the folder should be (EDGESPEC_CACHE_DIR=/dev/null)
+            self.write_error = f"{self.path.parent} is not a folder"
+        except OSError as error:  # an unwritable cache means measuring again next time (the Calibrator says so)
+            self.write_error = error.strerror or str(error)
+        else:
+            self.write_error = None
 
 
 def _read_prices(stored) -> PassPrices:

@@ -128,6 +128,9 @@ class Calibrator:
         curve = measure_curve(lambda n: time_forward(self.target, n, filler), MAX_DRAFT_TOKENS + 1,
                               notice=self.notice)
         self.cache.store(self.key, kept.max_width, curve, drift=kept.drift)
+        if self.cache.write_error is not None:
+            self.notice(f"cannot save this model's speed in {self.cache.path} ({self.cache.write_error}), so every "
+                        "run measures it again; point EDGESPEC_CACHE_DIR at a writable folder")
         if kept.sequences:
             self.cache.store_sequences(self.key, kept.sequences)
         return CachedCalibration(kept.max_width, curve, False, kept.drift, kept.sequences)

@@ -365,6 +365,18 @@ def test_the_first_load_says_it_measures_and_later_loads_reuse_the_measurement(t
     given.close()
 
 
+def test_a_cache_folder_that_cannot_be_written_is_named_once_at_the_measurement(tiny_models, tmp_path, monkeypatch):
+    # EDGESPEC_CACHE_DIR=/dev/null measured the model's speed at every start, saying each time that later runs
+    # would reuse it.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(blocker))
+    notices = []
+    load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1, notice=notices.append).close()
+    unsaved = [n for n in notices if "cannot save this model's speed" in n]
+    assert len(unsaved) == 1 and f"{blocker} is not a folder" in unsaved[0] and "EDGESPEC_CACHE_DIR" in unsaved[0]
+
+
 def test_exact_width_probe_keeps_to_its_budget(tiny_models):
     model = LlamaModel(tiny_models["target"], n_ctx=256, n_threads=1)
     probe = model.tokenize("the cat sat on the mat and the dog " * 8, add_special=True)
