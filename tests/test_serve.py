@@ -470,6 +470,15 @@ def test_other_addresses_need_an_api_key(tiny_models, tmp_path):
     assert result.stderr.count("\n") == 1 and "--api-key" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_an_ipv6_host_in_brackets_is_its_address(tiny_models, tmp_path):
+    # --host [::1], as a URL writes it, was taken for a host name: refused as not this machine's without a key.
+    script = Path(sys.executable).parent / "edgespec"
+    result = subprocess.run([str(script), "serve", "--host", "[::1]", "--port", "70000", "--model",
+                             str(tiny_models["target"])],
+                            capture_output=True, text=True, timeout=WAIT_SECONDS, env=server_env(tmp_path))
+    assert result.returncode == 2 and "--port 70000 is not a port number" in result.stderr, result.stderr
+
+
 # -- the stale-draft alert -----------------------------------------------------------------
 
 

@@ -27,7 +27,8 @@ API_KEY_ENV = "EDGESPEC_API_KEY"
 def add_serve_parser(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="serve one engine over an OpenAI-compatible HTTP API")
     group = parser.add_argument_group("server")
-    group.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; any other needs --api-key)")
+    group.add_argument("--host", type=_host_address, default="127.0.0.1",
+                       help="address to listen on (default: %(default)s; any other needs --api-key)")
     group.add_argument("--port", type=int, default=8080, help="port to listen on, 0 for any free one (default: %(default)s)")
     group.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                        help=f"require 'Authorization: Bearer KEY' on /v1 and /metrics (default: ${API_KEY_ENV})")
@@ -88,6 +89,11 @@ def serve(args: argparse.Namespace) -> int:
 def _log_for_operator(notice: str) -> None:
     """A notice (loading, the prompt cache) in the server's log, naming the flags its operator started it with."""
     logging.getLogger("edgespec.serve").info(flag_worded(notice))
+
+
+def _host_address(text: str) -> str:
+    """--host as given, an IPv6 address written as a URL writes it ([::1]) taken out of its brackets."""
+    return text[1:-1] if text.startswith("[") and text.endswith("]") else text
 
 
 def _check_options(args: argparse.Namespace) -> None:
