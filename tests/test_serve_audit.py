@@ -91,6 +91,19 @@ def test_a_base_url_without_v1_is_told_to_add_it(client, path):
     assert f"/v1{path}" in reply.json()["error"]["message"] and "base URL" in reply.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("method, path", [("POST", "/v1/chat/completions/"), ("POST", "/v1/completions/"),
+                                          ("GET", "/health/"), ("GET", "/metrics/")])
+def test_a_trailing_slash_is_told_the_path_without_it_not_redirected(client, method, path):
+    # Starlette answered 307 to the path without the slash, which httpx (and so openai-python) does not follow
+    reply = client.request(method, path, json={}, follow_redirects=False)
+    assert reply.status_code == 404 and "location" not in reply.headers
+    assert f"did you mean {path.rstrip('/')}?" in reply.json()["error"]["message"]
+
+
+def test_the_models_list_with_a_trailing_slash_is_the_list(client):
+    assert client.get("/v1/models/").json() == client.get("/v1/models").json()
+
+
 def test_an_unknown_path_is_told_the_paths_there_are(client):
     error = client.get("/v2/anything").json()["error"]
     assert "/v1/chat/completions" in error["message"] and "/health" in error["message"]

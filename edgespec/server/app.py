@@ -81,6 +81,8 @@ class _Server:
     async def model(self, request: Request) -> Response:
         self._authorize(request)
         name = request.path_params["name"]
+        if not name:  # /v1/models/, which the {name:path} route takes: the list, as /v1/models
+            return await self.models(request)
         if name != self.config.model_name:
             raise ApiError(404, f"the model {name[:100]!r} does not exist: this server serves one model, "
                                 f"{self.config.model_name!r} (which answers a request naming any model)",
@@ -293,8 +295,11 @@ def _http_error(request: Request, error: HTTPException) -> Response:
 def _where_the_routes_are(request: Request) -> str:
     """A 404's fix: most often a client's base URL without its /v1, else the paths there are."""
     paths = [route.path for route in request.app.routes if "{" not in route.path]
-    if "/v1" + request.url.path in paths:
-        return f"did you mean /v1{request.url.path}? (a client's base URL ends in /v1: http://HOST:PORT/v1)"
+    path = request.url.path
+    if "/v1" + path in paths:
+        return f"did you mean /v1{path}? (a client's base URL ends in /v1: http://HOST:PORT/v1)"
+    if path.rstrip("/") in paths:
+        return f"did you mean {path.rstrip('/')}? (without the last /)"
     return "this server answers " + ", ".join(paths)
 
 
@@ -377,6 +382,9 @@ def create_app(engine: Engine, config: ServerConfig, monitor: AcceptanceMonitor)
                                      allow_private_network=True))  # Chrome asks a public page's preflight to a loopback server
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={ApiError: _api_error, HTTPException: _http_error})
+    # A path with a trailing slash is a 404 naming the path without it, not Starlette's 307 to it: a client
+    # that does not follow a redirect for a POST (httpx, which openai-python uses, does not) saw only the 307.
+    app.router.redirect_slashes = False
     app.state.stop_generating = server.worker.stop_all  # for the HTTP server's shutdown, before it drains
     return app
 
