@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ChatTemplateError, Setting
+from .text import surrogate_problem
 
 # For GGUF files without a template: plain role-prefixed turns.
 FALLBACK_TEMPLATE = (
@@ -107,6 +108,9 @@ def _template_message(message: object, index: int) -> dict:
         content = "".join(part["text"] for part in content)
     if not isinstance(content, str):
         raise ValueError(f"{where}.content must be a string or a list of text parts, not {type(content).__name__}")
+    for field, text in (("role", message["role"]), ("content", content)):
+        if problem := surrogate_problem(text):
+            raise ValueError(f"{where}.{field} {problem}; give the character whole or leave it out")
     return {"role": message["role"], "content": content}
 
 

@@ -33,6 +33,7 @@ from .prefix_cache import PrefixStore
 from .sampling import SamplingParams, sampling_params
 from .scheduler import Job, Scheduler
 from .sequence_cache import SequenceCache
+from .text import surrogate_problem
 
 __all__ = ["Engine", "Done", "GenerationResult", "Step", "Token", "result_of"]
 
@@ -290,6 +291,7 @@ class Engine:
         return self.chat_template.render(messages, add_generation_prompt).text
 
     def prompt_tokens(self, prompt: str, raw: bool = False) -> list[int]:
+        _check_text(prompt, "the prompt")
         if raw:  # the user writes the control tokens on purpose
             return self.target.tokenize(prompt, add_special=True, parse_special=True)
         return self.chat_tokens([{"role": "user", "content": prompt}])
@@ -332,6 +334,7 @@ class Engine:
             raise ValueError('prediction must be the expected text, or {"type": "content", "content": "..."}, '
                              f"not {type(prediction).__name__}")
         text = prediction if isinstance(prediction, str) else prediction_text(prediction)
+        _check_text(text, "the prediction")
         return self.target.tokenize(text, add_special=False) if text else None
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None,
@@ -377,3 +380,7 @@ class Engine:
             self.measure_sequences()
         return Scheduler(self.decoder, parallel)
 
+
+def _check_text(text: str, what: str) -> None:
+    if problem := surrogate_problem(text):
+        raise ValueError(f"{what} {problem}; give the character whole or leave it out")

@@ -1,9 +1,22 @@
-"""Generated token bytes -> text that is safe to show: whole UTF-8 characters, stop strings cut."""
+"""Text in and out: whether a string given is text at all, and generated token bytes -> text that is safe to
+show (whole UTF-8 characters, stop strings cut)."""
 
 from __future__ import annotations
 
 import codecs
 from typing import Sequence
+
+
+def surrogate_problem(text: str) -> str | None:
+    """What makes text no text, for an error message ("holds a lone UTF-16 surrogate ('\\ud800' at character
+    6), which is not text"), or None.  JSON's escapes and Python's str can hold half of a UTF-16 pair, which
+    has no UTF-8 form, so no tokenizer takes it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return (f"holds a lone UTF-16 surrogate ({text[error.start]!r} at character {error.start}), "
+                "which is not text")
+    return None
 
 
 class TextAssembler:

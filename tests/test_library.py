@@ -75,10 +75,26 @@ def test_loading_prints_nothing_and_tells_the_logger(tiny_models, caplog):
     ([{"role": "user", "content": "Hi"}, "Hello"], "messages[1] must be a dict with a string role and content"),
     ([{"content": "Hi"}], "messages[0] must be a dict with a string role and content"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content must be"),
+    ([{"role": "user", "content": "ok"}, {"role": "user", "content": "a\ud800"}],
+     "messages[1].content holds a lone UTF-16 surrogate ('\\ud800' at character 1)"),
+    ([{"role": "us\udfffer", "content": "ok"}], "messages[0].role holds a lone UTF-16 surrogate"),
 ])
 def test_a_malformed_message_is_named_before_the_template_runs(messages, named):
     with pytest.raises(ValueError, match=re.escape(named)):
         ChatTemplate(None, bos_token="", eos_token="").render(messages)
+
+
+@pytest.mark.parametrize("call, named", [
+    (lambda engine: engine.generate("a\ud800", max_tokens=1), "the prompt holds a lone UTF-16 surrogate"),
+    (lambda engine: engine.generate("a\ud800", max_tokens=1, raw=True), "the prompt holds a lone UTF-16 surrogate"),
+    (lambda engine: engine.generate("hi", max_tokens=1, prediction={"type": "content", "content": "\udfff"}),
+     "the prediction holds a lone UTF-16 surrogate"),
+])
+def test_a_lone_surrogate_is_named_not_met_as_the_encoders_error(engine, call, named):
+    # UnicodeEncodeError from deep in the tokenizer, with a position in the rendered template's text
+    with pytest.raises(ValueError, match=named) as caught:
+        call(engine)
+    assert not isinstance(caught.value, UnicodeError)
 
 
 def test_text_parts_are_joined_as_the_server_joins_them():

@@ -21,6 +21,7 @@ from ..errors import EdgespecError, Setting, as_flag
 from ..prediction import prediction_text
 from ..sampling import SamplingParams
 from ..stats import Stats
+from ..text import surrogate_problem
 
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
 MAX_STOP_STRINGS = 16
@@ -322,11 +323,9 @@ def _prompt(body: dict) -> str:
 
 def _unicode(text: str, param: str) -> str:
     """text, if it is Unicode text: JSON's escapes can spell a lone surrogate ("\\ud800"), which no tokenizer takes."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise bad_param(param, f"{param} holds a lone UTF-16 surrogate ({text[error.start]!r} at character "
-                               f"{error.start}), which is not text; send the character whole or leave it out") from None
+    problem = surrogate_problem(text)
+    if problem:
+        raise bad_param(param, f"{param} {problem}; send the character whole or leave it out")
     return text
 
 
