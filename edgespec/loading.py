@@ -7,6 +7,7 @@ draft model fits next to the target (the planner), and loads them.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -19,7 +20,7 @@ from .ngram_pool import NgramPool
 from .engine import Engine
 from .errors import EdgespecError, Setting, Wording
 from .heads.attach import heads_drafter, trained_heads
-from .limits import KV_TYPES, SettingError, checked_kv_type
+from .limits import KV_TYPES, SettingError, checked_kv_type, checked_setting
 from .fetch import resolve_draft, resolve_model
 from .catalog import load_catalog, local_path
 from .notices import log_notice
@@ -87,7 +88,8 @@ def load_engine(
 ) -> Engine:
     """Load a target and its drafter.
 
-    target and draft take a GGUF path or a catalog name.  draft is "auto"
+    target and draft take a GGUF path or a catalog name.  n_ctx is the context in tokens (0: the model's
+    trained context, as the memory plan takes it).  draft is "auto"
     (the catalog's draft for this target if it is present or can be
     fetched and fits in memory, else n-grams), a model, "ngram", or
     "none"/None.  GPU layers left as None come from the memory plan.
@@ -106,6 +108,8 @@ def load_engine(
     draft "heads" drafts with trained heads alone (heads_path, default: the model's own); "auto" adds them if trained.
     What loading decides or measures goes to notice (by default the "edgespec" logger); pull and progress: plan_load's.
     """
+    _check_sizes(target, n_ctx=n_ctx or None, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
+                 parallel=parallel)
     exactness_notices = _exactness_notices(kv_type, draft_kv_type, flash_attn, bit_exact)  # refuses before loading
     target_path, draft_path, plan = plan_load(
         target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
@@ -289,6 +293,16 @@ def _load_heads(target, heads_path, required: bool, notice):
             raise
         notice(Wording("not drafting with heads: ", *error.message))
         return None
+
+
+def _check_sizes(target, **sizes) -> None:
+    """Refuse, before anything loads, what the command line's flags refuse, for a library caller too (a string
+    met a comparison's TypeError, a context of 10 tokens llama.cpp's own failure)."""
+    if not isinstance(target, (str, os.PathLike)):
+        raise TypeError(f"the model must be a catalog name or a GGUF path, not {type(target).__name__}")
+    for name, value in sizes.items():
+        if value is not None:
+            checked_setting(name, value)
 
 
 def _load_models(target_path: Path, draft_path: Path | None, plan: Plan, n_ctx: int,

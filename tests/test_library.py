@@ -11,6 +11,7 @@ import pytest
 
 import edgespec
 from edgespec.chat_template import ChatTemplate
+from edgespec.errors import EdgespecError
 from edgespec.sampling import SamplingParams
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -60,6 +61,23 @@ def test_a_bad_sampling_argument_names_the_parameter(engine):
         engine.generate("x", temperature=-1)
     with pytest.raises(TypeError, match="tempreature"):
         engine.generate("x", tempreature=0)
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"n_ctx": "4096"}, "n_ctx must be a whole number from 256"),
+    ({"n_ctx": 10}, "n_ctx must be a whole number from 256"),
+    ({"parallel": 0}, "parallel must be a whole number from 1"),
+    ({"n_gpu_layers": -2}, "gpu_layers must be a whole number from -1"),
+])
+def test_a_size_the_command_line_refuses_is_refused_before_loading(tiny_models, options, named):
+    # a string met a comparison's TypeError deep in the planner; a tiny context llama.cpp's own failure
+    with pytest.raises(EdgespecError, match=named):
+        edgespec.load(str(tiny_models["target"]), "none", pull=False, n_threads=1, **options)
+
+
+def test_a_model_that_is_no_path_is_named_as_such():
+    with pytest.raises(TypeError, match="catalog name or a GGUF path, not NoneType"):
+        edgespec.load(None)
 
 
 def test_loading_prints_nothing_and_tells_the_logger(tiny_models, caplog):
