@@ -38,12 +38,15 @@ def plan_load(
 ) -> tuple[Path, Path | None, Plan]:
     """Resolve the model names to files and plan their memory: what load_engine will do.
 
+    n_ctx 0 is the model's trained context.  A size out of range is refused here, before anything loads.
     pull=False never downloads: a missing target is an error, a missing draft means n-grams.
     A download is announced through notice; progress also shows a progress bar on stderr (the command line's).
     kv_type, draft_kv_type and flash_attn are load_engine's; parallel counts a target KV cache
     per sequence decoded together (batch --parallel); prompt_cache_ram, the RAM a server asks for
     prompt snapshots (the plan grants what the models leave).
     """
+    _check_sizes(target, n_ctx=n_ctx or None, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
+                 parallel=parallel)
     fetching = {"pull": pull, "notice": notice, "progress": progress}
     target_path = resolve_model(target, **fetching)
     draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, fetching)
@@ -88,8 +91,7 @@ def load_engine(
 ) -> Engine:
     """Load a target and its drafter.
 
-    target and draft take a GGUF path or a catalog name.  n_ctx is the context in tokens (0: the model's
-    trained context, as the memory plan takes it).  draft is "auto"
+    target and draft take a GGUF path or a catalog name.  draft is "auto"
     (the catalog's draft for this target if it is present or can be
     fetched and fits in memory, else n-grams), a model, "ngram", or
     "none"/None.  GPU layers left as None come from the memory plan.
@@ -108,8 +110,6 @@ def load_engine(
     draft "heads" drafts with trained heads alone (heads_path, default: the model's own); "auto" adds them if trained.
     What loading decides or measures goes to notice (by default the "edgespec" logger); pull and progress: plan_load's.
     """
-    _check_sizes(target, n_ctx=n_ctx or None, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
-                 parallel=parallel)
     exactness_notices = _exactness_notices(kv_type, draft_kv_type, flash_attn, bit_exact)  # refuses before loading
     target_path, draft_path, plan = plan_load(
         target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,

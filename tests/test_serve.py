@@ -319,7 +319,7 @@ def test_an_exception_no_route_answered_is_still_an_openai_style_500(caplog):
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from edgespec.server.app import AnswerErrorsInJson
+    from edgespec.server.error_answers import AnswerErrorsInJson
 
     async def broken(request):
         raise KeyError("a bug")

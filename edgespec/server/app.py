@@ -1,7 +1,7 @@
 """The HTTP side of `edgespec serve`: OpenAI-compatible routes on a Starlette app.
 
 Every failure becomes an OpenAI-style error body with a 4xx status (5xx only
-for a bug); nothing a client sends can stop the server.  Which requests may
+for a bug; error_answers.py); nothing a client sends can stop the server.  Which requests may
 reach the routes at all (no web page's, unless allowed) is guard.py's to say.
 Requests go to the one engine through EngineWorker's bounded FIFO queue.
 """
@@ -29,6 +29,7 @@ from starlette.routing import Route
 from ..engine import Done, Engine, Step
 from ..monitor import AcceptanceMonitor
 from ..sampling import SamplingParams
+from .error_answers import AnswerErrorsInJson, api_error, http_error
 from .guard import RequestGuard
 from .metrics import ServerMetrics
 from .protocol import ApiError, ResponseWriter, parse_request
@@ -276,33 +277,6 @@ def _sse(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
-def _api_error(request: Request, error: ApiError) -> Response:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-
-def _http_error(request: Request, error: HTTPException) -> Response:
-    kind = "not_found" if error.status_code == 404 else "invalid_request_error"
-    message, code = f"{request.method} {request.url.path}: {error.detail}", None
-    allowed = (error.headers or {}).get("Allow", "")
-    if error.status_code == 405 and allowed:  # each route takes one method (a GET route HEAD too, which nobody means)
-        method = next(m.strip() for m in allowed.split(",") if m.strip() != "HEAD")
-        message, code = f"{message}; use {method}", "method_not_allowed"
-    elif error.status_code == 404:
-        message += "; " + _where_the_routes_are(request)
-    return _api_error(request, ApiError(error.status_code, message, type=kind, code=code, headers=error.headers))
-
-
-def _where_the_routes_are(request: Request) -> str:
-    """A 404's fix: most often a client's base URL without its /v1, else the paths there are."""
-    paths = [route.path for route in request.app.routes if "{" not in route.path]
-    path = request.url.path
-    if "/v1" + path in paths:
-        return f"did you mean /v1{path}? (a client's base URL ends in /v1: http://HOST:PORT/v1)"
-    if path.rstrip("/") in paths:
-        return f"did you mean {path.rstrip('/')}? (without the last /)"
-    return "this server answers " + ", ".join(paths)
-
-
 class _CountResponses:
     """ASGI middleware: count every response by endpoint and status, errors included."""
 
@@ -321,34 +295,6 @@ class _CountResponses:
             await send(message)
 
         await self.app(scope, receive, counting_send)
-
-
-class AnswerErrorsInJson:
-    """ASGI middleware: an exception no route answered (a bug) still gets an OpenAI-style 500, and one log line.
-
-    Without it starlette answers a plain-text 500 and uvicorn logs a traceback.
-    """
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        started = False
-
-        async def tracking_send(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        except Exception as error:  # a bug must cost one request, never the server
-            log.error("%s %s failed: %s: %s", scope.get("method"), scope.get("path"), type(error).__name__, error)
-            if not started:  # else the client gets a cut response: too late for a status
-                failure = ApiError(500, f"internal error: {type(error).__name__}", type="server_error")
-                await _api_error(Request(scope), failure)(scope, receive, send)
 
 
 def create_app(engine: Engine, config: ServerConfig, monitor: AcceptanceMonitor) -> Starlette:
@@ -381,7 +327,7 @@ def create_app(engine: Engine, config: ServerConfig, monitor: AcceptanceMonitor)
                                      max_age=600,
                                      allow_private_network=True))  # Chrome asks a public page's preflight to a loopback server
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
-                    exception_handlers={ApiError: _api_error, HTTPException: _http_error})
+                    exception_handlers={ApiError: api_error, HTTPException: http_error})
     # A path with a trailing slash is a 404 naming the path without it, not Starlette's 307 to it: a client
     # that does not follow a redirect for a POST (httpx, which openai-python uses, does not) saw only the 307.
     app.router.redirect_slashes = False
