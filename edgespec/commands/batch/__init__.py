@@ -27,7 +27,8 @@ keeps in OUT's ".edgespec-lock" file next to it.
 On resume, a request whose fingerprint differs from the one stored with its
 record (the request changed since OUT was written) is redone, and so is one
 whose answer was made with other sampling settings than this run gives it
-(another --max-tokens or --temperature), and one whose record is an error that may pass (a server's answer that was none, see
+(another --max-tokens or --temperature), and one whose record is an error
+that may pass (a server's answer that was none, see
 output.RETRIED_ERROR_CODES). Its new record is appended with a "supersedes"
 field holding the old record's "id": OUT is never rewritten, and the last
 record for a custom_id is the one that counts. Records written before
@@ -243,8 +244,8 @@ def _warn_changed_requests(entries, finished: dict[str, dict], out_path: Path) -
 
 
 def _note_other_models(entries, finished: dict[str, dict], model: str, out_path: Path) -> None:
-    """Say so when records this run keeps as done were answered by another model than --model: resume
-    matches a request's line and sampling, not the model, so a rerun with another model kept the first one's answers."""
+    """Say so when records this run keeps as done were answered by another model than --model: resume matches
+    a request's line and sampling, not the model, so a rerun with another model kept the first one's answers."""
     from ...fetch import resolve_model
 
     try:
