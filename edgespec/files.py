@@ -2,11 +2,14 @@
 
 Everything edgespec writes in place of an earlier version (downloaded models,
 models.json, the calibration cache, config.toml) goes through a temporary
-file beside it and a rename.
+file beside it and a rename.  What it reads back goes through read_regular and
+parse_json: a FIFO, a device or a huge file in its place, or JSON nested past
+Python's recursion limit, is an OSError or a ValueError like any other bad file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -73,3 +76,26 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
     except BaseException:
         os.close(descriptor)
         raise
+
+
+class FileTooLarge(OSError):
+    """A file larger than edgespec ever writes there: not read, since reading it whole could exhaust memory."""
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of the regular file at path; NotARegularFile for anything else (a FIFO would hang a plain
+    read, /dev/zero never ends), FileTooLarge past limit bytes, OSError if it cannot be read."""
+    with open_regular(path) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLarge(f"{path} is larger than {limit} bytes")
+    return data
+
+
+def parse_json(data: bytes | str):
+    """json.loads, with JSON nested past Python's recursion limit ([[[[...) raising the ValueError that any
+    other malformed JSON raises, rather than a RecursionError no caller expects."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("its JSON is nested too deeply") from None
