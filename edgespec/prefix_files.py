@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 from .backend import state_buffer
 from .calibration import cache_dir
-from .files import AtomicFile, NotARegularFile, open_regular
+from .files import AtomicFile, NotARegularFile, open_regular, parse_json
 from .notices import log_notice
 from .prefix_cache import DEFAULT_MIN_TOKENS, PrefixStore, Snapshot, SnapshotKey
 from .prefix_sightings import PrefixSightings
@@ -218,13 +218,15 @@ def _read_header(f, file_size: int) -> tuple[SnapshotKey, array, dict]:
     if length > _MAX_HEADER_BYTES:
         raise CorruptSnapshot("its header is damaged")
     try:
-        header = json.loads(f.read(length))
+        header = parse_json(f.read(length))
         if header.get("format") != FORMAT_VERSION:
             raise CorruptSnapshot(f"it has snapshot format {header.get('format')!r}, not {FORMAT_VERSION}")
         key = SnapshotKey(**header["key"])
-        n_tokens, n_payload = int(header["n_tokens"]), int(header["payload_bytes"])
+        n_tokens, n_payload = header["n_tokens"], header["payload_bytes"]
     except (ValueError, TypeError, KeyError, AttributeError):
         raise CorruptSnapshot("its header is damaged") from None
+    if type(n_tokens) is not int or type(n_payload) is not int:  # 5.0 or true would pass as sizes, then fail in use
+        raise CorruptSnapshot("its header is damaged")
     if n_tokens <= 0 or n_payload < 0:
         raise CorruptSnapshot("its header gives a negative or zero size")
     if file_size != len(start) + length + 4 * n_tokens + n_payload:
