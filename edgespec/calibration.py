@@ -25,12 +25,14 @@ from typing import Callable
 
 import platformdirs
 
-from .files import atomic_write
+from .files import atomic_write, parse_json, read_regular
 from .sysinfo import cpu_model
 
 MAX_AGE_DAYS = 30.0
 # 2: curves reach past the bit-exact width, and entries keep the kernels' logit drift per width
 CACHE_VERSION = 2
+# Far past what its entries take (a few KB each); a larger file is not this cache's, and is not read whole.
+MAX_CACHE_FILE_BYTES = 16 << 20
 # How the cost of passes over several sequences was measured: entries measured otherwise are measured
 # again.  2: with flash attention, as contexts of several sequences run (backend.context), 256 deep and
 # up to 16 sequences (cost_profile.SEQUENCE_GRID); before, without it and 32 deep, which hid what
@@ -220,7 +222,7 @@ class CalibrationCache:
             drift = {int(w): float(d) for w, d in entry.get("drift", [])}
             sequences = tuple((int(n), int(rows), float(f)) for n, rows, f in entry.get("sequences", [])
                               if entry.get("sequences_method") == SEQUENCES_METHOD)
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: int() of 1e999, read as inf
             return None  # missing or hand-edited entry: measure again
         if max_width < 1 or not curve or not all(math.isfinite(s) and s > 0 for s in curve):
             return None
@@ -279,9 +281,9 @@ class CalibrationCache:
 
     def _read(self) -> dict:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = parse_json(read_regular(self.path, MAX_CACHE_FILE_BYTES))
         except (OSError, ValueError):
-            return {}
+            return {}  # a cache: one that cannot be read is measured again and rewritten
         if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
             return {}
         entries = data.get("entries")

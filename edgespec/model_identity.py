@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from .calibration import cache_dir
-from .files import atomic_write, open_regular
+from .files import atomic_write, open_regular, parse_json
 from .gguf_info import read_gguf_info
 
 IDENTITY_VERSION = 1
@@ -86,7 +86,7 @@ class IdentityCache:
     def _read(self) -> dict:
         try:
             with open_regular(self.path) as f:
-                data = json.loads(f.read(_MAX_CACHE_FILE_BYTES))
+                data = parse_json(f.read(_MAX_CACHE_FILE_BYTES))
         except (OSError, ValueError):
             return {}
         entries = data.get("entries") if isinstance(data, dict) and data.get("version") == IDENTITY_VERSION else None
