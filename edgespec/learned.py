@@ -17,13 +17,14 @@ one that cannot be read or written is ignored, never an error.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from .calibration import cache_dir
-from .files import atomic_write
+from .files import atomic_write, parse_json, read_regular
 
 LEARNED_FILE = "learned-acceptance.json"
 FORMAT = 2  # 2: the n-gram drafter's counts are per copy class (acceptance.HindsightAcceptance)
@@ -31,6 +32,8 @@ FORMAT = 2  # 2: the n-gram drafter's counts are per copy class (acceptance.Hind
 STORE_KEEP = 0.8
 # The most observations a stored position keeps; older ones are scaled away beyond it.
 STORE_MAX_TRIES = 200.0
+# Far past what the counts of many models take; a larger file is not this store's, and is not read whole.
+MAX_FILE_BYTES = 16 << 20
 
 Counts = Mapping[int, tuple[Sequence[float], Sequence[float]]]  # signal -> (hits, tries) per position
 
@@ -60,6 +63,22 @@ def forget_all(path: Path | None = None) -> Path:
     return path
 
 
+def _stored_counts(model_entry, drafter: str) -> dict[int, tuple[list[float], list[float]]] | None:
+    """A drafter's counts as stored, or None when there are none or any is not a count (a hand-edited or damaged
+    file): NaN, infinite or negative counts, or more hits than tries, would steer the controllers wrong."""
+    entry = model_entry.get(drafter) if isinstance(model_entry, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    try:
+        counts = {int(signal): ([float(h) for h in pair[0]], [float(t) for t in pair[1]])
+                  for signal, pair in entry.items()}
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+        return None
+    if not all(0.0 <= h <= t and math.isfinite(t) for hits, tries in counts.values() for h, t in zip(hits, tries)):
+        return None  # NaN fails every comparison
+    return counts
+
+
 def _at(values: Sequence[float], i: int) -> float:
     return float(values[i]) if i < len(values) else 0.0
 
@@ -86,14 +105,7 @@ class LearnedAcceptance:
 
     def prior(self, drafter: str) -> dict[int, tuple[list[float], list[float]]] | None:
         """The counts a new controller of this drafter starts from, or None for the built-in priors."""
-        entry = self._read().get(self.model, {}).get(drafter)
-        if not isinstance(entry, dict):
-            return None
-        try:
-            return {int(signal): ([float(h) for h in pair[0]], [float(t) for t in pair[1]])
-                    for signal, pair in entry.items()}
-        except (TypeError, ValueError, IndexError, KeyError):
-            return None
+        return _stored_counts(self._read().get(self.model), drafter)
 
     def learn(self, drafter: str, counts: Counts) -> None:
         """Add one generation's observed counts of this drafter to the store."""
@@ -101,13 +113,10 @@ class LearnedAcceptance:
             return
         with self._write_lock:
             data = self._read()
-            model = data.setdefault(self.model, {})
-            stored = model.get(drafter)
-            try:
-                old = {int(s): (pair[0], pair[1]) for s, pair in stored.items()} if isinstance(stored, dict) else {}
-            except (TypeError, ValueError, IndexError, KeyError):
-                old = {}
-            model[drafter] = {str(s): pair for s, pair in sorted(merge_counts(old, counts).items())}
+            if not isinstance(data.get(self.model), dict):
+                data[self.model] = {}  # none yet, or a hand-edited entry of another shape: start it afresh
+            old = _stored_counts(data[self.model], drafter) or {}
+            data[self.model][drafter] = {str(s): pair for s, pair in sorted(merge_counts(old, counts).items())}
             self._write(data)
 
     def forget(self) -> bool:
@@ -121,7 +130,7 @@ class LearnedAcceptance:
 
     def _read(self) -> dict:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = parse_json(read_regular(self.path, MAX_FILE_BYTES))
         except (OSError, ValueError):
             return {}
         if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("models"), dict):
