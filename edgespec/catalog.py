@@ -21,12 +21,14 @@ from pathlib import Path
 import platformdirs
 
 from edgespec.errors import EdgespecError
-from edgespec.files import atomic_write
+from edgespec.files import atomic_write, parse_json, read_regular
 from edgespec.gguf_info import GGUFInfo, read_gguf_info
 from edgespec.limits import MAX_VOCAB_SIZE_DIFFERENCE
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "models" / "catalog.toml"
 USER_CATALOG_NAME = "models.json"
+# Far past what imported models' entries take; a larger models.json is refused, not read whole into memory.
+MAX_USER_CATALOG_BYTES = 16 << 20
 
 
 class CatalogError(EdgespecError):
@@ -210,7 +212,7 @@ def _read_user_catalog() -> dict:
     """models.json as {"models": [entry, ...], "pairs": [pair, ...]}; CatalogError for any other shape."""
     path = store_dir() / USER_CATALOG_NAME
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(read_regular(path, MAX_USER_CATALOG_BYTES))  # not a FIFO, /dev/zero or a huge file
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as error:

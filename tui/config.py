@@ -38,13 +38,15 @@ from rich.color import Color, ColorParseError
 from textual.keys import REPLACED_KEYS, Keys, key_to_character
 
 from edgespec.errors import EdgespecError
-from edgespec.files import atomic_write
+from edgespec.files import atomic_write, read_regular
 from edgespec.limits import RANGES, SettingError, checked_kv_type, checked_setting
 from edgespec.units import InvalidSizeError, parse_size
 from edgespec.sampling import SamplingParams
 from tui.settings import KINDS, SAMPLING_SETTINGS, TOP_LEVEL_SETTINGS, ChatConfig
 
 CONFIG_FILE = "config.toml"
+# Far past any settings file a person writes; a larger one is refused, not read whole into memory.
+MAX_CONFIG_BYTES = 1 << 20
 
 # Action name -> (default keys, description).  The app binds each one with
 # id "edgespec.<action>", so the keymap can rebind any of them.
@@ -111,12 +113,13 @@ def load_config(path: Path | None = None) -> ChatConfig:
     """Read config.toml; a missing file means the defaults."""
     path = path or config_path()
     try:
-        with open(path, "rb") as file:
-            data = tomllib.load(file)
+        data = tomllib.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))  # not a FIFO or /dev/zero
     except FileNotFoundError:
         return ChatConfig()
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"cannot read {path}: {error}; fix or delete the file") from None
+    except RecursionError:  # tomllib parses nested arrays and tables by recursion
+        raise ConfigError(f"cannot read {path}: its values are nested too deeply; fix or delete the file") from None
     except UnicodeDecodeError as error:  # TOML is UTF-8; tomllib lets the decoding error through
         raise ConfigError(f"cannot read {path}: it is not UTF-8 text (byte 0x{error.object[error.start]:02x} at "
                           f"offset {error.start}); fix or delete the file") from None
