@@ -21,7 +21,7 @@ from edgespec.stats import Stats
 from tui import stats as stats_text
 from tui.config import ChatConfig, chat_sampling
 from tui.export import chat_markdown, write_new_file
-from tui.history import ChatStore, StoredChat, content_key
+from tui.history import ChatStore, HistoryError, StoredChat, content_key
 from tui.settings import ChatSettings
 
 SPARKLINE_STEPS = 80
@@ -203,10 +203,19 @@ class ChatController:
     def open(self, chat_id: int) -> StoredChat:
         """Continue a saved chat with the loaded engine; raises EdgespecError for a damaged one."""
         stored = self.store.load_chat(chat_id)
-        self.session = ChatSession.from_dict(self.engine, stored.session)
-        self.chat_id = stored.id
-        self.drafted_marks = dict(stored.extras.get("drafted", {}))
-        self.apply_settings(ChatSettings.from_dict(stored.settings, self.session.system_prompt or "", self.settings))
+        # All read before any is applied: a damaged chat must leave the open one as it was, or its next save
+        # would write the open chat's id over with half of the damaged one.
+        try:
+            session = ChatSession.from_dict(self.engine, stored.session)
+            if not all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in session.messages):
+                raise ValueError("a message without a role or text")
+            marks = _drafted_marks(stored.extras.get("drafted") or {})
+            settings = ChatSettings.from_dict(stored.settings, session.system_prompt or "", self.settings)
+        except (TypeError, ValueError, KeyError, AttributeError) as error:
+            raise HistoryError(f"chat {chat_id} in {self.store.path} is damaged ({error}); delete it from the "
+                               "history list") from None
+        self.session, self.chat_id, self.drafted_marks = session, stored.id, marks
+        self.apply_settings(settings)
         if stored.settings.get("mode") in self.available_modes():
             self.engine.configure(mode=stored.settings["mode"])
         self.shown_stats = None
@@ -226,3 +235,14 @@ class ChatController:
         self.store.delete_chat(chat_id)
         if chat_id == self.chat_id:
             self.chat_id = None
+
+
+def _drafted_marks(stored: dict) -> dict[str, list]:
+    """A saved chat's draft marks (reply content key -> [start, end] character ranges); ValueError if damaged."""
+    marks = {}
+    for key, ranges in dict(stored).items():
+        if not isinstance(ranges, list) or not all(isinstance(r, list) and len(r) == 2
+                                                   and all(type(i) is int for i in r) for r in ranges):
+            raise ValueError("draft marks that are not character ranges")
+        marks[str(key)] = ranges
+    return marks

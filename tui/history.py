@@ -27,6 +27,7 @@ from typing import Callable
 import platformdirs
 
 from edgespec.errors import EdgespecError
+from edgespec.files import parse_json
 
 SCHEMA_VERSION = 3
 HISTORY_FILE = "history.sqlite3"
@@ -248,7 +249,10 @@ class ChatStore:
             raise HistoryError(f"chat {chat_id} is not in {self.path}; it may have been deleted")
         id, title, target, settings, session, extras = row
         try:
-            return StoredChat(id, title, target, json.loads(settings), json.loads(session), json.loads(extras))
+            parts = [parse_json(part) for part in (settings, session, extras)]
+            if not all(isinstance(part, dict) for part in parts):
+                raise ValueError("its settings, messages or marks are not JSON objects")
+            return StoredChat(id, title, target, *parts)
         except (TypeError, ValueError) as error:
             raise HistoryError(f"chat {chat_id} in {self.path} is damaged ({error}); delete it from the history "
                                "list") from None
