@@ -1,0 +1,296 @@
+"""What edgespec reads back from disk, as a careless or hostile user, a crash or another version leaves it.
+
+A cache that cannot be read is rebuilt without a word (or with one notice); a user's own file (config.toml,
+models.json, a saved chat) gets one line naming it; nothing hangs on a FIFO, reads /dev/zero without end,
+or lets a RecursionError or OverflowError out of JSON nested 100k deep or holding 1e999.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+
+import pytest
+
+from edgespec.calibration import CalibrationCache, CalibrationKey
+from edgespec.catalog import CatalogError, USER_CATALOG_NAME, _read_user_catalog, store_dir
+from edgespec.files import FileTooLarge, NotARegularFile, parse_json, read_regular
+from edgespec.learned import LEARNED_FILE, LearnedAcceptance
+from edgespec.model_identity import IdentityCache
+from edgespec.prefix_files import SUFFIX, CorruptSnapshot, DiskPrefixCache, _read_header
+from test_prefix_cache import rewrite_header
+from test_prompt_cache_hardening import FIXED_COST, engine_with_disk_cache, finishes, generate
+from edgespec.loading import load_engine
+from tui.config import ConfigError, config_path, load_config
+from tui.history import ChatStore, HistoryError
+
+DEEP = "[" * 100_000
+needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+
+
+def spoil(path, how: str) -> None:
+    """Put at path what a careless user, a crash or another program might leave there."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if how == "fifo":
+        os.mkfifo(path)
+    elif how == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif how == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes({"empty": b"", "truncated": b'{"version": 2, "entr', "not utf-8": b'{"\xff\xfe": 1}',
+                          "deep": DEEP.encode(), "list": b"[1, 2]", "huge number": b'{"version": 1e999}'}[how])
+
+
+SPOILS = ["empty", "truncated", "not utf-8", "deep", "list", "huge number", "directory",
+          pytest.param("fifo", marks=needs_fifo), "dev-zero"]
+
+
+# ---------------------------------------------------------------- the shared readers
+
+
+@needs_fifo
+def test_read_regular_refuses_what_would_hang_or_never_end(tmp_path):
+    for how in ("fifo", "dev-zero", "directory"):
+        with pytest.raises(NotARegularFile):
+            assert finishes(lambda: read_regular(spoil(tmp_path / how, how) or tmp_path / how, 1 << 20), 20)
+    (tmp_path / "big").write_bytes(b" " * 1001)
+    with pytest.raises(FileTooLarge):
+        read_regular(tmp_path / "big", 1000)
+    assert read_regular(tmp_path / "big", 1001) == b" " * 1001
+
+
+def test_json_nested_past_the_recursion_limit_is_a_value_error():
+    with pytest.raises(ValueError, match="nested too deeply"):
+        parse_json(DEEP)
+    assert parse_json("[[1]]") == [[1]]
+
+
+# ---------------------------------------------------------------- caches: rebuilt without a word
+
+
+def calibration_key() -> CalibrationKey:
+    return CalibrationKey("/models/m.gguf", 1000, 1, 0, 2, "x86_64", "cpu", 2, "runtime")
+
+
+@pytest.mark.parametrize("how", SPOILS)
+def test_a_spoilt_calibration_cache_is_measured_again_and_rewritten(tmp_path, how):
+    path = tmp_path / "cache" / "calibration.json"
+    spoil(path, how)
+    cache = CalibrationCache(path)
+    assert finishes(lambda: cache.read(calibration_key()), 20)
+    assert cache.read(calibration_key()) is None
+    if how != "directory":  # a directory cannot be replaced by a rename: the cache is only not kept
+        cache.store(calibration_key(), 4, (1.0, 1.2, 1.4, 1.6))
+        assert cache.read(calibration_key()).forward_seconds == (1.0, 1.2, 1.4, 1.6)
+
+
+def test_a_calibration_entry_holding_1e999_is_measured_again(tmp_path):
+    cache = CalibrationCache(tmp_path / "calibration.json")
+    cache.store(calibration_key(), 4, (1.0, 1.2, 1.4, 1.6))
+    cache.path.write_text(cache.path.read_text().replace('"max_width": 4', '"max_width": 1e999'))
+    assert cache.read(calibration_key()) is None
+
+
+@pytest.mark.parametrize("how", SPOILS)
+def test_a_spoilt_learned_priors_file_starts_from_the_built_in_priors(tmp_path, how):
+    path = tmp_path / "cache" / LEARNED_FILE
+    spoil(path, how)
+    learned = LearnedAcceptance(tmp_path / "model.gguf", path=path)
+    assert finishes(lambda: learned.prior("ngram"), 20)
+    assert learned.prior("ngram") is None
+    learned.learn("ngram", {0: ([1.0], [2.0])})  # learning goes on: the file is rebuilt
+    if how != "directory":
+        assert learned.prior("ngram") == {0: ([1.0], [2.0])}
+
+
+@pytest.mark.parametrize("entry", [
+    [1, 2],  # the model's entry a list, not an object
+    {"ngram": {"0": [[float("nan")], [2.0]]}},
+    {"ngram": {"0": [[1.0], [float("inf")]]}},
+    {"ngram": {"0": [[-1.0], [2.0]]}},
+    {"ngram": {"0": [[3.0], [2.0]]}},  # more hits than tries
+    {"ngram": {"0": ["ab", "cd"]}},
+    {"ngram": {"1e999": [[1.0], [2.0]]}},
+])
+def test_learned_counts_that_are_not_counts_are_not_learned_from(tmp_path, entry):
+    path = tmp_path / LEARNED_FILE
+    learned = LearnedAcceptance(tmp_path / "model.gguf", path=path)
+    path.write_text(json.dumps({"format": 2, "models": {learned.model: entry}}))
+    assert learned.prior("ngram") is None
+    learned.learn("ngram", {0: ([1.0], [2.0])})  # the end of a generation: no exception, the entry replaced
+    prior = learned.prior("ngram")
+    assert prior == {0: ([1.0], [2.0])} and all(math.isfinite(v) for v in prior[0][1])
+
+
+def test_a_deeply_nested_identity_cache_is_hashed_again(tmp_path, tiny_models):
+    path = tmp_path / "model-identity.json"
+    path.write_text(DEEP)
+    assert IdentityCache(path).identity(tiny_models["target"])
+
+
+# ---------------------------------------------------------------- the disk prompt cache
+
+
+@pytest.mark.parametrize("changes", [
+    {"n_tokens": 1e999}, {"payload_bytes": float("inf")}, {"n_tokens": 400.0}, {"payload_bytes": True},
+    {"key": [1]}, {"key": {"model_identity": "x"}},
+])
+def test_a_snapshot_header_of_the_wrong_types_is_corrupt(tmp_path, tiny_models, changes):
+    path = saved_snapshot(tmp_path, tiny_models)
+    data = rewrite_header(path.read_bytes(), **changes)
+    path.write_bytes(data)
+    with pytest.raises(CorruptSnapshot, match="damaged"):
+        with open(path, "rb") as f:
+            _read_header(f, len(data))
+
+
+def test_a_snapshot_header_nested_past_the_recursion_limit_is_corrupt(tmp_path, tiny_models):
+    path = saved_snapshot(tmp_path, tiny_models)
+    data = path.read_bytes()
+    nested = b"[" * 60_000
+    path.write_bytes(data[:12] + len(nested).to_bytes(4, "little") + nested)
+    notices = []
+    store = DiskPrefixCache(tmp_path, min_tokens=64, notice=notices.append)  # opens and trims: no exception
+    assert store.longest_prefix(snapshot_key_of(tiny_models), list(range(300))) is None
+    assert len(notices) == 1 and "header is damaged" in notices[0] and not path.exists()
+
+
+def snapshot_key_of(tiny_models):
+    from test_prompt_cache_hardening import key_for
+
+    return key_for(tiny_models["target"])
+
+
+def saved_snapshot(tmp_path, tiny_models):
+    store = DiskPrefixCache(tmp_path, max_bytes=1 << 20, min_tokens=64)
+    key, tokens = snapshot_key_of(tiny_models), list(range(300))
+    store.save(key, tokens, lambda: bytes(100))
+    assert store.save(key, tokens, lambda: bytes(100))  # kept the second time it comes
+    return next(tmp_path.glob("*" + SUFFIX))
+
+
+def nested_header(data: bytes) -> bytes:
+    nested = b"[" * 60_000
+    return data[:12] + len(nested).to_bytes(4, "little") + nested + data[12 + 4:]
+
+
+@pytest.mark.parametrize("damage", [
+    lambda data: data[: len(data) // 2],  # a crash mid-write by another program
+    lambda data: data[:-64] + bytes(64),  # a torn payload
+    lambda data: b"",
+    nested_header,
+    lambda data: rewrite_header(data, n_tokens=1e999),
+])
+def test_after_a_damaged_snapshot_the_reply_is_plain_decodings(tmp_path, tiny_models, damage):
+    prompt = [100 + i % 150 for i in range(300)]  # ids the tiny vocabulary has
+    cache = tmp_path / "prefix-cache"
+    engine = engine_with_disk_cache(tiny_models["target"], cache)
+    for _ in range(2):  # the second time, the prompt's snapshot is kept
+        generate(engine, prompt)
+        engine.forget_cache()
+    engine.close()
+    [path] = cache.glob("*" + SUFFIX)
+    path.write_bytes(damage(path.read_bytes()))
+    engine = engine_with_disk_cache(tiny_models["target"], cache)
+    result = generate(engine, prompt)
+    engine.close()
+    plain = load_engine(tiny_models["target"], "none", n_ctx=1024, cost_curve=FIXED_COST, n_threads=1)
+    expected = generate(plain, prompt)
+    plain.close()
+    assert result.stats.prompt_tokens_reused == 0 and result.token_ids == expected.token_ids
+    with open(path, "rb") as f:  # discarded, and written afresh by this run
+        _read_header(f, path.stat().st_size)
+
+
+# ---------------------------------------------------------------- the user's own files: one line naming them
+
+
+@pytest.mark.parametrize("how", ["not utf-8", "deep", "list", "directory", pytest.param("fifo", marks=needs_fifo),
+                                 "dev-zero"])
+def test_a_spoilt_models_json_is_one_line_naming_it(tmp_path, monkeypatch, how):
+    monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "models"))
+    path = store_dir() / USER_CATALOG_NAME
+    spoil(path, how)
+    errors = []
+
+    def read():
+        try:
+            _read_user_catalog()
+        except CatalogError as error:
+            errors.append(str(error))
+
+    assert finishes(read, 20)
+    assert len(errors) == 1 and str(path) in errors[0] and "\n" not in errors[0] and "fix or delete" in errors[0]
+    assert path.exists() or path.is_symlink()  # the user's file is left for them to mend
+
+
+@pytest.mark.parametrize("how", ["not utf-8", "deep", "directory", pytest.param("fifo", marks=needs_fifo),
+                                 "dev-zero"])
+def test_a_spoilt_config_is_one_line_naming_it(how):
+    path = config_path()
+    if how == "deep":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("temperature = " + DEEP)
+    else:
+        spoil(path, how)
+    errors = []
+
+    def read():
+        try:
+            load_config()
+        except ConfigError as error:
+            errors.append(str(error))
+
+    assert finishes(read, 20)
+    assert len(errors) == 1 and str(path) in errors[0] and "\n" not in errors[0] and "fix or delete" in errors[0]
+
+
+@pytest.mark.parametrize("column, value", [("session", DEEP), ("session", "[1, 2]"), ("settings", '"text"'),
+                                           ("extras", "null")])
+def test_a_saved_chat_of_the_wrong_shape_is_named_damaged(tmp_path, column, value):
+    store = ChatStore(tmp_path / "history.sqlite3")
+    chat = store.save_chat(None, "title", "/models/m.gguf", {}, {"messages": []}, {})
+    store.close()
+    with sqlite3.connect(tmp_path / "history.sqlite3") as db:
+        db.execute(f"UPDATE chats SET {column} = ? WHERE id = ?", (value, chat))
+    db.close()
+    store = ChatStore(tmp_path / "history.sqlite3")
+    with pytest.raises(HistoryError, match=f"chat {chat} in .*history.sqlite3 is damaged"):
+        store.load_chat(chat)
+    assert [c.id for c in store.list_chats()] == [chat]  # still listed, to be deleted by the user
+
+
+@pytest.mark.parametrize("session_changes", [
+    {"messages": ["not a message"]},
+    {"messages": [{"role": "user", "content": ["not", "text"]}]},
+    {"messages": 7},
+])
+def test_reopening_a_damaged_chat_says_so_and_leaves_the_open_chat_as_it_was(tiny_models, session_changes):
+    from edgespec.session import SESSION_FORMAT
+    from scripted_reply import ScriptedReply, use_script
+    from test_tui import SIZE, loaded, make_app, pilot_test, send
+
+    @pilot_test
+    async def body():
+        app = make_app(tiny_models)
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            use_script(app.chat.engine, ScriptedReply("Sure."))
+            await send(pilot, "Hello")
+            mine = app.chat.chat_id
+            session = {"format": SESSION_FORMAT, "messages": [], **session_changes}
+            damaged = app.store.save_chat(None, "damaged", "/models/m.gguf", {}, {"messages": []}, {})
+            with sqlite3.connect(app.store.path) as db:  # as another program or a damaged disk left it
+                db.execute("UPDATE chats SET session = ? WHERE id = ?", (json.dumps(session), damaged))
+            db.close()
+            app._reopen(damaged)
+            await pilot.pause()
+            assert app.chat.chat_id == mine and [m["content"] for m in app.chat.session.messages] == ["Hello", "Sure."]
+            [notice] = [n for n in app._notifications if n.severity == "error"]
+            assert f"chat {damaged} in" in notice.message and "damaged" in notice.message
+            assert app.is_running
+
+    body()
