@@ -24,6 +24,7 @@ from .decoder import Decoder
 from .drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
 from .drafting import DraftPlanner
 from .generation import Done, Failed, GenerationResult, Step, Token, result_of
+from .generation_lock import GenerationLock
 from .ngram_pool import NgramPool
 from .errors import EdgespecError, Setting
 from .notices import log_notice
@@ -33,7 +34,7 @@ from .prefix_cache import PrefixStore
 from .sampling import SamplingParams, sampling_params
 from .scheduler import Job, Scheduler
 from .sequence_cache import SequenceCache
-from .text import surrogate_problem
+from .text import check_text
 
 __all__ = ["Engine", "Done", "GenerationResult", "Step", "Token", "result_of"]
 
@@ -65,9 +66,13 @@ class Engine:
             bos_token=target.token_bytes(target.bos_id).decode("utf-8", "replace") if target.bos_id >= 0 else "",
             eos_token=target.token_bytes(target.eos_id).decode("utf-8", "replace") if target.eos_id >= 0 else "",
         )
-        self._lock = threading.Lock()
+        self._lock = GenerationLock()  # also refuses every use once closed
 
     def close(self) -> None:
+        """Free the models (see GenerationLock.close); closing again does nothing, using the engine raises."""
+        self._lock.close(self._free)
+
+    def _free(self) -> None:
         self.target.close()
         if self.draft_model is not None:
             self.draft_model.close()
@@ -184,6 +189,7 @@ class Engine:
 
     def forget_cache(self) -> None:
         """Empty the KV caches, so the next prompt is evaluated in full."""
+        self._lock.check_open()
         self.target.rewind(0)
         if self.draft_model is not None:
             self.draft_model.rewind(0)
@@ -285,13 +291,15 @@ class Engine:
 
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
         """Text with its control-token spellings parsed, like --raw input: never for user text in a chat."""
+        self._lock.check_open()
         return self.target.tokenize(text, add_special=add_special, parse_special=True)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         return self.chat_template.render(messages, add_generation_prompt).text
 
     def prompt_tokens(self, prompt: str, raw: bool = False) -> list[int]:
-        _check_text(prompt, "the prompt")
+        check_text(prompt, "the prompt")
+        self._lock.check_open()
         if raw:  # the user writes the control tokens on purpose
             return self.target.tokenize(prompt, add_special=True, parse_special=True)
         return self.chat_tokens([{"role": "user", "content": prompt}])
@@ -299,6 +307,7 @@ class Engine:
     def chat_tokens(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """The conversation as the model's template writes it; message contents never become control tokens."""
         rendered = self.chat_template.render(messages, add_generation_prompt)
+        self._lock.check_open()
         bos, spans = self.chat_template.bos_token, rendered.content_spans
         # a template that writes the BOS token itself must not get a second one; a message that does, must
         template_wrote_bos = bool(bos) and rendered.text.startswith(bos) and all(a >= len(bos) or a == b for a, b in spans)
@@ -334,7 +343,8 @@ class Engine:
             raise ValueError('prediction must be the expected text, or {"type": "content", "content": "..."}, '
                              f"not {type(prediction).__name__}")
         text = prediction if isinstance(prediction, str) else prediction_text(prediction)
-        _check_text(text, "the prediction")
+        check_text(text, "the prediction")
+        self._lock.check_open()
         return self.target.tokenize(text, add_special=False) if text else None
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None,
@@ -365,11 +375,16 @@ class Engine:
         raises its EdgespecError.
         """
         jobs = iter([Job(None, list(prompt_ids), params, cancel, shift_dropped_span, prediction, pool)])
+        return self._run_alone(jobs)
+
+    def _run_alone(self, jobs: Iterator[Job]) -> Iterator[Step | Done]:
         with self._lock:
             for _, event in self.scheduler(1).run(lambda wait: next(jobs, None)):
                 if isinstance(event, Failed):
                     raise event.error
                 yield event
+                if not isinstance(event, Done):
+                    self._lock.check_open()  # closed by the caller between steps
 
     def scheduler(self, parallel: int) -> Scheduler:
         """The decoding loop over this engine's decoder, `parallel` generations at a time (calibrated first,
@@ -379,8 +394,3 @@ class Engine:
         if parallel > 1:
             self.measure_sequences()
         return Scheduler(self.decoder, parallel)
-
-
-def _check_text(text: str, what: str) -> None:
-    if problem := surrogate_problem(text):
-        raise ValueError(f"{what} {problem}; give the character whole or leave it out")

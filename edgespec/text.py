@@ -19,6 +19,14 @@ def surrogate_problem(text: str) -> str | None:
     return None
 
 
+def check_text(text: object, what: str) -> None:
+    """Refuse what is not a str, or no text (see surrogate_problem), naming what it is ("the prompt")."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a str, not {type(text).__name__}")
+    if problem := surrogate_problem(text):
+        raise ValueError(f"{what} {problem}; give the character whole or leave it out")
+
+
 class TextAssembler:
     """Token bytes -> text that is safe to show now.
 
