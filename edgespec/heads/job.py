@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import EdgespecError
-from ..files import atomic_write
+from ..files import atomic_write, open_regular, parse_json
 from ..model_identity import loaded_model_identity
 from .network import Adam, Heads
 from .store import HeadsRecord, save_heads
@@ -200,12 +200,15 @@ def _save_resume(path: Path, trainer: Trainer) -> None:
 def _resumed(path: Path, lm_head, n_vocab: int) -> Trainer | None:
     """The trainer an interrupted run left in path, or None (no file, or one that cannot be read: start afresh)."""
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        with open_regular(path) as file, np.load(file, allow_pickle=False) as archive:  # a FIFO must not hang
             arrays = {name: archive[name] for name in archive.files}
-        meta = json.loads(arrays.pop("meta").tobytes().decode())
+        meta = parse_json(arrays.pop("meta").tobytes().decode())  # ValueError, not RecursionError, if 100k deep
         return Trainer.resumed(arrays, TrainingPlan(**meta["plan"]), lm_head, n_vocab, meta["sources"])
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass  # a directory in its place: the run starts afresh all the same
         return None

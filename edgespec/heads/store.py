@@ -24,7 +24,7 @@ import numpy as np
 
 from ..calibration import cache_dir
 from ..errors import EdgespecError
-from ..files import atomic_write
+from ..files import atomic_write, open_regular, parse_json
 from ..model_identity import model_identity
 from .network import FORMS, Heads
 
@@ -73,9 +73,10 @@ def read_heads(path: str | os.PathLike) -> tuple[HeadsRecord, dict[str, np.ndarr
     """The record and arrays of a heads file; HeadsFileError (one line) when it cannot be read whole."""
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        # opened as a regular file first: np.load of a FIFO in its place waits for a writer that never comes
+        with open_regular(path) as file, np.load(file, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
-        meta = json.loads(arrays.pop("meta").tobytes().decode())
+        meta = parse_json(arrays.pop("meta").tobytes().decode())  # ValueError, not RecursionError, if 100k deep
         record = HeadsRecord(**{**meta, "heldout_top1": tuple(meta["heldout_top1"]),
                                 "heldout_top3": tuple(meta["heldout_top3"])})
     except FileNotFoundError:
