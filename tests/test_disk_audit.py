@@ -294,3 +294,45 @@ def test_reopening_a_damaged_chat_says_so_and_leaves_the_open_chat_as_it_was(tin
             assert app.is_running
 
     body()
+
+
+# ---------------------------------------------------------------- trained heads and their resume file
+
+
+def heads_like_file(path, how: str) -> None:
+    import numpy as np
+
+    if how == "deep meta":
+        np.savez(path, meta=np.frombuffer(DEEP.encode(), dtype=np.uint8), a=np.zeros(1))
+    else:
+        spoil(path, how)
+
+
+@pytest.mark.parametrize("how", ["deep meta", "empty", "directory", pytest.param("fifo", marks=needs_fifo),
+                                 "dev-zero"])
+def test_a_spoilt_heads_file_is_one_line_naming_it(tmp_path, how):
+    from edgespec.heads.store import HeadsFileError, read_heads
+
+    path = tmp_path / "heads.npz"
+    heads_like_file(path, how)
+    errors = []
+
+    def read():
+        try:
+            read_heads(path)
+        except HeadsFileError as error:
+            errors.append(str(error))
+
+    assert finishes(read, 20)
+    assert len(errors) == 1 and str(path) in errors[0] and "\n" not in errors[0]
+
+
+@pytest.mark.parametrize("how", ["deep meta", "directory", pytest.param("fifo", marks=needs_fifo)])
+def test_a_spoilt_resume_file_starts_training_afresh(tmp_path, how):
+    from edgespec.heads.job import _resumed
+
+    path = tmp_path / "resume.npz"
+    heads_like_file(path, how)
+    found = []
+    assert finishes(lambda: found.append(_resumed(path, None, 10)), 20)
+    assert found == [None]
