@@ -79,6 +79,9 @@ class ChatTemplate:
         self.bos_token, self.eos_token = bos_token, eos_token
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> RenderedChat:
+        if not isinstance(messages, (list, tuple)) or not messages:  # a str would be read as messages, one a character
+            raise ValueError("messages must be a non-empty list of dicts, like [{'role': 'user', 'content': 'Hi'}], "
+                             f"not {messages!r:.40}")
         messages = [_template_message(m, i) for i, m in enumerate(messages)]
         contents = [m["content"] for m in messages]
         real = [{"role": m["role"], "content": m["content"]} for m in messages]

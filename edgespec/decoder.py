@@ -107,6 +107,11 @@ class Decoder:
         """Refuse a prompt that cannot run: an empty one, or one that leaves no room in the context."""
         if not prompt_ids:
             raise EdgespecError("the prompt is empty (give some text to continue)")
+        # llama.cpp fails an id outside the vocabulary with a bare status, or reads past its tables
+        ids = np.asarray(prompt_ids)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= self.target.n_vocab:
+            raise EdgespecError(f"the prompt must be token ids from 0 to {self.target.n_vocab - 1} (the model's "
+                                "vocabulary), as engine.tokenize gives them")
         if len(prompt_ids) >= self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt_ids)} tokens but the context holds {self.n_ctx} (raise ", Setting("n_ctx"),

@@ -291,6 +291,7 @@ class Engine:
 
     def tokenize(self, text: str, add_special: bool = False) -> list[int]:
         """Text with its control-token spellings parsed, like --raw input: never for user text in a chat."""
+        check_text(text, "the text")
         self._lock.check_open()
         return self.target.tokenize(text, add_special=add_special, parse_special=True)
 
@@ -374,7 +375,9 @@ class Engine:
         one before.  A prompt that cannot run, or a generation that fails,
         raises its EdgespecError.
         """
-        jobs = iter([Job(None, list(prompt_ids), params, cancel, shift_dropped_span, prediction, pool)])
+        # made here so that a wrong argument is refused at the call, not at the first next()
+        jobs = iter([Job(None, list(prompt_ids), sampling_params(params, {}), cancel, shift_dropped_span, prediction,
+                         pool)])
         return self._run_alone(jobs)
 
     def _run_alone(self, jobs: Iterator[Job]) -> Iterator[Step | Done]:

@@ -251,4 +251,7 @@ def sampling_params(params: SamplingParams | None, changes: dict) -> SamplingPar
     TypeError or ValueError naming it."""
     if params is None:
         return SamplingParams(**changes)
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be an edgespec.SamplingParams, not {type(params).__name__} (or give the "
+                        "values as keyword arguments: temperature=0, max_tokens=200, ...)")
     return replace(params, **changes) if changes else params

@@ -52,6 +52,11 @@ class Job:
     prediction: Sequence[int] | None = None  # tokens the output is expected to mostly repeat (a draft source)
     pool: NgramPool | None = None  # the pool of other texts its drafts may come from (None: the decoder's)
 
+    def __post_init__(self):
+        # a library caller's cancel=True would otherwise fail in the middle of the generation
+        if self.cancel is not None and not isinstance(self.cancel, threading.Event):
+            raise TypeError(f"cancel must be a threading.Event (set it to stop), not {type(self.cancel).__name__}")
+
 
 def best_parallel(cost: CostModel, limit: int) -> int:
     """The number of sequences, 1..limit, that gives the most tokens per second over all of them, each

@@ -110,3 +110,78 @@ def test_an_exception_leaving_a_with_block_closes_the_engine_and_passes_through(
             raise RuntimeError("boom")
     with pytest.raises(EdgespecError, match="closed"):
         engine.generate(PROMPTS[0])
+
+
+@pytest.fixture(scope="module")
+def shared(tiny_models):
+    with load(tiny_models["target"]) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda e: e.generate("hi", {"max_tokens": 3}), TypeError, "SamplingParams"),
+    (lambda e: e.generate("hi", "0.5"), TypeError, "keyword arguments"),
+    (lambda e: e.stream_tokens([1, 2], {"max_tokens": 3}), TypeError, "SamplingParams"),
+    (lambda e: e.generate(b"hi"), TypeError, "prompt must be a str"),
+    (lambda e: e.generate(None), TypeError, "prompt must be a str"),
+    (lambda e: e.generate("hi", cancel=True), TypeError, "threading.Event"),
+    (lambda e: e.generate("hi", temperature="0.5"), ValueError, "temperature"),
+    (lambda e: e.generate("hi", max_tokens=2.5), ValueError, "max_tokens"),
+    (lambda e: e.generate("hi", seed=-1), ValueError, "seed"),
+    (lambda e: e.generate("hi", top_k=True), ValueError, "top_k"),
+    (lambda e: e.generate("hi", temprature=0), TypeError, "temprature"),
+    (lambda e: list(e.stream_tokens([10**6], SamplingParams(max_tokens=2))), EdgespecError, "token ids from 0"),
+    (lambda e: list(e.stream_tokens([-1], SamplingParams(max_tokens=2))), EdgespecError, "token ids from 0"),
+    (lambda e: list(e.stream_tokens("abc", SamplingParams(max_tokens=2))), EdgespecError, "token ids"),
+    (lambda e: e.chat([]), ValueError, "non-empty list"),
+    (lambda e: e.chat("hi"), ValueError, "list of dicts"),
+])
+def test_a_wrong_argument_is_one_clear_error_and_the_engine_goes_on(shared, call, error, words):
+    with pytest.raises(error, match=words):
+        call(shared)
+    reference = shared.generate(PROMPTS[0], **GREEDY).token_ids
+    assert shared.generate(PROMPTS[0], **GREEDY).token_ids == reference
+
+
+def test_sampling_keywords_and_params_together_and_stop_as_string_or_list(shared):
+    together = shared.generate(PROMPTS[0], SamplingParams(max_tokens=99, seed=5), max_tokens=6, raw=True)
+    assert together.token_ids == shared.generate(PROMPTS[0], max_tokens=6, seed=5, raw=True).token_ids
+    assert shared.generate("x", stop="e", **GREEDY).token_ids == shared.generate("x", stop=["e"], **GREEDY).token_ids
+
+
+@pytest.fixture(scope="module")
+def smollm(smollm2_path):
+    with edgespec.load(str(smollm2_path), "ngram", pull=False, n_ctx=256, n_threads=1, cost_curve=CURVE) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "tool", "content": "42"}], [{"role": "function", "content": "42"}],
+    [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "A"}, {"role": "system", "content": "B"}, {"role": "user", "content": "Hi"}],
+    [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Again"}],
+    [{"role": "system", "content": "Only a system prompt."}],
+])
+def test_odd_roles_render_as_the_template_writes_them(smollm, messages):
+    result = smollm.chat(messages, max_tokens=4, temperature=0)
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    by_tokens = result_of(smollm.stream_tokens(smollm.chat_tokens(messages), greedy))
+    assert result.token_ids == by_tokens.token_ids
+    for message in messages:
+        assert f"<|im_start|>{message['role']}\n{message['content']}" in smollm.render_chat(messages)
+
+
+def test_a_chat_session_runs_many_turns_past_a_full_context(smollm):
+    params = SamplingParams(max_tokens=40, temperature=0)
+    session = ChatSession(smollm)
+    notices = 0
+    for turn in range(8):
+        events = list(session.stream(f"Tell me a long story about the number {turn} and all around it.", params))
+        notices += sum(isinstance(event, edgespec.Notice) for event in events)
+        assert events[-1].result.stats.prompt_tokens + params.max_tokens <= smollm.n_ctx
+    assert notices > 0 and len(session.messages) == 16 and session.first_visible > 0
+    strict = ChatSession(smollm, context_policy="error")
+    with pytest.raises(ContextOverflowError, match="n_ctx"):
+        for turn in range(8):
+            strict.send(f"Tell me a long story about the number {turn} and all around it.", params)
+    assert strict.messages[-1]["role"] == "assistant"  # the refused turn left nothing behind
