@@ -336,3 +336,35 @@ def test_a_spoilt_resume_file_starts_training_afresh(tmp_path, how):
     found = []
     assert finishes(lambda: found.append(_resumed(path, None, 10)), 20)
     assert found == [None]
+
+
+def test_a_crafted_snapshot_whose_cell_sits_at_the_last_position_leaves_no_ghost_cell(tmp_path, tiny_models):
+    """A snapshot rewritten with a fresh checksum (crafted, or from a buggy writer) whose first cell has
+    position 2**31 - 1: llama.cpp takes it, edgespec refuses it (its last position is not the prompt's), and
+    llama_memory_seq_rm(seq, 0, -1), whose range ends before that position, used to leave the cell behind,
+    so every later decode of the sequence failed.  Word 4 of this build's sequence state is that position."""
+    import hashlib
+
+    prompt = [100 + i % 150 for i in range(300)]
+    cache = tmp_path / "prefix-cache"
+    engine = engine_with_disk_cache(tiny_models["target"], cache)
+    for _ in range(2):
+        generate(engine, prompt)
+        engine.forget_cache()
+    engine.close()
+    [path] = cache.glob("*" + SUFFIX)
+    data = path.read_bytes()
+    with open(path, "rb") as f:
+        _, tokens, header = _read_header(f, len(data))
+    payload = bytearray(data[len(data) - header["payload_bytes"]:])
+    payload[16:20] = (2**31 - 1).to_bytes(4, "little")
+    path.write_bytes(rewrite_header(data[:len(data) - len(payload)] + payload,
+                                    payload_sha256=hashlib.sha256(payload).hexdigest()))
+    engine = engine_with_disk_cache(tiny_models["target"], cache)
+    result = generate(engine, prompt)
+    again = generate(engine, prompt[:-1])
+    engine.close()
+    plain = load_engine(tiny_models["target"], "none", n_ctx=1024, cost_curve=FIXED_COST, n_threads=1)
+    expected, expected_again = generate(plain, prompt), generate(plain, prompt[:-1])
+    plain.close()
+    assert result.token_ids == expected.token_ids and again.token_ids == expected_again.token_ids

@@ -188,9 +188,21 @@ class Context:
         loaded = llama_cpp.llama_state_seq_set_data(self._ctx, buffer, len(data), seq)
         if loaded == 0 or llama_cpp.llama_memory_seq_pos_max(self._memory, seq) != len(tokens) - 1:
             llama_cpp.llama_memory_seq_rm(self._memory, seq, 0, -1)
+            if llama_cpp.llama_memory_seq_pos_max(self._memory, seq) >= 0:
+                self._clear_all_for(seq)
             return False
         self._cached_by_seq[seq][:] = tokens  # in place: callers may hold the list
         return True
+
+    def _clear_all_for(self, seq: int) -> None:
+        """Empty the whole KV cache, the one way to drop a refused state's cell at position 2**31 - 1 (a crafted
+        snapshot's): llama_memory_seq_rm(seq, 0, -1) ends its range just before it, and the cell left behind
+        failed every later decode of seq.  DecodeError if another sequence holds tokens, which that would lose."""
+        if any(cached for other, cached in enumerate(self._cached_by_seq) if other != seq):
+            raise DecodeError(f"llama.cpp kept part of a refused prompt-cache state in {self._path.name}'s "
+                              "KV cache; delete the prompt cache's snapshot files and run again")
+        llama_cpp.llama_memory_clear(self._memory, True)
+        self._cached_by_seq[seq].clear()
 
     # -- forward passes --------------------------------------------------------
 
