@@ -17,7 +17,8 @@ from typing import Iterator
 
 from .engine import Done, Engine, GenerationResult, Step, result_of
 from .errors import ContextOverflowError, EdgespecError, Setting, Wording
-from .sampling import SamplingParams
+from .sampling import SamplingParams, sampling_params
+from .text import check_text
 
 CONTEXT_POLICIES = ("drop-oldest", "error")
 SESSION_FORMAT = 1
@@ -63,11 +64,13 @@ class ChatSession:
     def send(self, text: str, params: SamplingParams) -> GenerationResult:
         return result_of(self.stream(text, params))
 
-    def stream(self, text: str, params: SamplingParams) -> Iterator[Step | Done | Notice]:
+    def stream(self, text: str, params: SamplingParams | None) -> Iterator[Step | Done | Notice]:
+        check_text(text, "the message")
+        params = sampling_params(params, {})  # None: the defaults; a dict is refused here, not mid-turn
         self.messages.append({"role": "user", "content": text})
         try:
             prompt_ids, notice = self._prompt_for_reply(params)
-        except EdgespecError:
+        except BaseException:  # whatever refused the turn, the conversation stays as it was
             self.messages.pop()
             raise
         return self._reply(prompt_ids, notice, params)
@@ -79,6 +82,7 @@ class ChatSession:
         """Drop the last reply and sample a new one with a new seed."""
         if not self.messages or self.messages[-1]["role"] != "assistant":
             raise EdgespecError("there is no reply to regenerate (send a message first)")
+        params = sampling_params(params, {})
         self.messages.pop()
         self.turn_stats.pop()
         return self.stream_reply(replace(params, seed=secrets.randbits(32)))
@@ -87,6 +91,7 @@ class ChatSession:
         """Reply to the conversation as it stands (after an edit, say)."""
         if not self.messages or self.messages[-1]["role"] != "user":
             raise EdgespecError("the conversation does not end with a user message")
+        params = sampling_params(params, {})
         prompt_ids, notice = self._prompt_for_reply(params)
         return self._reply(prompt_ids, notice, params)
 
@@ -121,7 +126,7 @@ class ChatSession:
     def reply_prompt(self, params: SamplingParams) -> list[int]:
         """The tokens the next reply would be generated after, as stream_reply would send them to the engine
         (raises ContextOverflowError as it would); for a caller that schedules the generation itself."""
-        return self._prompt_for_reply(params)[0]
+        return self._prompt_for_reply(sampling_params(params, {}))[0]
 
     def _prompt_for_reply(self, params: SamplingParams) -> tuple[list[int], Notice | None]:
         reserve = min(params.max_tokens, self.engine.n_ctx // 4)

@@ -185,3 +185,14 @@ def test_a_chat_session_runs_many_turns_past_a_full_context(smollm):
         for turn in range(8):
             strict.send(f"Tell me a long story about the number {turn} and all around it.", params)
     assert strict.messages[-1]["role"] == "assistant"  # the refused turn left nothing behind
+
+
+def test_a_chat_session_refuses_a_wrong_message_or_params_and_keeps_its_conversation(smollm):
+    session = ChatSession(smollm)
+    with pytest.raises(TypeError, match="message must be a str"):
+        session.send(b"hi", SamplingParams(max_tokens=2))
+    with pytest.raises(TypeError, match="SamplingParams"):
+        session.send("hi", {"max_tokens": 2})
+    assert session.messages == []
+    assert session.send("hi", None).finish_reason in ("stop", "length")
+    assert [m["role"] for m in session.messages] == ["user", "assistant"]
