@@ -298,7 +298,8 @@ def import_model(file: str | os.PathLike, name: str | None = None, draft_for: st
         pairs.append({"name": f"{draft_for} with {name}", "target": draft_for, "draft": [name]})
     store = store_dir()
     store.mkdir(parents=True, exist_ok=True)
-    atomic_write(store / USER_CATALOG_NAME, json.dumps({"models": models, "pairs": pairs}, indent=2))
+    # keys this version does not know (a newer edgespec's) are kept: the file is the user's, not this version's
+    atomic_write(store / USER_CATALOG_NAME, json.dumps({**user, "models": models, "pairs": pairs}, indent=2))
     return _parse_model(record, store / USER_CATALOG_NAME)
 
 

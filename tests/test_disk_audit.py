@@ -368,3 +368,16 @@ def test_a_crafted_snapshot_whose_cell_sits_at_the_last_position_leaves_no_ghost
     expected, expected_again = generate(plain, prompt), generate(plain, prompt[:-1])
     plain.close()
     assert result.token_ids == expected.token_ids and again.token_ids == expected_again.token_ids
+
+
+def test_an_import_keeps_what_a_newer_edgespec_wrote_in_models_json(tmp_path, monkeypatch):
+    from edgespec.catalog import import_model
+    from tinygguf import write_tiny_model
+
+    monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "models"))
+    path = store_dir() / USER_CATALOG_NAME
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"models": [], "pairs": [], "aliases": {"fast": "tiny"}}))
+    import_model(write_tiny_model(tmp_path / "tiny.gguf", seed=0), name="tiny")
+    data = json.loads(path.read_text())
+    assert data["aliases"] == {"fast": "tiny"} and [m["name"] for m in data["models"]] == ["tiny"]
