@@ -381,3 +381,35 @@ def test_an_import_keeps_what_a_newer_edgespec_wrote_in_models_json(tmp_path, mo
     import_model(write_tiny_model(tmp_path / "tiny.gguf", seed=0), name="tiny")
     data = json.loads(path.read_text())
     assert data["aliases"] == {"fast": "tiny"} and [m["name"] for m in data["models"]] == ["tiny"]
+
+
+# ---------------------------------------------------------------- heads training data read from the user's files
+
+
+def test_heads_training_skips_batch_lines_that_are_not_records(tmp_path):
+    from edgespec.commands.heads import _batch_conversations
+
+    good = {"custom_id": "a", "body": {"messages": [{"role": "user", "content": "hi"}]},
+            "response": {"body": {"choices": [{"message": {"content": "hello"}}]}}}
+    lines = [DEEP, "[1]", '{"custom_id": {}}', '{"custom_id": "b", "body": [1]}', '{"custom_id": "c", "body": "x"}',
+             json.dumps(good), "not json"]
+    path = tmp_path / "batch.jsonl"
+    path.write_text("\n".join(lines))
+    assert list(_batch_conversations(path)) == [[{"role": "user", "content": "hi"},
+                                                 {"role": "assistant", "content": "hello"}]]
+
+
+def test_heads_training_from_history_skips_a_damaged_chat():
+    from edgespec.commands.heads import _history_chats
+
+    store = ChatStore()
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    store.save_chat(None, "good", "/m.gguf", {}, good, {})
+    store.save_chat(None, "messages not a list", "/m.gguf", {}, {"messages": []}, {})
+    damaged = store.save_chat(None, "damaged", "/m.gguf", {}, {"messages": []}, {})
+    with sqlite3.connect(store.path) as db:
+        db.execute("UPDATE chats SET session = ? WHERE id = ?", (DEEP, damaged))
+        db.execute("UPDATE chats SET session = ? WHERE title = ?", ('{"messages": 7}', "messages not a list"))
+    db.close()
+    store.close()
+    assert list(_history_chats()) == [good["messages"]]

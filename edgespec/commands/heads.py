@@ -10,12 +10,12 @@ requests it answers: run them through `edgespec batch` to keep them.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 from ..errors import EdgespecError, UsageError
+from ..files import parse_json
 from .options import DEFAULT_MODEL, file_path, model_text, parse_threads, setting, whole_number
 
 # Per sequence (prompts are answered 16 at a time): a prompt of up to 512 tokens and its reply fit, and
@@ -163,13 +163,17 @@ def _text_files(paths: list[Path]):
 
 
 def _history_chats():
-    from tui.history import ChatStore
+    from tui.history import ChatStore, HistoryError
 
     store = ChatStore()
     try:
         for summary in store.list_chats():
-            messages = store.load_chat(summary.id).session.get("messages", [])
-            messages = [m for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
+            try:
+                messages = store.load_chat(summary.id).session.get("messages", [])
+            except HistoryError:
+                continue  # a damaged chat is skipped: the chat app names it when it is opened
+            messages = [m for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)] \
+                if isinstance(messages, list) else []
             if any(m.get("role") == "assistant" for m in messages):
                 yield messages
     finally:
@@ -180,22 +184,39 @@ def _batch_conversations(path: Path):
     """Conversations in a batch input file (requests), output file (answers) or both, matched by custom_id."""
     requests, answers = {}, {}
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-            key = record["custom_id"]
-        except (ValueError, TypeError, KeyError):
+        key, messages, answer = _batch_record(line)
+        if key is None:
             continue
-        messages = (record.get("body") or {}).get("messages")
-        if isinstance(messages, list):
-            requests[key] = [m for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
-        try:
-            answers[key] = record["response"]["body"]["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            pass
+        if messages is not None:
+            requests[key] = messages
+        if answer is not None:
+            answers[key] = answer
     for key in requests.keys() | answers.keys():
-        answer = [{"role": "assistant", "content": answers[key]}] if isinstance(answers.get(key), str) else []
+        answer = [{"role": "assistant", "content": answers[key]}] if key in answers else []
         if requests.get(key, []) + answer:
             yield requests.get(key, [{"role": "user", "content": ""}]) + answer
+
+
+def _batch_record(line: str) -> tuple[str | None, list | None, str | None]:
+    """(custom_id, request messages, answer text) of one batch line; parts it lacks, or a line that is not a
+    record (not JSON, nested 100k deep, an id that is not a string, a body that is not an object), are None."""
+    try:
+        record = parse_json(line)
+    except ValueError:
+        return None, None, None
+    if not isinstance(record, dict) or not isinstance(record.get("custom_id"), str):
+        return None, None, None
+    body = record.get("body")
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if isinstance(messages, list):
+        messages = [m for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
+    else:
+        messages = None
+    try:
+        answer = record["response"]["body"]["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        answer = None
+    return record["custom_id"], messages, answer if isinstance(answer, str) else None
 
 
 class ProgressLine:
