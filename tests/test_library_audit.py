@@ -196,3 +196,26 @@ def test_a_chat_session_refuses_a_wrong_message_or_params_and_keeps_its_conversa
     assert session.messages == []
     assert session.send("hi", None).finish_reason in ("stop", "length")
     assert [m["role"] for m in session.messages] == ["user", "assistant"]
+
+
+@pytest.mark.parametrize("interrupted_pass", [1, 2, 3])
+def test_a_ctrl_c_as_a_pass_returns_leaves_the_caches_consistent(engine, plain, monkeypatch, interrupted_pass):
+    # Python raises a Ctrl+C at the first bytecode after the C call, with the pass's tokens in the KV cache
+    from edgespec.backend import context
+
+    real, calls = context.llama_cpp.llama_decode, []
+
+    def interrupted(*args):
+        status = real(*args)
+        calls.append(status)
+        if len(calls) == interrupted_pass:
+            raise KeyboardInterrupt
+        return status
+
+    engine.generate(PROMPTS[1], **GREEDY)
+    monkeypatch.setattr(context.llama_cpp, "llama_decode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        engine.generate(PROMPTS[0], **GREEDY)
+    monkeypatch.setattr(context.llama_cpp, "llama_decode", real)
+    for prompt in (PROMPTS[0], PROMPTS[1]):
+        assert engine.generate(prompt, **GREEDY).token_ids == plain[prompt]

@@ -240,8 +240,23 @@ class Context:
     def _decode_chunk(self, chunk: Sequence[int], n_logits: int, seq: int) -> None:
         n, cached = len(chunk), self._cached_by_seq[seq]
         self._batch.fill(chunk, np.arange(len(cached), len(cached) + n), [0] * (n - n_logits) + [1] * n_logits, seq)
-        self._run_batch()
-        cached.extend(chunk)
+        self._run_and_record([(seq, chunk)])
+
+    def _run_and_record(self, parts: Sequence[tuple[int, Sequence[int]]]) -> None:
+        """Run the filled batch and record each (seq, tokens) part as cached.
+
+        Should that raise, each sequence's cells past what is recorded are taken out again: a Ctrl+C during
+        a long prefill lands as llama_decode returns, its tokens in the KV cache but not yet recorded, and
+        the next pass of that sequence (placed after the recorded ones) failed as inconsistent positions.
+        """
+        try:
+            self._run_batch()
+            for seq, tokens in parts:
+                self._cached_by_seq[seq].extend(tokens)
+        except BaseException:
+            for seq, _ in parts:
+                llama_cpp.llama_memory_seq_rm(self._memory, seq, len(self._cached_by_seq[seq]), -1)
+            raise
 
     def _run_batch(self) -> None:
         started = time.perf_counter_ns()
@@ -271,10 +286,9 @@ class Context:
         if len(tokens) > self.n_batch or n_rows > MAX_OUTPUT_ROWS:
             raise ValueError(f"a pass of {len(tokens)} tokens and {n_rows} logits rows does not fit one batch")
         self._batch.fill(tokens, positions, outputs, seq_ids)
-        self._run_batch()
+        self._run_and_record([(seq, part) for seq, part, _ in parts])
         rows, views, first = self._logits_view(n_rows), [], 0
         for seq, part, n_logits in parts:
-            self._cached_by_seq[seq].extend(part)
             views.append(rows[first : first + n_logits])
             first += n_logits
         return views
