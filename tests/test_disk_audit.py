@@ -267,6 +267,12 @@ def test_a_saved_chat_of_the_wrong_shape_is_named_damaged(tmp_path, column, valu
     {"messages": ["not a message"]},
     {"messages": [{"role": "user", "content": ["not", "text"]}]},
     {"messages": 7},
+    {"first_visible": "x"},
+    {"first_visible": 5},
+    {"system_prompt": ["not text"]},
+    {"turn_stats": [{"message_index": 0, "tokens_generated": "many", "seconds": "long"}]},
+    {"turn_stats": [{"tokens_generated": 3}]},
+    {"params": {"temperature": "hot"}},
 ])
 def test_reopening_a_damaged_chat_says_so_and_leaves_the_open_chat_as_it_was(tiny_models, session_changes):
     from edgespec.session import SESSION_FORMAT

@@ -203,15 +203,13 @@ class ChatController:
     def open(self, chat_id: int) -> StoredChat:
         """Continue a saved chat with the loaded engine; raises EdgespecError for a damaged one."""
         stored = self.store.load_chat(chat_id)
-        # All read before any is applied: a damaged chat must leave the open one as it was, or its next save
-        # would write the open chat's id over with half of the damaged one.
+        # All read and checked before any is applied: a damaged chat must leave the open one as it was, or its
+        # next save would write the open chat's id over with half of the damaged one.
         try:
-            session = ChatSession.from_dict(self.engine, stored.session)
-            if not all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in session.messages):
-                raise ValueError("a message without a role or text")
-            marks = _drafted_marks(stored.extras.get("drafted") or {})
-            settings = ChatSettings.from_dict(stored.settings, session.system_prompt or "", self.settings)
-        except (TypeError, ValueError, KeyError, AttributeError) as error:
+            session, marks, settings = self._restored(stored)
+            visible = session.visible_messages()
+            context_used = len(self.engine.chat_tokens(visible)) if visible else 0
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
             raise HistoryError(f"chat {chat_id} in {self.store.path} is damaged ({error}); delete it from the "
                                "history list") from None
         self.session, self.chat_id, self.drafted_marks = session, stored.id, marks
@@ -220,9 +218,25 @@ class ChatController:
             self.engine.configure(mode=stored.settings["mode"])
         self.shown_stats = None
         self.acceptance.clear()
-        visible = self.session.visible_messages()
-        self.context_used = len(self.engine.chat_tokens(visible)) if visible else 0
+        self.context_used = context_used
         return stored
+
+    def _restored(self, stored: StoredChat) -> tuple[ChatSession, dict[str, list], ChatSettings]:
+        """The session, draft marks and settings of a saved chat; TypeError, ValueError or KeyError if any part
+        is not what the app saves (a damaged or hand-edited history), found here rather than when it is shown."""
+        session = ChatSession.from_dict(self.engine, stored.session)
+        if not all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in session.messages):
+            raise ValueError("a message without a role or text")
+        if not isinstance(session.system_prompt, (str, type(None))):
+            raise ValueError("a system prompt that is not text")
+        if type(session.first_visible) is not int or not 0 <= session.first_visible <= len(session.messages):
+            raise ValueError("a first shown message outside the chat")
+        for turn in session.turn_stats:  # each reply's footer, as the conversation will show it
+            if type(turn["message_index"]) is not int:
+                raise ValueError("reply figures of no message")
+            stats_text.reply_footer(Stats.from_dict(turn), None)
+        marks = _drafted_marks(stored.extras.get("drafted") or {})
+        return session, marks, ChatSettings.from_dict(stored.settings, session.system_prompt or "", self.settings)
 
     def rename(self, chat_id: int, title: str) -> None:
         self.store.rename_chat(chat_id, title)
