@@ -58,6 +58,7 @@ class ChatSession:
         # (the engine does not under bit_exact); False is the recomputing a benchmark compares with
         self.shift_dropped_turns = True
         self._cancel = threading.Event()
+        self._replying = False  # a reply's stream is started and not yet ended or closed
 
     # -- turns ---------------------------------------------------------------
 
@@ -67,6 +68,7 @@ class ChatSession:
     def stream(self, text: str, params: SamplingParams | None) -> Iterator[Step | Done | Notice]:
         check_text(text, "the message")
         params = sampling_params(params, {})  # None: the defaults; a dict is refused here, not mid-turn
+        self._check_no_reply_open()
         self.messages.append({"role": "user", "content": text})
         try:
             prompt_ids, notice = self._prompt_for_reply(params)
@@ -83,6 +85,7 @@ class ChatSession:
         if not self.messages or self.messages[-1]["role"] != "assistant":
             raise EdgespecError("there is no reply to regenerate (send a message first)")
         params = sampling_params(params, {})
+        self._check_no_reply_open()
         self.messages.pop()
         self.turn_stats.pop()
         return self.stream_reply(replace(params, seed=secrets.randbits(32)))
@@ -92,8 +95,16 @@ class ChatSession:
         if not self.messages or self.messages[-1]["role"] != "user":
             raise EdgespecError("the conversation does not end with a user message")
         params = sampling_params(params, {})
+        self._check_no_reply_open()
         prompt_ids, notice = self._prompt_for_reply(params)
         return self._reply(prompt_ids, notice, params)
+
+    def _check_no_reply_open(self) -> None:
+        # the engine would refuse the second generation only once the new turn's message was in, and the open
+        # reply, when finished, would be recorded after it: as the answer to a message it never saw
+        if self._replying:
+            raise EdgespecError("a reply of this chat is still streaming: run its stream to the end or close() it "
+                                "(cancel() stops it after the current step) before the next turn")
 
     def cancel(self) -> None:
         """Stop the reply being generated (from any thread) after the current step."""
@@ -102,12 +113,15 @@ class ChatSession:
     # -- edits ---------------------------------------------------------------
 
     def set_system_prompt(self, text: str | None) -> None:
+        if text is not None:
+            check_text(text, "the system prompt")
         self.system_prompt = text or None
 
     def edit_user_message(self, index: int, text: str) -> None:
         """Replace message `index` (a user message) and forget everything after it."""
         if not 0 <= index < len(self.messages) or self.messages[index]["role"] != "user":
             raise EdgespecError(f"message {index} is not a user message")
+        check_text(text, "the message")
         self.messages[index] = {"role": "user", "content": text}
         del self.messages[index + 1 :]
         self.turn_stats = [s for s in self.turn_stats if s["message_index"] < index]
@@ -165,13 +179,17 @@ class ChatSession:
     def _reply(self, prompt_ids, notice, params) -> Iterator[Step | Done | Notice]:
         self.params = params
         self._cancel.clear()
-        if notice is not None:
-            yield notice
-        shift = notice is not None and self.shift_dropped_turns
-        for event in self.engine.stream_tokens(prompt_ids, params, cancel=self._cancel, shift_dropped_span=shift):
-            if isinstance(event, Done):
-                self._record(event.result)
-            yield event
+        self._replying = True
+        try:
+            if notice is not None:
+                yield notice
+            shift = notice is not None and self.shift_dropped_turns
+            for event in self.engine.stream_tokens(prompt_ids, params, cancel=self._cancel, shift_dropped_span=shift):
+                if isinstance(event, Done):
+                    self._record(event.result)
+                yield event
+        finally:
+            self._replying = False
 
     def _record(self, result: GenerationResult) -> None:
         message = {"role": "assistant", "content": result.text}

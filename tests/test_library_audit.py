@@ -219,3 +219,30 @@ def test_a_ctrl_c_as_a_pass_returns_leaves_the_caches_consistent(engine, plain, 
     monkeypatch.setattr(context.llama_cpp, "llama_decode", real)
     for prompt in (PROMPTS[0], PROMPTS[1]):
         assert engine.generate(prompt, **GREEDY).token_ids == plain[prompt]
+
+
+def test_a_chat_turn_while_its_last_reply_still_streams_is_refused_and_changes_nothing(smollm):
+    params = SamplingParams(max_tokens=6, temperature=0)
+    session = ChatSession(smollm)
+    open_reply = session.stream("one", params)
+    next(open_reply)
+    for turn in (lambda: session.send("two", params), lambda: session.stream("two", params)):
+        with pytest.raises(EdgespecError, match=r"still streaming.*close\(\)"):
+            turn()
+    assert [m["content"] for m in session.messages] == ["one"]
+    reply = result_of(open_reply)
+    assert session.messages[-1] == {"role": "assistant", "content": reply.text}
+    for _ in session.stream("two", params):
+        break  # a stream left by break ends the turn: the next one is taken
+    assert session.send("three", params).finish_reason in ("stop", "length")
+
+
+def test_an_edit_or_system_prompt_that_is_no_text_is_refused_before_it_breaks_the_chat(smollm):
+    session = ChatSession(smollm)
+    session.send("hi", SamplingParams(max_tokens=2))
+    with pytest.raises(TypeError, match="message must be a str"):
+        session.edit_user_message(0, b"hi")
+    with pytest.raises(TypeError, match="system prompt must be a str"):
+        session.set_system_prompt(42)
+    assert session.messages[0]["content"] == "hi" and session.system_prompt is None
+    assert result_of(session.stream_regenerate(SamplingParams(max_tokens=2))).finish_reason in ("stop", "length")
