@@ -419,3 +419,23 @@ def test_heads_training_from_history_skips_a_damaged_chat():
     db.close()
     store.close()
     assert list(_history_chats()) == [good["messages"]]
+
+
+@pytest.mark.parametrize("session, extras", [
+    ({"messages": [{"role": "user"}]}, {}),
+    ({"messages": [{"role": "assistant", "content": "hi"}]}, {"drafted": "not marks"}),
+    ({"messages": ["x"]}, {}),
+])
+def test_exporting_a_damaged_chat_says_so(tmp_path, session, extras):
+    from tui.chat import ChatController
+    from tui.settings import ChatConfig
+
+    store = ChatStore(tmp_path / "history.sqlite3")
+    chat = store.save_chat(None, "title", "/m.gguf", {}, {"messages": []}, {})
+    with sqlite3.connect(store.path) as db:
+        db.execute("UPDATE chats SET session = ?, extras = ? WHERE id = ?", (json.dumps(session), json.dumps(extras),
+                                                                            chat))
+    db.close()
+    with pytest.raises(HistoryError, match=f"chat {chat} in .* is damaged"):
+        ChatController(ChatConfig(), store).export(chat, tmp_path / "chat.md", mark_drafts=True)
+    assert not (tmp_path / "chat.md").exists()

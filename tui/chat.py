@@ -25,6 +25,8 @@ from tui.history import ChatStore, HistoryError, StoredChat, content_key
 from tui.settings import ChatSettings
 
 SPARKLINE_STEPS = 80
+# What reading a saved chat of another shape than the app saves raises (a damaged or hand-edited history)
+_DAMAGE = (TypeError, ValueError, KeyError, AttributeError, IndexError)
 
 
 class ReplyStream:
@@ -209,9 +211,8 @@ class ChatController:
             session, marks, settings = self._restored(stored)
             visible = session.visible_messages()
             context_used = len(self.engine.chat_tokens(visible)) if visible else 0
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as error:
-            raise HistoryError(f"chat {chat_id} in {self.store.path} is damaged ({error}); delete it from the "
-                               "history list") from None
+        except _DAMAGE as error:
+            raise self._damaged(chat_id, error) from None
         self.session, self.chat_id, self.drafted_marks = session, stored.id, marks
         self.apply_settings(settings)
         if stored.settings.get("mode") in self.available_modes():
@@ -243,7 +244,15 @@ class ChatController:
 
     def export(self, chat_id: int, path: Path, mark_drafts: bool) -> Path:
         """Write a saved chat as a new Markdown file; ExportError (an EdgespecError) if it cannot."""
-        return write_new_file(path, chat_markdown(self.store.load_chat(chat_id), mark_drafts))
+        try:
+            text = chat_markdown(self.store.load_chat(chat_id), mark_drafts)
+        except _DAMAGE as error:  # messages without text, marks that are not ranges: a damaged history
+            raise self._damaged(chat_id, error) from None
+        return write_new_file(path, text)
+
+    def _damaged(self, chat_id: int, error: Exception) -> HistoryError:
+        return HistoryError(f"chat {chat_id} in {self.store.path} is damaged ({error}); delete it from the "
+                            "history list")
 
     def delete(self, chat_id: int) -> None:
         self.store.delete_chat(chat_id)
