@@ -73,26 +73,39 @@ class PrefixSightings:
 
     def _note(self, prints: list[bytes]) -> None:
         new = b"".join(prints)
-        size = self.path.stat().st_size if self.path.is_file() else 0
-        if size % RECORD_BYTES or size + len(new) > 2 * self.max_records * RECORD_BYTES:
+        size = self._own_size()
+        if size is None or size % RECORD_BYTES or size + len(new) > 2 * self.max_records * RECORD_BYTES:
             self._rewrite(new, size)
         else:
             self._append(new)
 
+    def _own_size(self) -> int | None:
+        """The file's size (0 when there is none yet), or None when something else is in its place: a symlink
+        (appending would write into the file it points at, perhaps the user's), a FIFO or a device.  Those are
+        replaced by a file of the new records."""
+        try:
+            info = os.lstat(self.path)
+        except FileNotFoundError:
+            return 0
+        return info.st_size if stat.S_ISREG(info.st_mode) else None
+
     def _append(self, new: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # non-blocking, and written only if a regular file: a FIFO in its place must not hang the prompt
-        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666)
+        # O_NOFOLLOW: a symlink put there since _own_size looked is refused (OSError), not written through
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+        descriptor = os.open(self.path, flags, 0o666)
         try:
             if stat.S_ISREG(os.fstat(descriptor).st_mode):
                 os.write(descriptor, new)
         finally:
             os.close(descriptor)
 
-    def _rewrite(self, new: bytes, size: int) -> None:
-        """Keep the last max_records records (none after a torn write), new ones included, in one rename."""
+    def _rewrite(self, new: bytes, size: int | None) -> None:
+        """Keep the last max_records records (none after a torn write, or from what was not the file), new ones
+        included, in one rename."""
         kept = b""
-        if size % RECORD_BYTES == 0:
+        if size is not None and size % RECORD_BYTES == 0:
             with open_regular(self.path) as f:
                 f.seek(max(0, size - (self.max_records * RECORD_BYTES - len(new))))
                 kept = f.read()

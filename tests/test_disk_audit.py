@@ -439,3 +439,18 @@ def test_exporting_a_damaged_chat_says_so(tmp_path, session, extras):
     with pytest.raises(HistoryError, match=f"chat {chat} in .* is damaged"):
         ChatController(ChatConfig(), store).export(chat, tmp_path / "chat.md", mark_drafts=True)
     assert not (tmp_path / "chat.md").exists()
+
+
+def test_a_symlink_in_place_of_the_sightings_file_is_replaced_not_written_through(tmp_path):
+    from edgespec.prefix_sightings import PrefixSightings
+
+    mine = tmp_path / "notes.txt"
+    mine.write_bytes(b"sixteen bytes!!\n" * 4)  # a whole number of records: it used to be appended to
+    (tmp_path / "cache").mkdir()
+    link = tmp_path / "cache" / "seen-prefixes"
+    link.symlink_to(mine)
+    sightings = PrefixSightings(link)
+    tokens = list(range(300))
+    sightings.seen_then_note("model", tokens)
+    assert sightings.seen_then_note("model", tokens) == 256  # the cache works on, in a file of its own
+    assert mine.read_bytes() == b"sixteen bytes!!\n" * 4 and not link.is_symlink()
