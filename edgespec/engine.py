@@ -188,11 +188,11 @@ class Engine:
             self.decoder.plan_reason = reason
 
     def forget_cache(self) -> None:
-        """Empty the KV caches, so the next prompt is evaluated in full."""
-        self._lock.check_open()
-        self.target.rewind(0)
-        if self.draft_model is not None:
-            self.draft_model.rewind(0)
+        """Empty the KV caches, so the next prompt is evaluated in full (after a running generation)."""
+        with self._lock:  # emptied under an open stream, its next steps would follow no context at all
+            self.target.rewind(0)
+            if self.draft_model is not None:
+                self.draft_model.rewind(0)
 
     def forget_learning(self) -> None:
         """Start the draft-length controllers afresh, from their priors, as a new process would.

@@ -246,3 +246,14 @@ def test_an_edit_or_system_prompt_that_is_no_text_is_refused_before_it_breaks_th
         session.set_system_prompt(42)
     assert session.messages[0]["content"] == "hi" and session.system_prompt is None
     assert result_of(session.stream_regenerate(SamplingParams(max_tokens=2))).finish_reason in ("stop", "length")
+
+
+def test_emptying_the_caches_under_an_open_stream_is_refused_and_the_stream_stays_exact(engine, plain):
+    steps = []
+    for step in engine.stream(PROMPTS[0], **GREEDY):
+        with pytest.raises(EdgespecError, match="unfinished stream"):
+            engine.forget_cache()
+        steps.append(step)
+    assert steps[-1].result.token_ids == plain[PROMPTS[0]]
+    engine.forget_cache()
+    assert engine.generate(PROMPTS[0], **GREEDY).token_ids == plain[PROMPTS[0]]
