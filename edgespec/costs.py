@@ -27,9 +27,13 @@ class CostModel:
     sequences: Sequence[tuple[int, int, float]] = ()
 
     def __post_init__(self) -> None:
-        seconds = tuple(float(s) for s in self.forward_seconds)
+        try:  # a library caller's cost_curve="1.0" would be read as the digits of a string
+            seconds = () if isinstance(self.forward_seconds, str) else tuple(float(s) for s in self.forward_seconds)
+        except (TypeError, ValueError):
+            seconds = ()
         if not seconds or not all(math.isfinite(s) and s > 0 for s in seconds):
-            raise ValueError(f"forward_seconds must be positive and finite, got {seconds!r}")
+            raise ValueError("a cost curve (cost_curve) must be the seconds of a pass over 1, 2, ... tokens, each "
+                             f"positive and finite, like (1.0, 1.2, 1.4), not {self.forward_seconds!r}")
         object.__setattr__(self, "forward_seconds", seconds)
         for name in ("draft_seconds_per_token", "heads_seconds_per_token"):
             value = float(getattr(self, name))

@@ -123,8 +123,18 @@ def load_engine(
     heads = _load_heads(target_model, heads_path, required=draft == "heads", notice=notice)
     mode = "heads" if draft == "heads" else "combined" if plan.mode == "draft-model" or heads is not None else plan.mode
     engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact, heads=heads)
-    engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
-    _settle_drafting(engine, draft, draft_tokens, notice)
+    return _calibrated(engine, draft, draft_tokens, cost_curve, notice, measure_stale_curve)
+
+
+def _calibrated(engine: Engine, draft, draft_tokens, cost_curve, notice, measure_stale_curve: bool) -> Engine:
+    """The engine calibrated, its drafting settled; closed when that fails (a refused cost_curve, a Ctrl+C
+    while measuring), as the caller never gets it to close."""
+    try:
+        engine.calibrate(cost_curve=cost_curve, notice=notice, measure_stale_curve=measure_stale_curve)
+        _settle_drafting(engine, draft, draft_tokens, notice)
+    except BaseException:
+        engine.close()
+        raise
     return engine
 
 

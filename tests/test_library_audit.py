@@ -257,3 +257,9 @@ def test_emptying_the_caches_under_an_open_stream_is_refused_and_the_stream_stay
     assert steps[-1].result.token_ids == plain[PROMPTS[0]]
     engine.forget_cache()
     assert engine.generate(PROMPTS[0], **GREEDY).token_ids == plain[PROMPTS[0]]
+
+
+@pytest.mark.parametrize("curve", ["1.0", (1.0, -1.0), (), ("a",), None.__class__])
+def test_a_cost_curve_that_is_no_curve_names_the_parameter(tiny_models, curve):
+    with pytest.raises(ValueError, match=r"cost_curve.*like \(1\.0, 1\.2"):
+        edgespec.load(str(tiny_models["target"]), "ngram", pull=False, n_ctx=512, n_threads=1, cost_curve=curve)
