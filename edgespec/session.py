@@ -47,6 +47,8 @@ class ChatSession:
     def __init__(self, engine: Engine, system_prompt: str | None = None, context_policy: str = "drop-oldest"):
         if context_policy not in CONTEXT_POLICIES:
             raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}")
+        if system_prompt is not None:  # else every turn would fail, naming it messages[0]
+            check_text(system_prompt, "the system prompt")
         self.engine = engine
         self.system_prompt = system_prompt
         self.context_policy = context_policy

@@ -245,6 +245,8 @@ def test_an_edit_or_system_prompt_that_is_no_text_is_refused_before_it_breaks_th
     with pytest.raises(TypeError, match="system prompt must be a str"):
         session.set_system_prompt(42)
     assert session.messages[0]["content"] == "hi" and session.system_prompt is None
+    with pytest.raises(TypeError, match="system prompt must be a str"):
+        ChatSession(smollm, system_prompt=b"Be brief.")
     assert result_of(session.stream_regenerate(SamplingParams(max_tokens=2))).finish_reason in ("stop", "length")
 
 
