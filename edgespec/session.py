@@ -182,14 +182,25 @@ class ChatSession:
         self.params = params
         self._cancel.clear()
         self._replying = True
+        shift = notice is not None and self.shift_dropped_turns
+        events = self.engine.stream_tokens(prompt_ids, params, cancel=self._cancel, shift_dropped_span=shift)
+        recorded = False
         try:
             if notice is not None:
                 yield notice
-            shift = notice is not None and self.shift_dropped_turns
-            for event in self.engine.stream_tokens(prompt_ids, params, cancel=self._cancel, shift_dropped_span=shift):
+            for event in events:
                 if isinstance(event, Done):
                     self._record(event.result)
+                    recorded = True
                 yield event
+        except GeneratorExit:
+            # The caller left the loop (a `break`) or closed the stream: that is cancel(), and the reply so far
+            # is recorded as cancelled, as a cancelled one is; left unanswered, the message would stand beside
+            # the next turn's, two user messages in a row.
+            if not recorded:
+                self._cancel.set()
+                self._record(result_of(events))
+            raise
         finally:
             self._replying = False
 

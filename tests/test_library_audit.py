@@ -9,7 +9,7 @@ import pytest
 
 import edgespec
 from edgespec import ChatSession, SamplingParams
-from edgespec.engine import result_of
+from edgespec.engine import Step, result_of
 from edgespec.errors import ContextOverflowError, EdgespecError
 
 CURVE = (1.0, 1.2, 1.4, 1.6)
@@ -265,3 +265,22 @@ def test_emptying_the_caches_under_an_open_stream_is_refused_and_the_stream_stay
 def test_a_cost_curve_that_is_no_curve_names_the_parameter(tiny_models, curve):
     with pytest.raises(ValueError, match=r"cost_curve.*like \(1\.0, 1\.2"):
         edgespec.load(str(tiny_models["target"]), "ngram", pull=False, n_ctx=512, n_threads=1, cost_curve=curve)
+
+
+@pytest.mark.parametrize("steps_read", [0, 1, 3])
+def test_a_reply_left_by_break_is_recorded_as_cancelled_with_what_was_shown(smollm, steps_read):
+    # The user message stayed unanswered, and the next turn's stood beside it: two user messages in a row.
+    params = SamplingParams(max_tokens=40, temperature=0)
+    session = ChatSession(smollm)
+    shown, reply = "", session.stream("Count from one to twenty.", params)
+    for _ in range(steps_read):
+        event = next(reply)
+        shown += event.text if isinstance(event, Step) else ""
+    reply.close()
+    if steps_read == 0:  # never started: nothing was generated, and the message waits for stream_reply
+        assert [m["role"] for m in session.messages] == ["user"]
+        return
+    assert session.messages[-1] == {"role": "assistant", "content": shown, "cancelled": True}
+    assert session.turn_stats[-1]["finish_reason"] == "cancelled"
+    session.send("And back.", params)
+    assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant"]
