@@ -68,6 +68,8 @@ class ChatSession:
         return result_of(self.stream(text, params))
 
     def stream(self, text: str, params: SamplingParams | None) -> Iterator[Step | Done | Notice]:
+        """The reply to text, step by step, recorded when it ends; leaving it early (a break, close()) is
+        cancel(): the reply so far is recorded as cancelled."""
         check_text(text, "the message")
         params = sampling_params(params, {})  # None: the defaults; a dict is refused here, not mid-turn
         self._check_no_reply_open()
