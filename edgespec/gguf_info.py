@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import stat
 import struct
 from dataclasses import dataclass, field
@@ -25,6 +26,10 @@ from gguf import (
 )
 
 from edgespec.errors import ModelFileError
+
+# What an architecture name can hold (llama.cpp's: qwen2, llama, gemma3, t5encoder, ...): a header's
+# string goes into model lists as it is, so one holding escape sequences is refused, not printed.
+_ARCHITECTURE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 _SCALAR_FORMATS = {
     GGUFValueType.UINT8: "B",
@@ -248,6 +253,8 @@ def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor]
     arch = fields.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelFileError(_problem(path, "has no general.architecture key, so it is not a model"))
+    if not _ARCHITECTURE_NAME.fullmatch(arch):
+        raise ModelFileError(_problem(path, f"names its architecture {arch[:40]!r}, which no model is"))
 
     def arch_int(key: str, default: int = 0) -> int:
         value = fields.get(f"{arch}.{key}", default)

@@ -87,3 +87,18 @@ def test_truncated_file_is_rejected(tiny, tmp_path, keep):
     cut.write_bytes(data[:keep])  # inside the KV block, inside the tensor infos, inside the weights
     with pytest.raises(ModelFileError, match="cut.gguf is truncated"):
         read_gguf_info(cut)
+
+
+def test_an_architecture_name_holding_escapes_is_refused_not_shown(tmp_path):
+    # `models import` and `models list` printed the header's string as it was: an ESC]2 in it retitled the terminal
+    from gguf import GGUFWriter
+
+    path = tmp_path / "hostile.gguf"
+    writer = GGUFWriter(str(path), "llama\x1b]2;pwned\x07")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelFileError, match="names its architecture") as caught:
+        read_gguf_info(path)
+    assert "\x1b" not in str(caught.value) and "\\x1b" in str(caught.value)
