@@ -41,6 +41,7 @@ DEFAULT_MAX_BYTES = 2 * GiB
 _MAX_HEADER_BYTES = 1 << 16
 _LENGTH = struct.Struct("<I")
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # the disk (or the quota) is full: then freeing space is the fix
 
 
 class CorruptSnapshot(Exception):
@@ -168,8 +169,10 @@ class DiskPrefixCache(PrefixStore):
             self._notice(f"the prompt cache in {self.directory} is read-only: its snapshots are restored, but no new "
                          "one is saved (make it writable, or set EDGESPEC_CACHE_DIR to a writable directory)")
         else:
+            fix = "free some disk space or set EDGESPEC_CACHE_DIR" if error.errno in _NO_SPACE else \
+                "set EDGESPEC_CACHE_DIR to a writable directory"
             self._notice(f"cannot save a prefix snapshot in {self.directory}: {error.strerror or error} "
-                         "(long prompts are prefilled in full; free some disk space or set EDGESPEC_CACHE_DIR)")
+                         f"(long prompts are prefilled in full; {fix})")
 
     def _delete(self, handle) -> None:
         try:

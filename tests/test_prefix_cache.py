@@ -354,3 +354,28 @@ def test_parallel_decoding_saves_and_restores_snapshots_of_its_sequences(tiny_mo
     assert cold[0].stats.prompt_tokens_reused == 0
     assert all(warm[i].stats.prompt_tokens_reused >= len(document) for i in range(3))
     assert [warm[i].token_ids for i in range(3)] == [cold[i].token_ids for i in range(3)]
+
+
+@pytest.mark.parametrize("full_disk", [True, False])
+def test_a_snapshot_that_cannot_be_saved_names_the_fix_that_applies(tmp_path, tiny_models, monkeypatch, full_disk):
+    # every failure advised freeing disk space, a directory where the cache should be too
+    import errno
+
+    from edgespec import prefix_files
+
+    key = snapshot_key(tiny_models["target"])
+    notices = []
+    if full_disk:
+        def no_space(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(prefix_files, "AtomicFile", no_space)
+        store = DiskPrefixCache(tmp_path, max_bytes=1 << 20, min_tokens=10, notice=notices.append)
+    else:
+        (tmp_path / "a-file").write_text("")
+        store = DiskPrefixCache(tmp_path / "a-file" / "cache", max_bytes=1 << 20, min_tokens=10, notice=notices.append)
+    tokens = list(range(400))
+    for _ in range(2):
+        assert not store.save(key, tokens, fake_state(50))
+    unsaved = [n for n in notices if "cannot save a prefix snapshot" in n]
+    assert len(unsaved) == 1
+    assert ("free some disk space" in unsaved[0]) == full_disk and "EDGESPEC_CACHE_DIR" in unsaved[0]
