@@ -208,21 +208,27 @@ def test_after_a_damaged_snapshot_the_reply_is_plain_decodings(tmp_path, tiny_mo
 # ---------------------------------------------------------------- the user's own files: one line naming them
 
 
+def refusals(call, kind) -> list[str]:
+    """The messages of the `kind` errors call() raised, once it finished (a hang fails the test)."""
+    errors = []
+
+    def read():
+        try:
+            call()
+        except kind as error:
+            errors.append(str(error))
+
+    assert finishes(read, 20)
+    return errors
+
+
 @pytest.mark.parametrize("how", ["not utf-8", "deep", "list", "directory", pytest.param("fifo", marks=needs_fifo),
                                  "dev-zero"])
 def test_a_spoilt_models_json_is_one_line_naming_it(tmp_path, monkeypatch, how):
     monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "models"))
     path = store_dir() / USER_CATALOG_NAME
     spoil(path, how)
-    errors = []
-
-    def read():
-        try:
-            _read_user_catalog()
-        except CatalogError as error:
-            errors.append(str(error))
-
-    assert finishes(read, 20)
+    errors = refusals(_read_user_catalog, CatalogError)
     assert len(errors) == 1 and str(path) in errors[0] and "\n" not in errors[0] and "fix or delete" in errors[0]
     assert path.exists() or path.is_symlink()  # the user's file is left for them to mend
 
@@ -236,15 +242,7 @@ def test_a_spoilt_config_is_one_line_naming_it(how):
         path.write_text("temperature = " + DEEP)
     else:
         spoil(path, how)
-    errors = []
-
-    def read():
-        try:
-            load_config()
-        except ConfigError as error:
-            errors.append(str(error))
-
-    assert finishes(read, 20)
+    errors = refusals(load_config, ConfigError)
     assert len(errors) == 1 and str(path) in errors[0] and "\n" not in errors[0] and "fix or delete" in errors[0]
 
 
@@ -321,15 +319,7 @@ def test_a_spoilt_heads_file_is_one_line_naming_it(tmp_path, how):
 
     path = tmp_path / "heads.npz"
     heads_like_file(path, how)
-    errors = []
-
-    def read():
-        try:
-            read_heads(path)
-        except HeadsFileError as error:
-            errors.append(str(error))
-
-    assert finishes(read, 20)
+    errors = refusals(lambda: read_heads(path), HeadsFileError)
     assert len(errors) == 1 and str(path) in errors[0] and "\n" not in errors[0]
 
 
