@@ -194,7 +194,11 @@ def test_a_chat_session_refuses_a_wrong_message_or_params_and_keeps_its_conversa
     with pytest.raises(TypeError, match="SamplingParams"):
         session.send("hi", {"max_tokens": 2})
     assert session.messages == []
-    assert session.send("hi", None).finish_reason in ("stop", "length")
+    # None means the defaults; where the reply ends is the model's text, so only its bounds are checked
+    result = session.send("hi", None)
+    assert result.finish_reason in ("stop", "length", "context")
+    assert result.stats.tokens_generated <= SamplingParams().max_tokens
+    assert result.stats.prompt_tokens + result.stats.tokens_generated <= smollm.n_ctx
     assert [m["role"] for m in session.messages] == ["user", "assistant"]
 
 
