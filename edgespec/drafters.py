@@ -25,7 +25,7 @@ from .backend import LlamaModel, common_prefix_length
 from .errors import Setting, VocabMismatchError
 from .ngram_pool import NgramPool, TokenIndex
 from .renames import RenameTable
-from .limits import MAX_VOCAB_SIZE_DIFFERENCE
+from .limits import MAX_DRAFT_TOKENS, MAX_VOCAB_SIZE_DIFFERENCE
 from .limits import MODES  # noqa: F401  (the modes these drafters implement; the chat app reads them here)
 from .sampling import SamplingParams, sample, to_probs
 
@@ -107,13 +107,20 @@ class NgramDrafter:
     the output, looked up like the context (the longer match wins, the
     prediction on a tie), and a pool of other texts of this process, looked
     up when neither has a match of the pool's shortest indexed length.
+
+    A copy that reaches a token ending generation (the end of a prompt's turn,
+    an earlier reply's end) is drafted up to that token and no further: the
+    target stops there when it agrees, and when it does not, nothing after it
+    could be kept. Without the cut, a quote of the prompt's last lines drafted
+    the chat template's next turn into a wide pass.
     """
 
     name = "ngram"
     forward_passes = 0
 
-    def __init__(self, n_max: int = 16, n_min: int = 1):
+    def __init__(self, n_max: int = 16, n_min: int = 1, end_tokens: frozenset[int] = frozenset()):
         self.n_max, self.n_min = n_max, n_min
+        self.end_tokens = end_tokens  # the target's end-of-generation tokens
         self._indexed: list[int] = []  # the context list last indexed (the caller's own object)
         self._n_indexed = 0  # how many of its tokens the index covers
         self._next_after: dict[tuple[int, ...], int] = {}
@@ -126,12 +133,18 @@ class NgramDrafter:
         """Look up these beyond the context from now on (None: not at all), e.g. for one generation."""
         self.prediction, self.pool = prediction, pool
 
+    def for_sequence(self, seq: int) -> "NgramDrafter":
+        """A drafter of its own for sequence seq, decoded alongside (as HeadsDrafter.for_sequence): an index
+        of that sequence's own text, which is all an n-gram drafter reads."""
+        return NgramDrafter(self.n_max, self.n_min, self.end_tokens)
+
     def peek(self, context: list[int]) -> Hint:
-        match = self._lookup(context, 0)
+        match = self._lookup(context, MAX_DRAFT_TOKENS)
         if match is None:
             return Hint(0, 0)
-        source, n, _ = match
-        return Hint(ngram_signal(source, n), None)
+        source, n, tokens = match
+        # a copy cut at an end token, or the end of a prediction or a pooled text, offers no more than that
+        return Hint(ngram_signal(source, n), len(tokens) if len(tokens) < MAX_DRAFT_TOKENS else None)
 
     def _copy_length(self, n: int, start: int) -> int:
         """How many tokens before the context's end match those before start: the match of n, extended
@@ -149,7 +162,8 @@ class NgramDrafter:
         return Proposal(tokens, None, source)
 
     def _lookup(self, context: list[int], k: int) -> tuple[str, int, list[int]] | None:
-        """(source, match length, the k tokens it proposes) of the best match, or None."""
+        """(source, match length, the tokens it proposes: k, or fewer where an end token or its source ends them)
+        of the best match, or None."""
         best = None
         found = self._context_match(context)
         if found is not None:
@@ -174,7 +188,13 @@ class NgramDrafter:
                 best = ("pool", pooled[0], lambda: pooled[1][:k])
         if best is None:
             return None
-        return best[0], best[1], best[2]()
+        return best[0], best[1], self._up_to_an_end(best[2]())
+
+    def _up_to_an_end(self, tokens: list[int]) -> list[int]:
+        for i, token in enumerate(tokens):
+            if token in self.end_tokens:
+                return tokens[: i + 1]
+        return tokens
 
     def _context_match(self, context: list[int]) -> tuple[int, int] | None:
         self._sync(context)
@@ -265,6 +285,8 @@ class DraftModelDrafter:
             token = sample(q, rng)
             tokens.append(token)
             rows.append(q)
+            if self.model.is_end_of_generation(token):
+                break  # the target stops there if it keeps it; nothing after it could be kept
             if i + 1 < k:
                 logits = self.model.decode([token], 1, copy=False)[0]
         self._context, self._n_known = context, len(context)

@@ -22,7 +22,7 @@ import numpy as np
 
 from .controller import DraftLengthController, controller_for
 from .costs import CostModel
-from .drafters import Drafter, Hint, NgramDrafter, NoDrafter
+from .drafters import Drafter, Hint, NoDrafter
 from .errors import EdgespecError, Setting
 from .generation import DrafterSet, Generation
 from .learned import LearnedAcceptance
@@ -169,7 +169,7 @@ class DraftPlanner:
     def sequence_drafter_set(self, seq: int) -> DrafterSet:
         """A drafting of its own for sequence seq decoded together with others: n-grams and, when loaded,
         heads (reading that sequence's hidden states), picked per step; or none."""
-        drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
+        drafters = {"none": NoDrafter(), "ngram": self.drafters["ngram"].for_sequence(seq)}
         if "heads" in self.drafters:
             drafters["heads"] = drafters["combined"] = self.drafters["heads"].for_sequence(seq)
         mode = self.mode if self.mode in ("none", "heads") else "combined" if "combined" in drafters else "ngram"

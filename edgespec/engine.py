@@ -49,7 +49,7 @@ class Engine:
         self._calibrator: Calibrator | None = None  # None: the curve was given
         self._phase_clock: PhaseClock | None = None
         self.prefix_caches: list[PrefixStore] = []  # where KV snapshots of long prompts are kept and restored from
-        drafters = {"none": NoDrafter(), "ngram": NgramDrafter()}
+        drafters = {"none": NoDrafter(), "ngram": NgramDrafter(end_tokens=target.end_of_generation_ids)}
         if draft is not None:
             drafters["draft-model"] = DraftModelDrafter(draft, target.n_vocab)
             drafters["combined"] = drafters["draft-model"]  # picks per step between it and n-grams

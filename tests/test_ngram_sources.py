@@ -74,3 +74,38 @@ def test_signal_classes_separate_sources_and_lengths():
     assert copy_signal_parts(ngram_signal("pool", 40)) == (2, 40)
     with pytest.raises(ValueError):
         ngram_signal("elsewhere", 3)
+
+
+END = 2  # an end-of-generation token, such as the end of the prompt's turn in a chat template
+
+
+def test_a_copy_is_drafted_up_to_an_end_token_and_no_further():
+    # the prompt's turn ends after "30 31", then the template opens the reply (40 41); the reply quotes "30 31"
+    context = [5, 30, 31, END, 40, 41, 9, 30, 31]
+    drafter = NgramDrafter(end_tokens=frozenset({END}))
+    assert drafter.peek(context).available == 1
+    assert drafter.propose(context, 6).tokens == [END]
+    unaware = NgramDrafter()
+    assert unaware.propose(context, 6).tokens == [END, 40, 41, 9, 30, 31]
+    assert unaware.peek(context).available is None  # the copy repeats past the context's end
+
+
+def test_every_source_is_cut_at_an_end_token_and_says_how_much_it_offers():
+    drafter = NgramDrafter(end_tokens=frozenset({END}))
+    drafter.use_sources(prediction=TokenIndex([7, 8, 60, 61, END, 62]))
+    assert drafter.propose([1, 7, 8], 5).tokens == [60, 61, END]
+    assert drafter.peek([1, 7, 8]).available == 3
+    pool = NgramPool(lengths=(3,))
+    pool.add([20, 21, 22, 23, END, 24, 25])
+    drafter.use_sources(pool=pool)
+    assert drafter.propose([9, 20, 21, 22], 4).tokens == [23, END]
+    drafter.use_sources(prediction=TokenIndex([7, 8, 60, 61]))
+    assert drafter.peek([1, 7, 8]).available == 2  # the prediction ends there
+
+
+def test_a_drafter_for_another_sequence_keeps_the_end_tokens_and_nothing_else():
+    drafter = NgramDrafter(end_tokens=frozenset({END}))
+    drafter.propose([11, 12, 13, 11, 12], 2)
+    other = drafter.for_sequence(1)
+    assert other.end_tokens == drafter.end_tokens
+    assert other.propose([7, 8, 7], 2).tokens == [8, 7]

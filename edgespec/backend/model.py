@@ -106,6 +106,10 @@ class LlamaModel:
         return self.vocab.is_end_of_generation(token)
 
     @property
+    def end_of_generation_ids(self) -> frozenset[int]:
+        return self.vocab.end_of_generation_ids
+
+    @property
     def bos_id(self) -> int:
         return self.vocab.bos_id
 

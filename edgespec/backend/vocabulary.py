@@ -75,6 +75,11 @@ class Vocabulary:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
+    @functools.cached_property
+    def end_of_generation_ids(self) -> frozenset[int]:
+        """Every token that ends a generation (EOS, end of turn, and the like: llama.cpp's EOG set)."""
+        return frozenset(token for token in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
     @property
     def bos_id(self) -> int:
         return llama_cpp.llama_vocab_bos(self._vocab)
