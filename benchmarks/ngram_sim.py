@@ -53,7 +53,7 @@ from edgespec.learned import merge_counts  # noqa: E402
 EPYC_CURVE_POINTS = {1: 1.0, 2: 1.58, 3: 2.23, 4: 2.67, 8: 4.4, 16: 5.2}
 # The bench run whose calibrated curve is the default: what the engine planned with when it was timed.
 BENCH_CURVE = Path(__file__).parent / "results" / "heldout-t0.json"
-END = -1  # the end-of-generation token: no n-gram ever proposes it
+END = -1  # the end of a reply recorded without its model's end token: no n-gram ever proposes it
 
 
 def interpolated_curve(points: dict[int, float] = EPYC_CURVE_POINTS) -> list[float]:
@@ -117,10 +117,10 @@ class PassNoise:
 
 
 def replay(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: CostModel, controller,
-           drafter: NgramDrafter, max_tokens: int, noise: PassNoise | None = None) -> Replay:
+           drafter: NgramDrafter, max_tokens: int, noise: PassNoise | None = None, end_token: int = END) -> Replay:
     """Decode the recorded reply again as the engine would, with drafts checked against it; noise: what the
     controller is told each pass took is that far off the curve (the pass is still paid at the curve)."""
-    truth = list(reply_ids) + ([END] if stopped else [])
+    truth = list(reply_ids) + ([end_token] if stopped else [])
     context, position, k_max, result = list(prompt_ids), 0, controller.k_max, Replay()
     while position < len(truth):
         limit = min(max_tokens - position - 1, k_max)
@@ -137,6 +137,12 @@ def replay(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: Cos
         position = result.count_step(tokens, accepted, truth, position, context, cost)
     result.plain = len(truth) * cost.target(1)
     return result
+
+
+def drafter_for(row: dict) -> NgramDrafter:
+    """The engine's n-gram drafter for the row's model: it drafts up to the model's end tokens (record_replies.py
+    keeps them as end_tokens; files recorded before that replay a drafter that knows none)."""
+    return NgramDrafter(end_tokens=frozenset(row.get("end_tokens", ())))
 
 
 # llama.cpp's ngram-simple at its defaults (common/ngram-map.cpp, common_ngram_simple_draft): the last
@@ -157,10 +163,10 @@ def llamacpp_simple_draft(context: list[int]) -> list[int]:
 
 
 def replay_llamacpp_simple(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: CostModel,
-                           max_tokens: int) -> Replay:
+                           max_tokens: int, end_token: int = END) -> Replay:
     """The reply decoded as llama-speculative-simple --spec-type ngram-simple would, priced on the same curve
     (widths past the curve's are priced at its widest's cost per token, as CostModel does)."""
-    truth = list(reply_ids) + ([END] if stopped else [])
+    truth = list(reply_ids) + ([end_token] if stopped else [])
     context, position, result = list(prompt_ids), 0, Replay()
     while position < len(truth):
         tokens = llamacpp_simple_draft(context)[: max(0, max_tokens - position - 1)]
@@ -171,12 +177,12 @@ def replay_llamacpp_simple(prompt_ids: list[int], reply_ids: list[int], stopped:
 
 
 def replay_oracle(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: CostModel, k_max: int,
-                  max_tokens: int) -> Replay:
+                  max_tokens: int, drafter: NgramDrafter | None = None, end_token: int = END) -> Replay:
     """The fastest any draft-length choice could decode the reply with NgramDrafter's proposals: at T = 0 the
     context at each position is known (the prompt and the reply so far), so the best k per position follows
     by dynamic programming from the end.  An upper bound for the controller, not something it could reach."""
-    truth = list(reply_ids) + ([END] if stopped else [])
-    n, drafter = len(truth), NgramDrafter()
+    truth = list(reply_ids) + ([end_token] if stopped else [])
+    n, drafter = len(truth), drafter or NgramDrafter()
     kept = []  # per position: for each k, how many of a k-token draft would be kept
     for position in range(n):
         context = list(prompt_ids) + truth[:position]
@@ -217,7 +223,8 @@ def simulate(rows: list[dict], cost: CostModel, learned=None, max_tokens: int = 
             controller = controller_for("ngram", row_plan, len(row_plan.forward_seconds) - 1,
                                         learned=learned(row) if learned else None)
             one = replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop", cost, controller,
-                         NgramDrafter(), max_tokens, PassNoise(sd, rho, 1000 * index + seed) if noise else None)
+                         drafter_for(row), max_tokens, PassNoise(sd, rho, 1000 * index + seed) if noise else None,
+                         row.get("end_token", END))
             total.plain, total.drafted = total.plain + one.plain, total.drafted + one.drafted
             total.proposed, total.accepted = total.proposed + one.proposed, total.accepted + one.accepted
             for width, count in one.widths.items():
@@ -234,7 +241,7 @@ def prices_from_others(rows: list[dict], cost: CostModel, plan_cost: CostModel):
     for row in rows:
         controller = controller_for("ngram", plan_cost, len(plan_cost.forward_seconds) - 1)
         replayed = replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop", cost, controller,
-                          NgramDrafter(), 200)
+                          drafter_for(row), 200, end_token=row.get("end_token", END))
         passes = [(width, cost.target(width) / plan_cost.target(width))
                   for width, count in replayed.widths.items() for _ in range(count)]
         paid[row["id"]] = generation_prices(passes)
@@ -255,7 +262,8 @@ def learned_from_others(rows: list[dict], cost: CostModel, same_kind: bool = Fal
     exported = {}
     for row in rows:
         controller = controller_for("ngram", cost, len(cost.forward_seconds) - 1)
-        replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop", cost, controller, NgramDrafter(), 200)
+        replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop", cost, controller, drafter_for(row), 200,
+               end_token=row.get("end_token", END))
         exported[row["id"]] = controller.estimate.export()
 
     def learned(row):
@@ -316,10 +324,11 @@ def main() -> int:
     cost = CostModel(curve_named(args.curve))
     if args.policy == "llamacpp-simple":
         results = {row["id"]: replay_llamacpp_simple(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
-                                                     cost, 200) for row in rows}
+                                                     cost, 200, row.get("end_token", END)) for row in rows}
     elif args.policy == "oracle":
         results = {row["id"]: replay_oracle(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
-                                            cost, len(cost.forward_seconds) - 1, 200) for row in rows}
+                                            cost, len(cost.forward_seconds) - 1, 200, drafter_for(row),
+                                            row.get("end_token", END)) for row in rows}
     else:
         plan_cost = CostModel(curve_named(args.plan_curve)) if args.plan_curve else cost
         results = simulate(rows, cost, learned_from_others(rows, cost, args.learned == "kind") if args.learned else None,

@@ -65,7 +65,9 @@ def main() -> int:
             result = result_of(engine.stream_tokens(prompt_ids, sampling))
             row = {"suite": prompt.suite, "id": row_id, "model": engine.target_path.name, "draft": args.draft,
                    "temperature": args.temperature, "seed": seed,
-                   "prompt_ids": prompt_ids, "reply_ids": result.token_ids, "finish_reason": result.finish_reason}
+                   "prompt_ids": prompt_ids, "reply_ids": result.token_ids, "finish_reason": result.finish_reason,
+                   # what the simulator's drafter cuts drafts at, and (taken as) the token that ended a stopped reply
+                   "end_tokens": sorted(engine.target.end_of_generation_ids), "end_token": engine.target.eos_id}
             out.write(json.dumps(row) + "\n")
             out.flush()
             print(f"{row_id}: {len(result.token_ids)} tokens ({result.finish_reason})", file=sys.stderr)
