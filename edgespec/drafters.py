@@ -46,6 +46,15 @@ class Proposal:
 NO_PROPOSAL = Proposal([])
 
 
+def up_to_an_end(tokens: list[int], end_tokens: frozenset[int]) -> list[int]:
+    """The draft up to and with its first end-of-generation token: the target stops there if it keeps it,
+    so nothing after it could be kept."""
+    for i, token in enumerate(tokens):
+        if token in end_tokens:
+            return tokens[: i + 1]
+    return tokens
+
+
 class Drafter(Protocol):
     name: str
 
@@ -188,13 +197,7 @@ class NgramDrafter:
                 best = ("pool", pooled[0], lambda: pooled[1][:k])
         if best is None:
             return None
-        return best[0], best[1], self._up_to_an_end(best[2]())
-
-    def _up_to_an_end(self, tokens: list[int]) -> list[int]:
-        for i, token in enumerate(tokens):
-            if token in self.end_tokens:
-                return tokens[: i + 1]
-        return tokens
+        return best[0], best[1], up_to_an_end(best[2](), self.end_tokens)
 
     def _context_match(self, context: list[int]) -> tuple[int, int] | None:
         self._sync(context)

@@ -233,3 +233,22 @@ def test_heads_draft_on_the_cores_llama_cpp_leaves_and_leave_the_process_setting
         after = blas_threads()
     assert seen and all(threads == [free] for threads in seen)
     assert after == [free + 1]
+
+
+def test_a_heads_draft_ends_at_an_end_token(engine, tiny_models, monkeypatch):
+    from edgespec.heads.drafter import HeadsDrafter
+    from edgespec.heads.network import Heads
+    from tinygguf import bos_eos_ids
+
+    eos = bos_eos_ids()[1]
+    proposals, propose = [], HeadsDrafter.propose
+    monkeypatch.setattr(HeadsDrafter, "propose", lambda self, *args: proposals.append(propose(self, *args)) or proposals[-1])
+    # heads that guess an end token second (tiny models' heads never learn one: their EOS is never written)
+    monkeypatch.setattr(Heads, "draft", lambda self, hidden, chosen, k, token_row, stop_below=(): [7, eos, 7][:k])
+    engine.configure(mode="heads", draft_tokens=3, bit_exact=False)
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    result = engine.generate(PROMPTS[0], params, raw=True)
+    drafted = [p.tokens for p in proposals if p.tokens]
+    assert [7, eos] in drafted and all(tokens == [7, eos][: len(tokens)] for tokens in drafted)  # k 1 near the end
+    engine.configure(mode="none")
+    assert engine.generate(PROMPTS[0], params, raw=True).token_ids == result.token_ids

@@ -23,7 +23,7 @@ import time
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from ..drafters import NO_PROPOSAL, Hint, Proposal
+from ..drafters import NO_PROPOSAL, Hint, Proposal, up_to_an_end
 from ..limits import usable_cores
 from .network import Heads
 
@@ -62,7 +62,7 @@ class HeadsDrafter:
         hidden = self.target.hidden_before(context, self.seq) if k > 0 else None
         if hidden is None:
             return NO_PROPOSAL
-        return Proposal(self._draft(hidden, context[-1], k, stop_below), None)
+        return Proposal(up_to_an_end(self._draft(hidden, context[-1], k, stop_below), self.target.end_of_generation_ids))
 
     def seconds_per_token(self, repeats: int = 5) -> float:
         """What drafting one token costs here (one head, its token row included): the best of repeats."""
