@@ -10,7 +10,7 @@ from edgespec.backend.hidden import HiddenStateModel
 from edgespec.heads.job import Budget, Sources, TrainingInterrupted, resume_path_for, train_heads
 from edgespec.heads.network import Adam, Heads
 from edgespec.heads.projection import LmHead
-from edgespec.heads.store import HeadsFileError, load_heads, read_heads
+from edgespec.heads.store import HeadsFileError, load_heads, read_heads, save_heads
 from edgespec.heads.teacher import TeacherData
 from edgespec.heads.training import Trainer, TrainingPlan, reduced_vocabulary, seconds_per_example
 from tinygguf import write_tiny_model
@@ -108,14 +108,14 @@ def test_trained_heads_are_saved_with_what_they_were_trained_on(trained, tiny_mo
     assert record.training_tokens > 0 and set(record.sources) <= {"files", "built-in prompts"}
     assert record.heldout_tokens > 0 and len(record.heldout_top1) == 3
     assert all(0.0 <= a <= b <= 1.0 for a, b in zip(record.heldout_top1, record.heldout_top3))
-    again, heads = load_heads(path, tiny_models["target"], LmHead(tiny_models["target"]).rows)
+    again, heads = load_heads(path, tiny_models["target"], LmHead(tiny_models["target"]))
     assert again == record and isinstance(heads, Heads) and len(heads.vocab) <= 64
 
 
 def test_a_heads_file_for_another_model_is_refused_with_one_line(trained, tmp_path):
     other = write_tiny_model(tmp_path / "other.gguf", seed=99, n_layer=2)
     with pytest.raises(HeadsFileError) as refused:
-        load_heads(trained[0], other, LmHead(other).rows)
+        load_heads(trained[0], other, LmHead(other))
     assert "\n" not in str(refused.value) and "another model" in str(refused.value)
 
 
@@ -156,7 +156,7 @@ def test_ctrl_c_while_training_leaves_a_resume_file_and_no_half_written_heads(ti
 
 
 def test_heads_draft_from_a_hidden_state_and_stop_when_unsure(trained, tiny_models):
-    _, heads = load_heads(trained[0], tiny_models["target"], LmHead(tiny_models["target"]).rows)
+    _, heads = load_heads(trained[0], tiny_models["target"], LmHead(tiny_models["target"]))
     lm_head = LmHead(tiny_models["target"])
     hidden = np.ones(heads.projection.shape[1], dtype=np.float32)
     drafted = heads.draft(hidden, 5, 3, lm_head.row)
@@ -202,3 +202,17 @@ def test_a_grown_trainer_carries_its_heads_on_over_more_data(tiny_models, target
     assert len(grown.data) == 30 + len(ids) and grown.examples_seen == trainer.examples_seen
     assert grown.heads.vocab.tolist() == reduced_vocabulary(data.join().top, 64).tolist()
     assert seconds_per_example(plan, heldout, lm_head, target.n_vocab) > 0
+
+
+@pytest.mark.parametrize("vocab", ["negative id", "past the vocabulary", "not whole numbers", "empty"])
+def test_a_heads_file_whose_token_ids_are_not_the_models_is_refused_with_one_line(trained, tiny_models, tmp_path, vocab):
+    record, arrays = read_heads(trained[0])
+    ids = arrays["vocab"].astype(np.int64)
+    bad = {"negative id": np.concatenate([ids[:-1], [-1]]),
+           "past the vocabulary": np.concatenate([ids[:-1], [LmHead(tiny_models["target"]).n_vocab + 5]]),
+           "not whole numbers": ids.astype(np.float32) + 0.5, "empty": ids[:0]}[vocab]
+    crafted = save_heads(tmp_path / "crafted.npz", Heads(record.form, bad, None, arrays["a"], arrays["b"], arrays["bias"]),
+                         record)
+    with pytest.raises(HeadsFileError) as refused:
+        load_heads(crafted, tiny_models["target"], LmHead(tiny_models["target"]))
+    assert "\n" not in str(refused.value) and "token ids" in str(refused.value)

@@ -26,8 +26,7 @@ def heads_drafter(target, heads_path: str | os.PathLike | None = None) -> HeadsD
     EDGESPEC_LEARN_HEADS=1 the target also keeps what verification kept (learn_from_usage)."""
     lm_head = LmHead(target.path)
     identity = loaded_model_identity(target)  # the file as it was loaded, whatever happened to it since
-    record, heads = load_heads(heads_path or default_heads_path(target.path, identity), target.path, lm_head.rows,
-                               identity)
+    record, heads = load_heads(heads_path or default_heads_path(target.path, identity), target.path, lm_head, identity)
     if os.environ.get(LEARN_FROM_USAGE) == "1":
         learn_from_usage(target)
     return HeadsDrafter(target, heads, lm_head.row, heldout_top1=record.heldout_top1)

@@ -89,11 +89,11 @@ def read_heads(path: str | os.PathLike) -> tuple[HeadsRecord, dict[str, np.ndarr
     return record, arrays
 
 
-def load_heads(path: str | os.PathLike, model_path: str | os.PathLike, projection_rows,
+def load_heads(path: str | os.PathLike, model_path: str | os.PathLike, lm_head,
                identity: str | None = None) -> tuple[HeadsRecord, Heads]:
     """The heads in path, for the model file at model_path (whose identity, when known, is given); refused with
-    one line when they belong to another model.  projection_rows(vocab) gives the lm_head rows of their
-    reduced vocabulary."""
+    one line when they belong to another model.  lm_head (projection.LmHead) gives the rows of their reduced
+    vocabulary."""
     record, arrays = read_heads(path)
     identity = identity or model_identity(model_path)
     if record.model_identity != identity:
@@ -104,6 +104,9 @@ def load_heads(path: str | os.PathLike, model_path: str | os.PathLike, projectio
                     and arrays["bias"].shape == arrays["a"].shape[:2] and vocab.ndim == 1)
     if not shapes_agree:
         raise HeadsFileError(f"heads file {path} is damaged: its arrays do not fit together (train the heads again)")
-    heads = Heads(record.form, vocab.astype(np.int32), projection_rows(vocab), arrays["a"].astype(np.float32),
+    # a token id outside the vocabulary would index another row (numpy wraps -1) and, drafted, abort llama.cpp
+    if vocab.dtype.kind not in "iu" or vocab.size == 0 or vocab.min() < 0 or vocab.max() >= lm_head.n_vocab:
+        raise HeadsFileError(f"heads file {path} is damaged: its token ids are not the model's (train the heads again)")
+    heads = Heads(record.form, vocab.astype(np.int32), lm_head.rows(vocab), arrays["a"].astype(np.float32),
                   arrays["b"].astype(np.float32), arrays["bias"].astype(np.float32))
     return record, heads
