@@ -216,3 +216,11 @@ def test_a_heads_file_whose_token_ids_are_not_the_models_is_refused_with_one_lin
     with pytest.raises(HeadsFileError) as refused:
         load_heads(crafted, tiny_models["target"], LmHead(tiny_models["target"]))
     assert "\n" not in str(refused.value) and "token ids" in str(refused.value)
+
+
+@pytest.mark.parametrize("token", [-1, 10**6])
+def test_a_token_id_outside_the_vocabulary_is_a_value_error_not_an_abort(target, token):
+    # llama.cpp's std::vector::at would throw through the C API and abort the process
+    for read in (target.token_bytes, target.token_text):
+        with pytest.raises(ValueError, match=f"token id {token} is outside the vocabulary"):
+            read(token)

@@ -65,12 +65,19 @@ class Vocabulary:
         """The raw bytes a token stands for (special tokens render as empty)."""
         piece = self._pieces.get(token)
         if piece is None:
-            piece = self._pieces[token] = token_piece(self._vocab, token)
+            piece = self._pieces[token] = token_piece(self._vocab, self._checked(token))
         return piece
 
     def token_text(self, token: int) -> bytes:
         """The token's entry in the vocabulary, as stored (for comparing vocabularies)."""
-        return token_text(self._vocab, token)
+        return token_text(self._vocab, self._checked(token))
+
+    def _checked(self, token: int) -> int:
+        # llama.cpp looks a token up with std::vector::at: an id outside the vocabulary throws through the
+        # C API and aborts the process, where a ValueError can be caught and named
+        if not 0 <= token < self.n_vocab:
+            raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
+        return token
 
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
