@@ -2,19 +2,24 @@
 
 Everything edgespec writes in place of an earlier version (downloaded models,
 models.json, the calibration cache, config.toml) goes through a temporary
-file beside it and a rename.  What it reads back goes through read_regular and
-parse_json: a FIFO, a device or a huge file in its place, or JSON nested past
-Python's recursion limit, is an OSError or a ValueError like any other bad file.
+file beside it and a rename.  What it reads back goes through read_regular,
+parse_json and read_arrays: a FIFO, a device or a huge file in its place, JSON
+nested past Python's recursion limit, or an archive of arrays that asks for
+more memory than it holds, is an OSError or a ValueError like any other bad file.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import BinaryIO
+
+import numpy as np
 
 
 class AtomicFile:
@@ -99,3 +104,46 @@ def parse_json(data: bytes | str):
         return json.loads(data)
     except RecursionError:
         raise ValueError("its JSON is nested too deeply") from None
+
+
+def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of an .npz archive np.savez wrote (heads, a training run's state, usage chunks), read whole;
+    OSError if the file cannot be read, ValueError if it is not such an archive.
+
+    np.load allocates what a member's header declares before reading a byte of it, and inflates a compressed
+    member whatever it grows to: a 460-byte file asked for 149 GiB (a MemoryError's traceback), and a 2 MB
+    one took 2 GB for 8 s.  So members must be stored, as np.savez writes them, and declare no more bytes
+    than they hold: reading an archive then costs at most the file's own size.
+    """
+    arrays = {}
+    with open_regular(path) as file:
+        size = os.fstat(file.fileno()).st_size
+        try:
+            with zipfile.ZipFile(file) as archive:
+                members = archive.infolist()
+                if any(m.compress_type != zipfile.ZIP_STORED for m in members):
+                    raise ValueError("it holds compressed members, which np.savez never writes")
+                if sum(m.file_size for m in members) > size:
+                    raise ValueError("its members claim more bytes than the file holds")
+                for member in members:
+                    with archive.open(member) as stream:
+                        _check_array_header(stream, member.file_size)
+                    with archive.open(member) as stream:
+                        array = np.lib.format.read_array(stream, allow_pickle=False)
+                    arrays[member.filename.removesuffix(".npy")] = array
+        except (zipfile.BadZipFile, EOFError) as error:
+            raise ValueError(f"it is not an archive of arrays ({error})") from None
+    return arrays
+
+
+def _check_array_header(stream: BinaryIO, held: int) -> None:
+    """ValueError unless the .npy header at the start of stream declares plain data of at most `held` bytes."""
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        raise ValueError(f"an array has header version {version}, which np.savez does not write here")
+    if dtype.hasobject or math.prod(shape) * dtype.itemsize > held:
+        raise ValueError("an array declares more data than it holds")

@@ -7,16 +7,19 @@ or lets a RecursionError or OverflowError out of JSON nested 100k deep or holdin
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import sqlite3
+import zipfile
 
+import numpy as np
 import pytest
 
 from edgespec.calibration import CalibrationCache, CalibrationKey
 from edgespec.catalog import CatalogError, USER_CATALOG_NAME, _read_user_catalog, store_dir
-from edgespec.files import FileTooLarge, NotARegularFile, parse_json, read_regular
+from edgespec.files import FileTooLarge, NotARegularFile, parse_json, read_arrays, read_regular
 from edgespec.learned import LEARNED_FILE, LearnedAcceptance
 from edgespec.model_identity import IdentityCache
 from edgespec.prefix_files import SUFFIX, CorruptSnapshot, DiskPrefixCache, _read_header
@@ -444,3 +447,30 @@ def test_a_symlink_in_place_of_the_sightings_file_is_replaced_not_written_throug
     sightings.seen_then_note("model", tokens)
     assert sightings.seen_then_note("model", tokens) == 256  # the cache works on, in a file of its own
     assert mine.read_bytes() == b"sixteen bytes!!\n" * 4 and not link.is_symlink()
+
+
+@pytest.mark.parametrize("crafted", ["deflated", "declares more", "object array", "claims more than the file"])
+def test_an_archive_of_arrays_is_read_only_within_the_bytes_it_holds(tmp_path, crafted):
+    """read_arrays (heads, training state, usage chunks) refuses, before allocating, what np.load would grow."""
+    path = tmp_path / "arrays.npz"
+    np.savez(path, kept=np.arange(6, dtype=np.int32).reshape(2, 3), empty=np.zeros((0, 4)))
+    read = read_arrays(path)
+    assert read["kept"].tolist() == [[0, 1, 2], [3, 4, 5]] and read["empty"].shape == (0, 4)
+
+    def npy(shape, payload=b"", descr="<f4"):
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": descr, "fortran_order": False, "shape": shape})
+        return header.getvalue() + payload
+
+    compression = zipfile.ZIP_DEFLATED if crafted == "deflated" else zipfile.ZIP_STORED
+    member = {"deflated": npy((4_000_000,), bytes(16_000_000)), "declares more": npy((10**12,), bytes(64)),
+              "object array": npy((1,), bytes(8), "|O"), "claims more than the file": npy((2,), bytes(8))}[crafted]
+    with zipfile.ZipFile(path, "w", compression) as archive:
+        archive.writestr("a.npy", member)
+    if crafted == "claims more than the file":  # the central directory's size for the member, made up
+        data = path.read_bytes()
+        directory = data.rindex(b"PK\x01\x02")
+        size_at = directory + 24  # uncompressed size in the central directory entry
+        path.write_bytes(data[:size_at] + (10**9).to_bytes(4, "little") + data[size_at + 4:])
+    with pytest.raises(ValueError):
+        read_arrays(path)

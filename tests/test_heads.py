@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import zipfile
+
 import numpy as np
 import pytest
 
@@ -119,17 +122,36 @@ def test_a_heads_file_for_another_model_is_refused_with_one_line(trained, tmp_pa
     assert "\n" not in str(refused.value) and "another model" in str(refused.value)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage"])
+def _npy(shape: tuple[int, ...], payload: bytes = b"", descr: str = "<f4") -> bytes:
+    """A .npy member whose header declares shape, followed by payload (not necessarily that much data)."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": descr, "fortran_order": False, "shape": shape})
+    return header.getvalue() + payload
+
+
+def _crafted_archive(path, compression: int, members: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(path, "w", compression) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "declares 149 GiB", "compressed"])
 def test_a_damaged_heads_file_is_refused_with_one_line(trained, tmp_path, damage):
+    broken = tmp_path / "broken.npz"
     data = bytearray(trained[0].read_bytes())
     if damage == "truncate":
-        data = data[: len(data) // 2]
+        broken.write_bytes(bytes(data[: len(data) // 2]))
     elif damage == "flip":
         data[len(data) // 2] ^= 0xFF  # inside an array: the member's CRC no longer matches
-    else:
-        data = bytearray(b"not a heads file at all")
-    broken = tmp_path / "broken.npz"
-    broken.write_bytes(bytes(data))
+        broken.write_bytes(bytes(data))
+    elif damage == "garbage":
+        broken.write_bytes(b"not a heads file at all")
+    elif damage == "declares 149 GiB":  # np.load allocated it before reading: a MemoryError's traceback
+        _crafted_archive(broken, zipfile.ZIP_STORED, {"meta.npy": _npy((2,), b"{}", "|u1"),
+                                                      "a.npy": _npy((40_000_000_000,))})
+    else:  # np.load inflated a member whatever it grew to (a 2 MB file took 2 GB); np.savez never compresses
+        with np.load(trained[0]) as archive:
+            np.savez_compressed(broken, **{name: archive[name] for name in archive.files})
     with pytest.raises(HeadsFileError) as refused:
         read_heads(broken)
     assert "\n" not in str(refused.value) and "damaged" in str(refused.value)

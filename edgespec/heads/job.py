@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import json
 import time
-import zipfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -27,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import EdgespecError
-from ..files import atomic_write, open_regular, parse_json
+from ..files import atomic_write, parse_json, read_arrays
 from ..model_identity import loaded_model_identity
 from .network import Adam, Heads
 from .store import HeadsRecord, save_heads
@@ -200,13 +199,12 @@ def _save_resume(path: Path, trainer: Trainer) -> None:
 def _resumed(path: Path, lm_head, n_vocab: int) -> Trainer | None:
     """The trainer an interrupted run left in path, or None (no file, or one that cannot be read: start afresh)."""
     try:
-        with open_regular(path) as file, np.load(file, allow_pickle=False) as archive:  # a FIFO must not hang
-            arrays = {name: archive[name] for name in archive.files}
+        arrays = read_arrays(path)
         meta = parse_json(arrays.pop("meta").tobytes().decode())  # ValueError, not RecursionError, if 100k deep
         return Trainer.resumed(arrays, TrainingPlan(**meta["plan"]), lm_head, n_vocab, meta["sources"])
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+    except (OSError, ValueError, KeyError, TypeError):
         try:
             path.unlink(missing_ok=True)
         except OSError:

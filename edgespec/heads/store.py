@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import numpy as np
 
 from ..calibration import cache_dir
 from ..errors import EdgespecError
-from ..files import atomic_write, open_regular, parse_json
+from ..files import atomic_write, parse_json, read_arrays
 from ..model_identity import model_identity
 from .network import FORMS, Heads
 
@@ -73,15 +72,13 @@ def read_heads(path: str | os.PathLike) -> tuple[HeadsRecord, dict[str, np.ndarr
     """The record and arrays of a heads file; HeadsFileError (one line) when it cannot be read whole."""
     path = Path(path)
     try:
-        # opened as a regular file first: np.load of a FIFO in its place waits for a writer that never comes
-        with open_regular(path) as file, np.load(file, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
+        arrays = read_arrays(path)
         meta = parse_json(arrays.pop("meta").tobytes().decode())  # ValueError, not RecursionError, if 100k deep
         record = HeadsRecord(**{**meta, "heldout_top1": tuple(meta["heldout_top1"]),
                                 "heldout_top3": tuple(meta["heldout_top3"])})
     except FileNotFoundError:
         raise HeadsFileError(f"no heads file at {path} (train heads with `edgespec heads train MODEL`)") from None
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError, UnicodeDecodeError):
+    except (OSError, ValueError, KeyError, TypeError):  # UnicodeDecodeError is a ValueError
         raise HeadsFileError(f"heads file {path} is damaged (train the heads again with "
                              "`edgespec heads train MODEL`, or delete the file)") from None
     if record.format != FORMAT or record.form not in FORMS or not {"vocab", "a", "b", "bias"} <= arrays.keys():

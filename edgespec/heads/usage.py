@@ -17,12 +17,11 @@ from __future__ import annotations
 import io
 import os
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from ..files import atomic_write
+from ..files import atomic_write, read_arrays
 from .teacher import TeacherData
 
 CHUNK_POSITIONS = 4096  # about 12 MB of float16 hidden states at Qwen2.5-1.5B's 1536
@@ -77,10 +76,9 @@ def read_usage(directory: str | os.PathLike, n_embd: int, max_positions: int) ->
     data = TeacherData.empty(n_embd)
     for chunk in sorted(Path(directory).glob("*.npz"), reverse=True):
         try:
-            with np.load(chunk, allow_pickle=False) as archive:
-                part = TeacherData.from_arrays({name: archive[name] for name in archive.files}, "", {})
+            part = TeacherData.from_arrays(read_arrays(chunk), "", {})
             consistent = part.hidden.ndim == 2 and part.hidden.shape[1] == n_embd and len(part) == len(part.top)
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+        except (OSError, ValueError, KeyError):
             continue
         if consistent:
             data.extend(part, "usage", max_positions)
