@@ -116,11 +116,16 @@ class PassNoise:
         return math.exp(self.log)
 
 
-def replay(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: CostModel, controller,
-           drafter: NgramDrafter, max_tokens: int, noise: PassNoise | None = None, end_token: int = END) -> Replay:
-    """Decode the recorded reply again as the engine would, with drafts checked against it; noise: what the
-    controller is told each pass took is that far off the curve (the pass is still paid at the curve)."""
-    truth = list(reply_ids) + ([end_token] if stopped else [])
+def decoded(row: dict) -> list[int]:
+    """The tokens a row's steps decode: its recorded reply, and the model's end token where the reply stopped
+    there (the step that wrote it is paid for too)."""
+    return list(row["reply_ids"]) + ([row.get("end_token", END)] if row["finish_reason"] == "stop" else [])
+
+
+def replay(prompt_ids: list[int], truth: list[int], cost: CostModel, controller, drafter: NgramDrafter,
+           max_tokens: int, noise: PassNoise | None = None) -> Replay:
+    """Decode the recorded reply (truth: decoded(row)) again as the engine would, with drafts checked against it;
+    noise: what the controller is told each pass took is that far off the curve (the pass is still paid at it)."""
     context, position, k_max, result = list(prompt_ids), 0, controller.k_max, Replay()
     while position < len(truth):
         limit = min(max_tokens - position - 1, k_max)
@@ -162,11 +167,9 @@ def llamacpp_simple_draft(context: list[int]) -> list[int]:
     return []
 
 
-def replay_llamacpp_simple(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: CostModel,
-                           max_tokens: int, end_token: int = END) -> Replay:
+def replay_llamacpp_simple(prompt_ids: list[int], truth: list[int], cost: CostModel, max_tokens: int) -> Replay:
     """The reply decoded as llama-speculative-simple --spec-type ngram-simple would, priced on the same curve
     (widths past the curve's are priced at its widest's cost per token, as CostModel does)."""
-    truth = list(reply_ids) + ([end_token] if stopped else [])
     context, position, result = list(prompt_ids), 0, Replay()
     while position < len(truth):
         tokens = llamacpp_simple_draft(context)[: max(0, max_tokens - position - 1)]
@@ -176,12 +179,11 @@ def replay_llamacpp_simple(prompt_ids: list[int], reply_ids: list[int], stopped:
     return result
 
 
-def replay_oracle(prompt_ids: list[int], reply_ids: list[int], stopped: bool, cost: CostModel, k_max: int,
-                  max_tokens: int, drafter: NgramDrafter | None = None, end_token: int = END) -> Replay:
+def replay_oracle(prompt_ids: list[int], truth: list[int], cost: CostModel, k_max: int, max_tokens: int,
+                  drafter: NgramDrafter | None = None) -> Replay:
     """The fastest any draft-length choice could decode the reply with NgramDrafter's proposals: at T = 0 the
     context at each position is known (the prompt and the reply so far), so the best k per position follows
     by dynamic programming from the end.  An upper bound for the controller, not something it could reach."""
-    truth = list(reply_ids) + ([end_token] if stopped else [])
     n, drafter = len(truth), drafter or NgramDrafter()
     kept = []  # per position: for each k, how many of a k-token draft would be kept
     for position in range(n):
@@ -222,9 +224,8 @@ def simulate(rows: list[dict], cost: CostModel, learned=None, max_tokens: int = 
         for seed in range(seeds):
             controller = controller_for("ngram", row_plan, len(row_plan.forward_seconds) - 1,
                                         learned=learned(row) if learned else None)
-            one = replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop", cost, controller,
-                         drafter_for(row), max_tokens, PassNoise(sd, rho, 1000 * index + seed) if noise else None,
-                         row.get("end_token", END))
+            one = replay(row["prompt_ids"], decoded(row), cost, controller, drafter_for(row), max_tokens,
+                         PassNoise(sd, rho, 1000 * index + seed) if noise else None)
             total.plain, total.drafted = total.plain + one.plain, total.drafted + one.drafted
             total.proposed, total.accepted = total.proposed + one.proposed, total.accepted + one.accepted
             for width, count in one.widths.items():
@@ -240,8 +241,7 @@ def prices_from_others(rows: list[dict], cost: CostModel, plan_cost: CostModel):
     paid = {}
     for row in rows:
         controller = controller_for("ngram", plan_cost, len(plan_cost.forward_seconds) - 1)
-        replayed = replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop", cost, controller,
-                          drafter_for(row), 200, end_token=row.get("end_token", END))
+        replayed = replay(row["prompt_ids"], decoded(row), cost, controller, drafter_for(row), 200)
         passes = [(width, cost.target(width) / plan_cost.target(width))
                   for width, count in replayed.widths.items() for _ in range(count)]
         paid[row["id"]] = generation_prices(passes)
@@ -262,8 +262,7 @@ def learned_from_others(rows: list[dict], cost: CostModel, same_kind: bool = Fal
     exported = {}
     for row in rows:
         controller = controller_for("ngram", cost, len(cost.forward_seconds) - 1)
-        replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop", cost, controller, drafter_for(row), 200,
-               end_token=row.get("end_token", END))
+        replay(row["prompt_ids"], decoded(row), cost, controller, drafter_for(row), 200)
         exported[row["id"]] = controller.estimate.export()
 
     def learned(row):
@@ -323,12 +322,10 @@ def main() -> int:
         rows = [row for row in rows if (int(row["id"].split("@")[0].rsplit("-", 1)[1]) <= 2) == (args.split == "tune")]
     cost = CostModel(curve_named(args.curve))
     if args.policy == "llamacpp-simple":
-        results = {row["id"]: replay_llamacpp_simple(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
-                                                     cost, 200, row.get("end_token", END)) for row in rows}
+        results = {row["id"]: replay_llamacpp_simple(row["prompt_ids"], decoded(row), cost, 200) for row in rows}
     elif args.policy == "oracle":
-        results = {row["id"]: replay_oracle(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop",
-                                            cost, len(cost.forward_seconds) - 1, 200, drafter_for(row),
-                                            row.get("end_token", END)) for row in rows}
+        results = {row["id"]: replay_oracle(row["prompt_ids"], decoded(row), cost, len(cost.forward_seconds) - 1, 200,
+                                            drafter_for(row)) for row in rows}
     else:
         plan_cost = CostModel(curve_named(args.plan_curve)) if args.plan_curve else cost
         results = simulate(rows, cost, learned_from_others(rows, cost, args.learned == "kind") if args.learned else None,

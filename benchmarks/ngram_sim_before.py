@@ -50,8 +50,8 @@ class OldNgramController:
     def choose(self, signal, cap):
         return self.controller.choose(signal, cap)
 
-    def update(self, proposed, accepted, signal):
-        pass
+    def update(self, proposed, accepted, signal, seconds=None):
+        pass  # the old controller learned in hindsight only, and knew nothing of pass times
 
 
 def main() -> int:
@@ -67,7 +67,7 @@ def main() -> int:
     cost = ngram_sim.CostModel(ngram_sim.curve_named(args.curve))
     with tempfile.TemporaryDirectory() as directory:
         controller_module, drafters_module = old_modules(Path(directory))
-        results = {row["id"]: ngram_sim.replay(row["prompt_ids"], row["reply_ids"], row["finish_reason"] == "stop", cost,
+        results = {row["id"]: ngram_sim.replay(row["prompt_ids"], ngram_sim.decoded(row), cost,
                                                OldNgramController(controller_module, cost, len(cost.forward_seconds) - 1),
                                                drafters_module.NgramDrafter(), 200)
                    for row in rows}
