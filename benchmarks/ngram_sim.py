@@ -17,6 +17,8 @@ Run:
                                                                      # learned prior of all others
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --policy llamacpp-simple   # llama.cpp's ngram-simple
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve issue   # the issue's 16-width curve
+    .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve benchmarks/results/avx512-output-rows-cost-1-34.json
+                                         # every width 1-34 as timed (the calibration times 11 of them)
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve TRUE --plan-curve CACHED
                                          # plans made on one curve, passes paid at another
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve TRUE --plan-curve CACHED --learned-prices
@@ -62,10 +64,15 @@ def interpolated_curve(points: dict[int, float] = EPYC_CURVE_POINTS) -> list[flo
 
 
 def curve_named(name: str) -> list[float]:
-    """'issue': the issue's curve; 'bench' or a bench JSON's path: the curve that run calibrated."""
+    """'issue': the issue's curve; 'bench' or a bench JSON's path: the curve that run calibrated; an
+    output_rows_cost.py JSON's path: the passes it timed with every row's logits, as verification asks for them
+    (widths it did not time interpolated)."""
     if name == "issue":
         return interpolated_curve()
-    return [float(t) for t in json.loads(Path(BENCH_CURVE if name == "bench" else name).read_text())["meta"]["cost_curve_relative"]]
+    figures = json.loads(Path(BENCH_CURVE if name == "bench" else name).read_text())
+    if "relative" in figures:
+        return interpolated_curve({int(width): t for width, t in figures["relative"]["every row"].items()})
+    return [float(t) for t in figures["meta"]["cost_curve_relative"]]
 
 
 @dataclass
