@@ -129,12 +129,6 @@ def _npy(shape: tuple[int, ...], payload: bytes = b"", descr: str = "<f4") -> by
     return header.getvalue() + payload
 
 
-def _crafted_archive(path, compression: int, members: dict[str, bytes]) -> None:
-    with zipfile.ZipFile(path, "w", compression) as archive:
-        for name, data in members.items():
-            archive.writestr(name, data)
-
-
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "declares 149 GiB", "compressed"])
 def test_a_damaged_heads_file_is_refused_with_one_line(trained, tmp_path, damage):
     broken = tmp_path / "broken.npz"
@@ -147,8 +141,9 @@ def test_a_damaged_heads_file_is_refused_with_one_line(trained, tmp_path, damage
     elif damage == "garbage":
         broken.write_bytes(b"not a heads file at all")
     elif damage == "declares 149 GiB":  # np.load allocated it before reading: a MemoryError's traceback
-        _crafted_archive(broken, zipfile.ZIP_STORED, {"meta.npy": _npy((2,), b"{}", "|u1"),
-                                                      "a.npy": _npy((40_000_000_000,))})
+        with zipfile.ZipFile(broken, "w", zipfile.ZIP_STORED) as archive:
+            archive.writestr("meta.npy", _npy((2,), b"{}", "|u1"))
+            archive.writestr("a.npy", _npy((40_000_000_000,)))
     else:  # np.load inflated a member whatever it grew to (a 2 MB file took 2 GB); np.savez never compresses
         with np.load(trained[0]) as archive:
             np.savez_compressed(broken, **{name: archive[name] for name in archive.files})
