@@ -31,7 +31,10 @@ CURVE_BUDGET_SECONDS = 3.0
 # curve at 12 tokens, one spiky sample each (T(12) read 8.1 x T(1), 5.3 measured again); past the
 # curve CostModel extrapolates, so a 16-token copy was priced at ~11 one-token passes where it cost
 # ~6 and was never made, while llama.cpp's 48-token copies gained 1.3x on the same prompts.
-CURVE_BUDGET_PASSES = 60
+# Sized for one round up to the widest pass on a steep curve: an AVX-512 EPYC's round to 33 costs about
+# 80 one-token passes (T(24) 13.5, T(32) 14.2, T(33) 15.1), so with 60 its curve ended at 24 and passes
+# of 25-33 tokens were priced 21% above their cost (no draft went past 18 tokens there).
+CURVE_BUDGET_PASSES = 100
 # The narrow widths decide whether one-token drafts are made at all, and one pass's time wanders by
 # +-5% on an idle CPU: with the three samples the curve's rounds give them, five curves measured in a
 # row on an AVX-512 EPYC put T(2)/T(1) anywhere in 1.59-1.83. Nine samples each (resampled from 30

@@ -95,6 +95,17 @@ def test_a_slower_machine_measures_the_same_widths_in_more_time():
     assert fast.calls == plain.calls
 
 
+def test_a_steep_curve_is_measured_to_its_widest_pass_within_the_default_budget():
+    relative = {1: 1.0, 2: 1.79, 3: 2.6, 4: 3.25, 6: 4.16, 8: 7.35, 12: 8.31, 16: 9.02, 24: 13.49, 32: 14.16,
+                33: 15.12}  # the AVX-512 EPYC's, T(1) 44.6 ms: one round to 33 is about 80 one-token passes
+
+    def avx512_like(n):
+        return 0.0446 * relative.get(n, n * 0.46)
+
+    curve = measure_curve(TimingTable(avx512_like), max_width=33)
+    assert len(curve) == 33 and curve[31] == pytest.approx(avx512_like(32))
+
+
 def test_measures_an_unplanned_max_width():
     timing = TimingTable(cpu_like)
     curve = measure_curve(timing, max_width=10, repeats=1, budget_seconds=100.0, narrow_budget_seconds=0.0)
