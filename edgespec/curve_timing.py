@@ -31,10 +31,12 @@ CURVE_BUDGET_SECONDS = 3.0
 # curve at 12 tokens, one spiky sample each (T(12) read 8.1 x T(1), 5.3 measured again); past the
 # curve CostModel extrapolates, so a 16-token copy was priced at ~11 one-token passes where it cost
 # ~6 and was never made, while llama.cpp's 48-token copies gained 1.3x on the same prompts.
-# Sized for one round up to the widest pass on a steep curve: an AVX-512 EPYC's round to 33 costs about
-# 80 one-token passes (T(24) 13.5, T(32) 14.2, T(33) 15.1), so with 60 its curve ended at 24 and passes
-# of 25-33 tokens were priced 21% above their cost (no draft went past 18 tokens there).
-CURVE_BUDGET_PASSES = 100
+# Sized for two rounds up to the widest pass on a steep curve: an AVX-512 EPYC's round to 33 costs about
+# 80 one-token passes (T(24) 13.5, T(32) 14.2, T(33) 15.1). With 60 its curve ended at 24 and passes of
+# 25-33 tokens were priced 21% above their cost (no draft went past 18 tokens there). With 100, one round:
+# about one wide pass in seven takes 8-24% longer than its width's median there, so most curves priced
+# some wide width by a spike (T(32) read 13.1-16.9 in six calibrations in a row, 14.1-15.4 with two rounds).
+CURVE_BUDGET_PASSES = 180
 # The narrow widths decide whether one-token drafts are made at all, and one pass's time wanders by
 # +-5% on an idle CPU: with the three samples the curve's rounds give them, five curves measured in a
 # row on an AVX-512 EPYC put T(2)/T(1) anywhere in 1.59-1.83. Nine samples each (resampled from 30
@@ -58,7 +60,7 @@ def measure_curve(
     narrow_budget_seconds: float = NARROW_BUDGET_SECONDS,
     notice: Callable[[str], None] | None = None,
 ) -> tuple[float, ...]:
-    """Seconds per target pass for n = 1..N, N <= max_width, from the medians of `measure`.
+    """Seconds per target pass for n = 1..N, N <= max_width, from the lower medians of `measure`.
 
     One pass over all planned widths comes first, narrowest first, then up to `repeats - 1`
     more; the next measurement is skipped once the time measured so far plus its expected
@@ -119,14 +121,14 @@ def _sample_narrow_widths(measure: Callable[[int], float], samples: dict[int, li
 
 def _plausible_medians(measure: Callable[[int], float], samples: dict[int, list[float]], repeats: int,
                        budget_seconds: float, notice: Callable[[str], None] | None) -> dict[int, float]:
-    """Each measured width's median seconds, made non-decreasing in width.
+    """Each measured width's lower median seconds (_typical), made non-decreasing in width.
 
     A pass over more tokens does at least the work of a narrower one, and load only ever slows a
     pass down; so a width measured dearer than a wider one was slowed, and the wider pass's cost
     is a truer (upper) bound of its own. Beyond CURVE_NOISE such a width is measured `repeats`
     times more first (the narrowest first, within budget_seconds more).
     """
-    medians = {w: statistics.median(s) for w, s in samples.items()}
+    medians = {w: _typical(s) for w, s in samples.items()}
     slowed = _slowed_widths(medians)
     if slowed:
         spent = 0.0
@@ -135,7 +137,7 @@ def _plausible_medians(measure: Callable[[int], float], samples: dict[int, list[
                 break
             samples[width].append(_checked(measure(width), width))
             spent += samples[width][-1]
-        medians = {w: statistics.median(s) for w, s in samples.items()}
+        medians = {w: _typical(s) for w, s in samples.items()}
         if _slowed_widths(medians) and notice is not None:
             notice("some target passes measured slower than wider ones, which only a busy machine causes; "
                    "their cost is taken from the wider passes")
@@ -143,6 +145,13 @@ def _plausible_medians(measure: Callable[[int], float], samples: dict[int, list[
     for wider, width in zip(widest_first, widest_first[1:]):
         medians[width] = min(medians[width], medians[wider])
     return medians
+
+
+def _typical(samples: list[float]) -> float:
+    """The lower median: of a wide width's two samples the faster, since load only ever slows a pass, and a
+    width priced by a spike is never drafted, so its price is never corrected by what its passes cost in
+    generation (one priced low is drafted and corrected)."""
+    return statistics.median_low(samples)
 
 
 def _slowed_widths(medians: dict[int, float]) -> list[int]:
