@@ -35,7 +35,8 @@ CURVE_BUDGET_SECONDS = 3.0
 # 80 one-token passes (T(24) 13.5, T(32) 14.2, T(33) 15.1). With 60 its curve ended at 24 and passes of
 # 25-33 tokens were priced 21% above their cost (no draft went past 18 tokens there). With 100, one round:
 # about one wide pass in seven takes 8-24% longer than its width's median there, so most curves priced
-# some wide width by a spike (T(32) read 13.1-16.9 in six calibrations in a row, 14.1-15.4 with two rounds).
+# some wide width by a spike (benchmarks/calibration_spread.py, eight calibrations in a row: T(32)/T(1)
+# 12.0-17.1 from one sample, 12.1-15.6 from two).
 CURVE_BUDGET_PASSES = 180
 # The narrow widths decide whether one-token drafts are made at all, and one pass's time wanders by
 # +-5% on an idle CPU: with the three samples the curve's rounds give them, five curves measured in a

@@ -95,26 +95,22 @@ def test_a_slower_machine_measures_the_same_widths_in_more_time():
     assert fast.calls == plain.calls
 
 
+# The AVX-512 EPYC's curve, T(n) / T(1) with T(1) 44.6 ms: one round to 33 is about 80 one-token passes.
+AVX512_EPYC = {1: 1.0, 2: 1.79, 3: 2.6, 4: 3.25, 6: 4.16, 8: 7.35, 12: 8.31, 16: 9.02, 24: 13.49, 32: 14.16, 33: 15.12}
+
+
+def avx512_like(n):
+    return 0.0446 * AVX512_EPYC.get(n, n * 0.46)
+
+
 def test_a_steep_curve_is_measured_to_its_widest_pass_within_the_default_budget():
-    relative = {1: 1.0, 2: 1.79, 3: 2.6, 4: 3.25, 6: 4.16, 8: 7.35, 12: 8.31, 16: 9.02, 24: 13.49, 32: 14.16,
-                33: 15.12}  # the AVX-512 EPYC's, T(1) 44.6 ms: one round to 33 is about 80 one-token passes
-
-    def avx512_like(n):
-        return 0.0446 * relative.get(n, n * 0.46)
-
     curve = measure_curve(TimingTable(avx512_like), max_width=33)
     assert len(curve) == 33 and curve[31] == pytest.approx(avx512_like(32))
 
 
 def test_a_spike_in_one_wide_pass_does_not_price_its_width_within_the_default_budget():
-    relative = {1: 1.0, 2: 1.79, 3: 2.6, 4: 3.25, 6: 4.16, 8: 7.35, 12: 8.31, 16: 9.02, 24: 13.49, 32: 14.16,
-                33: 15.12}  # the AVX-512 EPYC's, T(1) 44.6 ms
-
-    def avx512_like(n):
-        return 0.0446 * relative[n]
-
-    # Calls 0 and 1-10 are the warm-up and the first round's 1-24: call 10 is the first pass over 32 tokens,
-    # slowed by a quarter, as about one wide pass in seven is by 8-24% on that machine.
+    # Call 0 is the warm-up and calls 1-9 the first round's widths 1-24, so call 10 is the first pass over
+    # 32 tokens: slowed by a quarter, as about one wide pass in seven is by 8-24% on that machine.
     timing = TimingTable(avx512_like, spikes={10: 1.25 * avx512_like(32)})
     curve = measure_curve(timing, max_width=33)
     assert timing.calls[10] == 32 and timing.calls.count(32) == 2
