@@ -1,11 +1,11 @@
 """How far apart calibrations made in a row price the wide passes: the curve's first round alone, against the curve.
 
 The calibration (curve_timing.measure_curve) times one pass per planned width in a round, narrowest first,
-then rounds again within its budget, and prices each width by the lower median of its samples.  One wide
-pass in several runs 8-24% slow on a busy-looking CPU, and a width priced by such a spike is never drafted
+then rounds again within its budget, and prices each width by the lower median of its samples.  About one
+wide pass in seven ran 8-24% slow on an idle AVX-512 EPYC, and a width priced by such a spike is never drafted
 (so its price is never corrected by generation).  This calibrates the target N times in a row, exactly as the
 engine does, and gives for each the wide widths as T(n) / T(1) twice: from the first sample of each width,
-which is what a budget of one round priced it at, and from the curve the calibration returned.
+about what a budget of one round priced it at, and from the curve the calibration returned.
 
 Run on an idle machine (Qwen2.5-Coder-1.5B; about ten seconds a calibration):
   .venv/bin/python benchmarks/calibration_spread.py --calibrations 8 --json benchmarks/results/calibration-spread.json
