@@ -7,7 +7,6 @@ or lets a RecursionError or OverflowError out of JSON nested 100k deep or holdin
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -23,6 +22,7 @@ from edgespec.files import FileTooLarge, NotARegularFile, parse_json, read_array
 from edgespec.learned import LEARNED_FILE, LearnedAcceptance
 from edgespec.model_identity import IdentityCache
 from edgespec.prefix_files import SUFFIX, CorruptSnapshot, DiskPrefixCache, _read_header
+from npy_member import npy_member
 from test_prefix_cache import rewrite_header
 from test_prompt_cache_hardening import FIXED_COST, engine_with_disk_cache, finishes, generate
 from edgespec.loading import load_engine
@@ -457,14 +457,11 @@ def test_an_archive_of_arrays_is_read_only_within_the_bytes_it_holds(tmp_path, c
     read = read_arrays(path)
     assert read["kept"].tolist() == [[0, 1, 2], [3, 4, 5]] and read["empty"].shape == (0, 4)
 
-    def npy(shape, payload=b"", descr="<f4"):
-        header = io.BytesIO()
-        np.lib.format.write_array_header_1_0(header, {"descr": descr, "fortran_order": False, "shape": shape})
-        return header.getvalue() + payload
-
     compression = zipfile.ZIP_DEFLATED if crafted == "deflated" else zipfile.ZIP_STORED
-    member = {"deflated": npy((4_000_000,), bytes(16_000_000)), "declares more": npy((10**12,), bytes(64)),
-              "object array": npy((1,), bytes(8), "|O"), "claims more than the file": npy((2,), bytes(8))}[crafted]
+    member = {"deflated": npy_member((4_000_000,), bytes(16_000_000)),
+              "declares more": npy_member((10**12,), bytes(64)),
+              "object array": npy_member((1,), bytes(8), "|O"),
+              "claims more than the file": npy_member((2,), bytes(8))}[crafted]
     with zipfile.ZipFile(path, "w", compression) as archive:
         archive.writestr("a.npy", member)
     if crafted == "claims more than the file":  # the central directory's size for the member, made up

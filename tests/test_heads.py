@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import zipfile
 
 import numpy as np
@@ -16,6 +15,7 @@ from edgespec.heads.projection import LmHead
 from edgespec.heads.store import HeadsFileError, load_heads, read_heads, save_heads
 from edgespec.heads.teacher import TeacherData
 from edgespec.heads.training import Trainer, TrainingPlan, reduced_vocabulary, seconds_per_example
+from npy_member import npy_member
 from tinygguf import write_tiny_model
 
 TEXT = "Hello world, the cat sat on the mat and the dog sat with the cat. " * 3
@@ -122,13 +122,6 @@ def test_a_heads_file_for_another_model_is_refused_with_one_line(trained, tmp_pa
     assert "\n" not in str(refused.value) and "another model" in str(refused.value)
 
 
-def _npy(shape: tuple[int, ...], payload: bytes = b"", descr: str = "<f4") -> bytes:
-    """A .npy member whose header declares shape, followed by payload (not necessarily that much data)."""
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, {"descr": descr, "fortran_order": False, "shape": shape})
-    return header.getvalue() + payload
-
-
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "declares 149 GiB", "compressed"])
 def test_a_damaged_heads_file_is_refused_with_one_line(trained, tmp_path, damage):
     broken = tmp_path / "broken.npz"
@@ -142,8 +135,8 @@ def test_a_damaged_heads_file_is_refused_with_one_line(trained, tmp_path, damage
         broken.write_bytes(b"not a heads file at all")
     elif damage == "declares 149 GiB":  # np.load allocated it before reading: a MemoryError's traceback
         with zipfile.ZipFile(broken, "w", zipfile.ZIP_STORED) as archive:
-            archive.writestr("meta.npy", _npy((2,), b"{}", "|u1"))
-            archive.writestr("a.npy", _npy((40_000_000_000,)))
+            archive.writestr("meta.npy", npy_member((2,), b"{}", "|u1"))
+            archive.writestr("a.npy", npy_member((40_000_000_000,)))
     else:  # np.load inflated a member whatever it grew to (a 2 MB file took 2 GB); np.savez never compresses
         with np.load(trained[0]) as archive:
             np.savez_compressed(broken, **{name: archive[name] for name in archive.files})
