@@ -116,19 +116,13 @@ def run_in_terminal(argv: list[str], columns: int, env: dict[str, str]) -> tuple
     import re
     import subprocess
 
+    from pty_output import read_until_closed
+
     master, slave = pty.openpty()
     env = {**env, "COLUMNS": str(columns), "LINES": "50", "TERM": "xterm-256color"}
     process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env)
     os.close(slave)
-    output = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        output += chunk
+    output = read_until_closed(master)
     os.close(master)
     code = process.wait(timeout=60)
     text = output.decode("utf-8", "replace").replace("\r\n", "\n")

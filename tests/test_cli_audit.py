@@ -231,6 +231,7 @@ def test_run_draws_a_replys_escapes_on_a_terminal_and_pipes_them_as_they_are(tty
 
     import edgespec.commands.run as run_command
     from edgespec.commands import main
+    from pty_output import read_until_closed
     from scripted_reply import ScriptedReply, use_script
 
     reply = "ok \x1b]2;pwned\x07 rm -rf ~\rls \x9b31m"
@@ -246,7 +247,7 @@ def test_run_draws_a_replys_escapes_on_a_terminal_and_pipes_them_as_they_are(tty
     with open(writer, "w", encoding="utf-8") as stdout:
         monkeypatch.setattr(sys, "stdout", stdout)
         assert main(["run", "hi", "--model", str(tiny_models["target"]), "--draft", "none"]) == 0
-    shown = os.read(reader, 1 << 16).decode("utf-8")
+    shown = read_until_closed(reader).decode("utf-8")
     os.close(reader)
     if tty:
         assert not set(shown) & {"\x1b", "\x9b", "\x07"}, repr(shown)
