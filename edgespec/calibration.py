@@ -38,6 +38,11 @@ MAX_CACHE_FILE_BYTES = 16 << 20
 # up to 16 sequences (cost_profile.SEQUENCE_GRID); before, without it and 32 deep, which hid what
 # attending over every sequence's cells costs at depth.
 SEQUENCES_METHOD = 2
+# How the one-sequence curve was measured: an entry measured otherwise is stale, so the next load measures
+# its curve again (its widest exact width and drift kept).  2: two rounds of every width, each priced by the
+# lower median of its samples (curve_timing); before, one round, where one slow pass priced a wide width
+# out of drafting for good, as drafting is what would have corrected it.
+CURVE_METHOD = 2
 # The shortest time between two measurements of a model's curve that passes during generation
 # call for (StepTimeWatch): a machine whose load comes and goes gets one a few times a day at most.
 MIN_REMEASURE_INTERVAL_SECONDS = 6 * 3600.0
@@ -218,7 +223,8 @@ class CalibrationCache:
             age = now - float(entry["measured_at"])
             max_width = int(entry["max_width"])
             curve = tuple(float(s) for s in entry["forward_seconds"])
-            stale = bool(entry["stale"]) or not 0 <= age <= self.max_age_seconds
+            stale = (bool(entry["stale"]) or not 0 <= age <= self.max_age_seconds
+                     or entry.get("curve_method") != CURVE_METHOD)
             drift = {int(w): float(d) for w, d in entry.get("drift", [])}
             sequences = tuple((int(n), int(rows), float(f)) for n, rows, f in entry.get("sequences", [])
                               if entry.get("sequences_method") == SEQUENCES_METHOD)
@@ -239,6 +245,7 @@ class CalibrationCache:
             "forward_seconds": list(forward_seconds),
             "drift": sorted((drift or {}).items()),
             "measured_at": time.time() if now is None else now,
+            "curve_method": CURVE_METHOD,
             "stale": False,
         }
         self._write(entries)

@@ -94,8 +94,8 @@ class Calibrator:
                                       WIDTH_PROBE_BUDGET_SECONDS)
             cached = CachedCalibration(probe.exact_width, (), False, probe.drift)
         elif cached.stale and measure_stale:
-            self.notice("measuring this model's speed again: the last measurement no longer matches this machine "
-                        "(a few seconds) ...")
+            self.notice("measuring this model's speed again: the last measurement is out of date or no longer "
+                        "matches this machine (a few seconds) ...")
         else:
             return self._profile(cached, draft, heads_seconds)
         return self._profile(self._measured(cached), draft, heads_seconds)

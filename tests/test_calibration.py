@@ -138,6 +138,19 @@ def test_unwritable_cache_only_costs_a_new_measurement(tmp_path, key):
     assert cache.load_entry(key, now=NOW) is None
 
 
+def test_a_curve_measured_the_old_way_is_stale_and_keeps_its_exact_width(cache, key):
+    # Curves from before CURVE_METHOD 2 were timed in one round, where a single slow pass could price a
+    # wide width out of drafting for good: they are measured again, but the width probe is not.
+    cache.store(key, 8, (0.05, 0.075), now=NOW, drift={2: 0.01})
+    data = json.loads(cache.path.read_text())
+    for entry in data["entries"].values():
+        del entry["curve_method"]
+    cache.path.write_text(json.dumps(data))
+    entry = cache.read(key, now=NOW)
+    assert entry is not None and entry.stale and entry.max_width == 8 and entry.drift == {2: 0.01}
+    assert cache.load_entry(key, now=NOW) is None
+
+
 def test_an_entry_holds_its_width_and_curve_until_marked_stale(cache, key):
     curve = (0.05, 0.075, 0.1, 0.12, 0.14, 0.16, 0.17, 0.18)
     cache.store(key, 8, curve, now=NOW)
