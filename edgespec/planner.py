@@ -345,7 +345,10 @@ def _draft_if_it_fits(full_draft: ModelMemory, target_part: ModelMemory,
                       available: int) -> tuple[str, ModelMemory | None, str]:
     both = target_part.budget_bytes + full_draft.budget_bytes
     if both <= available:
-        return "draft-model", full_draft, f"the draft model fits next to it ({format_size(both)} in all)"
+        # The plan cannot know the speeds: a run measures them, and drops a draft model that does not pay there
+        # (loading._settle_draft_model), which a plan saying only "draft-model" left a user to find out.
+        return "draft-model", full_draft, (f"the draft model fits next to it ({format_size(both)} in all); a run "
+                                           "keeps it only if its measured speed pays here, else drafts with n-grams")
     return "ngram", None, (
         f"target + draft need {format_size(both)}, more than {format_size(available)}, "
         "so n-gram drafting instead of the draft model"
