@@ -157,29 +157,33 @@ def drafter_for(row: dict) -> NgramDrafter:
     return NgramDrafter(end_tokens=frozenset(row.get("end_tokens", ())))
 
 
-# llama.cpp's ngram-simple at its defaults (common/ngram-map.cpp, common_ngram_simple_draft): the last
-# LLAMACPP_KEY tokens must occur earlier; the most recent occurrence's next tokens are drafted, at most
-# LLAMACPP_DRAFT_MAX and never fewer than LLAMACPP_KEY.  --spec-draft-n-max does not bound it.
+# llama.cpp's ngram-simple (common/ngram-map.cpp, common_ngram_simple_draft): the last `key` tokens
+# (--spec-ngram-simple-size-n, default 12) must occur earlier; the most recent occurrence's next tokens are
+# drafted, at most `draft_max` (--spec-ngram-simple-size-m, default 48) and never fewer than `key`.
+# --spec-draft-n-max does not bound it.
 LLAMACPP_KEY = 12
 LLAMACPP_DRAFT_MAX = 48
 
 
-def llamacpp_simple_draft(context: list[int]) -> list[int]:
+def llamacpp_simple_draft(context: list[int], key: int = LLAMACPP_KEY, draft_max: int = LLAMACPP_DRAFT_MAX) -> list[int]:
     """What llama.cpp's ngram-simple drafts after context (which ends with the token just sampled)."""
-    history, key = context[:-1], context[-LLAMACPP_KEY:]
-    for start in range(len(history) - LLAMACPP_KEY, 0, -1):  # position 0 never counts as a match
-        if history[start: start + LLAMACPP_KEY] == key:
-            draft = history[start + LLAMACPP_KEY: start + LLAMACPP_KEY + LLAMACPP_DRAFT_MAX]
-            return draft if len(draft) >= LLAMACPP_KEY else []
+    history, tail = context[:-1], context[-key:]
+    if len(history) <= key + draft_max + 1:  # it needs this much history before it looks
+        return []
+    for start in range(len(history) - key, 0, -1):  # position 0 never counts as a match
+        if history[start: start + key] == tail:
+            draft = history[start + key: start + key + draft_max]
+            return draft if len(draft) >= key else []
     return []
 
 
-def replay_llamacpp_simple(prompt_ids: list[int], truth: list[int], cost: CostModel, max_tokens: int) -> Replay:
+def replay_llamacpp_simple(prompt_ids: list[int], truth: list[int], cost: CostModel, max_tokens: int,
+                           key: int = LLAMACPP_KEY, draft_max: int = LLAMACPP_DRAFT_MAX) -> Replay:
     """The reply decoded as llama-speculative-simple --spec-type ngram-simple would, priced on the same curve
     (widths past the curve's are priced at its widest's cost per token, as CostModel does)."""
     context, position, result = list(prompt_ids), 0, Replay()
     while position < len(truth):
-        tokens = llamacpp_simple_draft(context)[: max(0, max_tokens - position - 1)]
+        tokens = llamacpp_simple_draft(context, key, draft_max)[: max(0, max_tokens - position - 1)]
         accepted = result.verify(tokens, truth, position)
         position = result.count_step(tokens, accepted, truth, position, context, cost)
     result.plain = len(truth) * cost.target(1)
@@ -317,6 +321,10 @@ def main() -> int:
     parser.add_argument("--policy", choices=("edgespec", "llamacpp-simple", "oracle"), default="edgespec",
                         help="llamacpp-simple: replay llama.cpp's ngram-simple instead; oracle: the best draft "
                              "lengths for edgespec's drafter, chosen knowing the reply (an upper bound)")
+    parser.add_argument("--llamacpp-key", type=int, default=LLAMACPP_KEY,
+                        help="llamacpp-simple's lookup length (its --spec-ngram-simple-size-n)")
+    parser.add_argument("--llamacpp-draft-max", type=int, default=LLAMACPP_DRAFT_MAX,
+                        help="llamacpp-simple's draft length (its --spec-ngram-simple-size-m)")
     parser.add_argument("--seconds-noise", type=float, default=0.0, metavar="SD",
                         help="tell the controller each pass's time with log noise of this spread (0: the curve's)")
     parser.add_argument("--noise-rho", type=float, default=0.7, help="how much of one pass's noise carries to the next")
@@ -329,7 +337,8 @@ def main() -> int:
         rows = [row for row in rows if (int(row["id"].split("@")[0].rsplit("-", 1)[1]) <= 2) == (args.split == "tune")]
     cost = CostModel(curve_named(args.curve))
     if args.policy == "llamacpp-simple":
-        results = {row["id"]: replay_llamacpp_simple(row["prompt_ids"], decoded(row), cost, 200) for row in rows}
+        results = {row["id"]: replay_llamacpp_simple(row["prompt_ids"], decoded(row), cost, 200,
+                                                     args.llamacpp_key, args.llamacpp_draft_max) for row in rows}
     elif args.policy == "oracle":
         results = {row["id"]: replay_oracle(row["prompt_ids"], decoded(row), cost, len(cost.forward_seconds) - 1, 200,
                                             drafter_for(row)) for row in rows}

@@ -59,10 +59,18 @@ def test_command_line_per_speculation_type(tmp_path):
     # a 1024-token lookup that may copy 1 token never drafts: plain decoding through the C++ loop
     assert plain[-6:] == ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1024",
                           "--spec-ngram-simple-size-m", "1"]
-    ngram = peer.command(Path("p.txt"), "ngram-simple", 3, 64, 0.0, 7)
-    assert ngram[ngram.index("--spec-type") + 1] == "ngram-simple" and ngram[-2:] == ["--spec-draft-n-max", "3"]
+    # -nN holds each type's drafts to N tokens with the flag that type reads; --spec-draft-n-max is the
+    # draft model's alone
+    ngram = peer.command(Path("p.txt"), "ngram-simple", 32, 64, 0.0, 7)
+    assert ngram[ngram.index("--spec-type") + 1] == "ngram-simple"
+    assert ngram[-2:] == ["--spec-ngram-simple-size-m", "32"] and "--spec-ngram-simple-size-n" not in ngram
+    short = peer.command(Path("p.txt"), "ngram-simple", 3, 64, 0.0, 7)  # a draft is never shorter than its match
+    assert short[-4:] == ["--spec-ngram-simple-size-m", "3", "--spec-ngram-simple-size-n", "3"]
+    mod = peer.command(Path("p.txt"), "ngram-mod", 16, 64, 0.0, 7)
+    assert mod[-2:] == ["--spec-ngram-mod-n-max", "16"] and "--spec-draft-n-max" not in mod
     draft = peer.command(Path("p.txt"), "draft-simple", None, 64, 0.0, 7)
     assert draft[draft.index("-md") + 1] == "d.gguf"
+    assert peer.command(Path("p.txt"), "draft-simple", 8, 64, 0.0, 7)[-2:] == ["--spec-draft-n-max", "8"]
     no_draft = peers.LlamaCppPeer(tmp_path, Path("t.gguf"), draft=None, n_ctx=2048, n_threads=2)
     with pytest.raises(peers.PeerError, match="needs a draft model"):
         no_draft.command(Path("p.txt"), "draft-simple", None, 64, 0.0, 7)

@@ -56,7 +56,7 @@ def add_bench_parser(subparsers) -> None:
         default=None,
         help="comma-separated configurations: baseline, ngram, draft-model, each optionally -kN (fixed draft "
         f"length) or -auto; {PLAIN_AGAIN} (plain decoding again: the same run's A/A noise floor); "
-        f"{', '.join(PEER_SPEC_TYPES)}, each optionally -nN (--spec-draft-n-max N) "
+        f"{', '.join(PEER_SPEC_TYPES)}, each optionally -nN (drafts of at most N tokens) "
         f"(default: {','.join(DEFAULT_CONFIGS)}; draft-model and llamacpp-draft only with --draft, "
         "llamacpp-* only with --llama-cpp-bin)",
     )

@@ -5,8 +5,8 @@ model, chosen per step), heads (with --draft heads), each optionally -kN (a fixe
 and then -exact for --bit-exact verification (e.g. ngram-auto-exact); baseline-again, plain decoding once
 more in the rotation, whose ratio to baseline is what identical passes read in the same run.  llama.cpp's (run by its llama-speculative-simple binary,
 see peers.py): llamacpp-none, llamacpp-ngram-simple, llamacpp-ngram-mod and
-llamacpp-draft, each at llama.cpp's default draft length or -nN
-(--spec-draft-n-max N).
+llamacpp-draft, each at llama.cpp's default draft length or -nN (drafts
+of at most N tokens: peers.draft_length_args).
 """
 
 from __future__ import annotations

@@ -30,8 +30,22 @@ _STDOUT_END = "\n\n\n\n"  # what the binary prints to stdout after the reply
 _COUNT = re.compile(r"\b(n_drafted|n_accept)\s*=\s*(\d+)")
 
 
-# llama.cpp's largest ngram-simple lookup length
+# llama.cpp's largest ngram-simple lookup length, and its default one
 NEVER_MATCHING_NGRAM = 1024
+NGRAM_SIMPLE_KEY = 12
+
+
+def draft_length_args(spec_type: str, draft_max: int) -> list[str]:
+    """The flags that hold a speculation type's drafts to draft_max tokens.  --spec-draft-n-max bounds the
+    draft model's only: ngram-simple drafts --spec-ngram-simple-size-m tokens after a match of
+    --spec-ngram-simple-size-n (12), and never fewer than it matched, so a shorter draft needs a shorter
+    match too; ngram-mod drafts up to --spec-ngram-mod-n-max (64)."""
+    if spec_type == "ngram-simple":
+        key = ["--spec-ngram-simple-size-n", str(draft_max)] if draft_max < NGRAM_SIMPLE_KEY else []
+        return ["--spec-ngram-simple-size-m", str(draft_max), *key]
+    if spec_type == "ngram-mod":
+        return ["--spec-ngram-mod-n-max", str(draft_max)]
+    return ["--spec-draft-n-max", str(draft_max)]
 
 
 class PeerError(EdgespecError):
@@ -119,7 +133,7 @@ class LlamaCppPeer:
                 raise PeerError("llamacpp-draft needs a draft model (pass --draft FILE)")
             args += ["-md", str(self.draft), "-ngld", str(self.n_gpu_layers)]
         if draft_max is not None:
-            args += ["--spec-draft-n-max", str(draft_max)]
+            args += draft_length_args(spec_type, draft_max)
         return args
 
     def run(self, prompt: str, *, spec_type: str, draft_max: int | None, max_tokens: int,
