@@ -28,6 +28,7 @@ from output_rows_cost import TEXT, timed_pass  # noqa: E402
 
 import edgespec  # noqa: E402
 from edgespec.backend import LlamaModel  # noqa: E402
+from edgespec.backend.runtime import default_threads  # noqa: E402
 from edgespec.commands.bench.peers import LlamaCppPeer  # noqa: E402
 
 # "0.04.174.234 D accepted 30/48 draft tokens, ...": minutes, seconds, milliseconds, microseconds
@@ -61,6 +62,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--width", type=int, default=49, help="edgespec's wide pass (ngram-simple drafts 48)")
     parser.add_argument("--depth", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=default_threads(), help="for both programs")
     parser.add_argument("--json", type=Path, help="write every step's figures here")
     args = parser.parse_args()
 
@@ -69,9 +71,10 @@ def main() -> int:
             for row in map(json.loads, path.read_text().splitlines()) if row["id"] in wanted}
     with edgespec.load(args.model, draft="none", notice=lambda text: None) as engine:
         prompts = {pid: engine.render_chat([{"role": "user", "content": rows[pid]["prompt"]}]) for pid in wanted}
-        peer = LlamaCppPeer(args.llama_cpp_bin, engine.target_path, draft=None, n_ctx=engine.n_ctx, n_threads=2)
+        peer = LlamaCppPeer(args.llama_cpp_bin, engine.target_path, draft=None, n_ctx=engine.n_ctx,
+                            n_threads=args.threads)
         model_path = engine.target_path
-    model = LlamaModel(model_path, n_ctx=args.depth + args.width + 8, n_threads=2)
+    model = LlamaModel(model_path, n_ctx=args.depth + args.width + 8, n_threads=args.threads)
     text = model.tokenize(TEXT, add_special=False)
     stream = text * (1 + (args.depth + args.width) // len(text))
     model.decode(stream[:args.depth], 1)
