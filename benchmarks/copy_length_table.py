@@ -4,8 +4,8 @@ The controller chooses each step's draft length from what the drafter's match sa
 many tokens before the context's end match those before the source) and what it has learned.  This asks
 how much any such choice could win: a table that gives each copy-length class (acceptance.COPY_BUCKETS) one
 draft length, fitted by coordinate descent to the replies themselves, so it knows the text's copies the way
-no controller can.  Fitted on every reply it is an upper bound for policies that read the copy length only;
-fitted on one half of the replies and replayed on the other (--cross-validate), it is what a fixed table
+no controller can.  Fitted on every reply it shows about how far a policy that reads the copy-length class
+alone can go (coordinate descent finds a good table, not provably the best one); fitted on one half of the replies and replayed on the other (--cross-validate), it is what a fixed table
 tuned on similar text would read.  Passes are priced as ngram_sim.py prices them; the drafter is the engine's.
 
 Run:
