@@ -113,9 +113,14 @@ class NgramDrafter:
     (renames.py), so a copy goes on across a renamed name.
 
     A generation may give it two more sources (ngram_pool.py): a prediction of
-    the output, looked up like the context (the longer match wins, the
-    prediction on a tie), and a pool of other texts of this process, looked
-    up when neither has a match of the pool's shortest indexed length.
+    the output, looked up like the context, and a pool of other texts of this
+    process, looked up when neither has a match of the pool's shortest indexed
+    length.  The prediction is taken only for a longer match than the
+    context's: a client sends the file it edits as the prediction and in the
+    messages too, and taken on a tie it split the copies' learned hazards
+    over two sources and fed the rename table two lookups a step, so a
+    prediction that repeated the prompt made single code edits and
+    refactors 4-20% slower than none (benchmarks/prediction_sim.py).
 
     A copy that reaches a token ending generation (the end of a prompt's turn,
     an earlier reply's end) is drafted up to that token and no further: the
@@ -186,7 +191,7 @@ class NgramDrafter:
             best = ("context", n, lambda: [written(canonical[start + i % period]) for i in range(k)])
         # a predicted output is the text before the edit: looked up and written with the renames made since
         found = self.prediction.lookup(self._canonical) if self.prediction is not None else None
-        if found is not None and (best is None or found[0] >= best[1]):
+        if found is not None and (best is None or found[0] > best[1]):
             n, start = found
             predicted, written = self.prediction.tokens, self._renames.written
             self._renames.watch(len(context), predicted, start)

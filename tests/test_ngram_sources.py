@@ -41,14 +41,19 @@ def test_a_token_index_finds_the_longest_match_with_a_continuation():
     assert index.lookup([6, 9]) is None  # nothing follows it
 
 
-def test_the_drafter_takes_the_prediction_over_an_equally_long_context_match():
+def test_the_drafter_takes_the_prediction_only_for_a_longer_match_than_the_contexts():
     drafter = NgramDrafter()
     context = [1, 2, 3, 50, 1, 2]
     assert drafter.propose(context, 3).tokens == [3, 50, 1]
+    # the prompt already holds what the client predicts: on a tie the context's own match is drafted
     drafter.use_sources(prediction=TokenIndex([7, 1, 2, 40, 41, 42]))
+    assert drafter.propose(context, 3).source == "context"
+    assert drafter.peek(context).signal == ngram_signal("context", 2)
+    # a longer match in the prediction wins
+    drafter.use_sources(prediction=TokenIndex([3, 50, 1, 2, 40, 41, 42]))
     proposal = drafter.propose(context, 3)
     assert proposal.tokens == [40, 41, 42] and proposal.source == "prediction"
-    assert drafter.peek(context).signal == ngram_signal("prediction", 2)
+    assert drafter.peek(context).signal == ngram_signal("prediction", 4)
     drafter.use_sources()
     assert drafter.propose(context, 3).source == "context"
 
