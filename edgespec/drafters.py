@@ -84,8 +84,11 @@ class NoDrafter:
 # An n-gram drafter's signal says where its match was found and how many tokens it matched: the length
 # of the copy in progress, counted up to MAX_COPY_LENGTH (beyond the index's longest n-gram, by comparing
 # the context with the text before the match).  The controller's hindsight learner keeps an acceptance
-# estimate per source and copy length (acceptance.py); 0 means no match.
-SOURCES = ("context", "prediction", "pool")
+# estimate per source and copy length (acceptance.py); 0 means no match.  A match in the context is
+# "prompt" when it lies in what the generation was given and "context" when it lies in what the generation
+# wrote itself: a copy of a document breaks where the document is edited, a repeat of the reply's own
+# text where the reply moves on, and one hazard for both fitted neither (benchmarks/ngram_sim.py).
+SOURCES = ("context", "prediction", "pool", "prompt")
 MAX_COPY_LENGTH = 64
 _SIGNAL_STRIDE = MAX_COPY_LENGTH + 1
 
@@ -108,7 +111,10 @@ class NgramDrafter:
     The index maps every n-gram (n_min..n_max) to the position right after its
     most recent occurrence.  It grows with the context, one position per
     accepted token, and is rebuilt only when the context is rewritten (a new
-    conversation, an edited turn) or a rename is learned: the index reads the
+    conversation, an edited turn) or a rename is learned.  A context list it
+    has not seen before is a new generation's, and what that list holds then
+    is its prompt: a match there is signalled as the prompt's, a match after
+    it as the context's (the generation's own text).  The index reads the
     context with the renames the text has made undone, and drafts write them
     (renames.py), so a copy goes on across a renamed name.
 
@@ -139,6 +145,7 @@ class NgramDrafter:
         self._n_indexed = 0  # how many of its tokens the index covers
         self._next_after: dict[tuple[int, ...], int] = {}
         self._canonical: list[int] = []  # the indexed tokens as the source spells them (renames undone)
+        self._prompt_end = 0  # how many tokens the context list held when first seen: its generation's prompt
         self._renames = RenameTable()
         self.prediction: TokenIndex | None = None
         self.pool: NgramPool | None = None
@@ -188,7 +195,8 @@ class NgramDrafter:
             self._renames.watch(len(context), canonical, start)
             # Past the end of the context, assume the text keeps repeating with the
             # period the match implies: that is what a loop or a copy looks like.
-            best = ("context", n, lambda: [written(canonical[start + i % period]) for i in range(k)])
+            source = "prompt" if start < self._prompt_end else "context"
+            best = (source, n, lambda: [written(canonical[start + i % period]) for i in range(k)])
         # a predicted output is the text before the edit: looked up and written with the renames made since
         found = self.prediction.lookup(self._canonical) if self.prediction is not None else None
         if found is not None and (best is None or found[0] > best[1]):
@@ -222,6 +230,8 @@ class NgramDrafter:
         if context is self._indexed and len(context) >= self._n_indexed:
             n_common = self._n_indexed
         else:
+            if context is not self._indexed:
+                self._prompt_end = len(context)
             n_common = common_prefix_length(self._indexed[: self._n_indexed], context)
             if n_common < self._n_indexed:
                 self._next_after, self._renames = {}, RenameTable()

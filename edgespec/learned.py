@@ -27,7 +27,8 @@ from .calibration import cache_dir
 from .files import atomic_write, parse_json, read_regular
 
 LEARNED_FILE = "learned-acceptance.json"
-FORMAT = 2  # 2: the n-gram drafter's counts are per copy class (acceptance.HindsightAcceptance)
+FORMAT = 3  # 2: the n-gram drafter's counts are per copy class (acceptance.HindsightAcceptance); 3: the
+# prompt's copies are a class of their own (drafters.SOURCES), so a copy class of 2 held them both
 # Each finished generation multiplies the stored counts by this before adding its own.
 STORE_KEEP = 0.8
 # The most observations a stored position keeps; older ones are scaled away beyond it.

@@ -2,7 +2,7 @@
 
 import pytest
 
-from edgespec.drafters import MAX_COPY_LENGTH, NgramDrafter, copy_signal_parts, ngram_signal
+from edgespec.drafters import MAX_COPY_LENGTH, NgramDrafter, Proposal, copy_signal_parts, ngram_signal
 from edgespec.ngram_pool import NgramPool, TokenIndex
 
 
@@ -45,17 +45,29 @@ def test_the_drafter_takes_the_prediction_only_for_a_longer_match_than_the_conte
     drafter = NgramDrafter()
     context = [1, 2, 3, 50, 1, 2]
     assert drafter.propose(context, 3).tokens == [3, 50, 1]
-    # the prompt already holds what the client predicts: on a tie the context's own match is drafted
+    # the prompt already holds what the client predicts: on a tie the prompt's own match is drafted
     drafter.use_sources(prediction=TokenIndex([7, 1, 2, 40, 41, 42]))
-    assert drafter.propose(context, 3).source == "context"
-    assert drafter.peek(context).signal == ngram_signal("context", 2)
+    assert drafter.propose(context, 3).source == "prompt"
+    assert drafter.peek(context).signal == ngram_signal("prompt", 2)
     # a longer match in the prediction wins
     drafter.use_sources(prediction=TokenIndex([3, 50, 1, 2, 40, 41, 42]))
     proposal = drafter.propose(context, 3)
     assert proposal.tokens == [40, 41, 42] and proposal.source == "prediction"
     assert drafter.peek(context).signal == ngram_signal("prediction", 4)
     drafter.use_sources()
-    assert drafter.propose(context, 3).source == "context"
+    assert drafter.propose(context, 3).source == "prompt"
+
+
+def test_a_match_in_the_prompt_and_one_in_the_generations_own_text_are_told_apart():
+    drafter = NgramDrafter()
+    context = [1, 2, 3, 50, 1, 2]  # a list the drafter has not seen: a generation's prompt
+    assert drafter.peek(context).signal == ngram_signal("prompt", 2)
+    context += [3, 60, 61, 3]  # the generation wrote these: "3" was last followed by 60 in its own text
+    assert drafter.propose(context, 2) == Proposal([60, 61], None, "context")
+    assert drafter.peek(context).signal == ngram_signal("context", 1)
+    # the next generation's prompt holds the earlier reply: a match there is the prompt's
+    turn = [*context, 60]
+    assert drafter.propose(turn, 1) == Proposal([61], None, "prompt")
 
 
 def test_the_drafter_asks_the_pool_only_without_a_usable_context_match():
@@ -66,14 +78,14 @@ def test_the_drafter_asks_the_pool_only_without_a_usable_context_match():
     proposal = drafter.propose([9, 20, 21, 22], 2)
     assert proposal.tokens == [23, 24] and proposal.source == "pool"
     assert drafter.peek([9, 20, 21, 22]).signal == ngram_signal("pool", 3)
-    # a context match as long as the pool's shortest length wins
+    # a context match as long as the pool's shortest length wins (here in the prompt)
     context = [20, 21, 22, 30, 20, 21, 22]
-    assert drafter.propose(context, 2) .source == "context"
+    assert drafter.propose(context, 2).source == "prompt"
 
 
 def test_signal_classes_separate_sources_and_lengths():
-    signals = {ngram_signal(source, n) for source in ("context", "prediction", "pool") for n in (1, 2, 4, 8, 16, 40)}
-    assert len(signals) == 18 and 0 not in signals
+    signals = {ngram_signal(source, n) for source in ("context", "prediction", "pool", "prompt") for n in (1, 2, 4, 8, 16, 40)}
+    assert len(signals) == 24 and 0 not in signals
     assert ngram_signal("pool", 0) == 0
     assert ngram_signal("context", MAX_COPY_LENGTH) == ngram_signal("context", 500)  # lengths are counted so far
     assert copy_signal_parts(ngram_signal("pool", 40)) == (2, 40)
