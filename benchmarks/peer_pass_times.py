@@ -42,11 +42,11 @@ def peer_steps(log: str) -> list[tuple[int, int, float]]:
     return [(width, kept, now - before) for (before, _, _), (now, kept, width) in zip(stamps, stamps[1:])]
 
 
-def run_peer(peer: LlamaCppPeer, prompt: str, max_tokens: int) -> list[tuple[int, int, float]]:
+def run_peer(peer: LlamaCppPeer, prompt: str, max_tokens: int, draft_max: int | None) -> list[tuple[int, int, float]]:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as prompt_file:
         prompt_file.write(prompt + "\n")  # the newline llama.cpp's -f drops (as LlamaCppPeer.run writes it)
         prompt_file.flush()
-        args = peer.command(Path(prompt_file.name), "ngram-simple", None, max_tokens, 0.0, 0)
+        args = peer.command(Path(prompt_file.name), "ngram-simple", draft_max, max_tokens, 0.0, 0)
         done = subprocess.run(args + ["-lv", "5", "--log-timestamps", "--log-prefix"], capture_output=True,
                               text=True, errors="replace", stdin=subprocess.DEVNULL, check=True)
     return peer_steps(done.stderr)
@@ -61,6 +61,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--width", type=int, default=49, help="edgespec's wide pass (ngram-simple drafts 48)")
+    parser.add_argument("--draft-max", type=int, help="the peer's draft length, as the bench's -nN sets it "
+                        "(default: its own, 48); e.g. 15 with --width 16 to time the passes of its best setting here")
     parser.add_argument("--depth", type=int, default=300)
     parser.add_argument("--threads", type=int, default=default_threads(), help="for both programs")
     parser.add_argument("--json", type=Path, help="write every step's figures here")
@@ -82,7 +84,7 @@ def main() -> int:
 
     rounds = []
     for number in range(1, args.rounds + 1):
-        figures = {"peer": {pid: run_peer(peer, prompts[pid], args.max_tokens) for pid in wanted}}
+        figures = {"peer": {pid: run_peer(peer, prompts[pid], args.max_tokens, args.draft_max) for pid in wanted}}
         ours = {width: [timed_pass(model, fed[:width], width) for _ in range(5)] for width in (1, args.width)}
         figures["edgespec"] = {width: statistics.median(seconds) for width, seconds in ours.items()}
         rounds.append(figures)
