@@ -79,7 +79,10 @@ class SamplingParams:
         checked = {
             "temperature": _checked_number(self.temperature, "temperature", lambda t: t == 0 or t >= MIN_TEMPERATURE,
                                            f"0 (greedy) or a number from {MIN_TEMPERATURE} up"),
-            "top_p": _checked_number(self.top_p, "top_p", lambda p: 0 < p <= 1, "a number in (0, 1] (1 switches it off)"),
+            # OpenAI takes 0, and clients send temperature 0 with top_p 0 for determinism: the nucleus
+            # of mass 0 is the likeliest token alone, as in llama.cpp
+            "top_p": _checked_number(self.top_p, "top_p", lambda p: 0 <= p <= 1,
+                                     "a number in [0, 1] (1 switches it off, 0 keeps the likeliest token)"),
             "min_p": _checked_number(self.min_p, "min_p", lambda p: 0 <= p < 1, "a number in [0, 1) (0 switches it off)"),
             "top_k": _checked_whole(self.top_k, "top_k", 0, None, "a whole number from 0 up (0 switches it off)"),
             "max_tokens": _checked_whole(self.max_tokens, "max_tokens", 1, None, "a whole number from 1 up"),

@@ -140,7 +140,7 @@ def test_a_nul_byte_in_valid_utf8_is_just_text(tiny_models):
 
 @pytest.mark.parametrize("field, value", [
     ("temperature", math.nan), ("temperature", math.inf), ("temperature", -0.5), ("temperature", 1e-320),
-    ("top_p", math.nan), ("top_p", 0.0), ("top_p", math.inf), ("min_p", math.nan), ("min_p", -math.inf),
+    ("top_p", math.nan), ("top_p", -0.1), ("top_p", math.inf), ("min_p", math.nan), ("min_p", -math.inf),
     ("top_k", -1), ("top_k", 2.5), ("max_tokens", 0), ("max_tokens", True),
     ("seed", -1), ("seed", 2**64), ("seed", 1.5), ("temperature", "0.7"), ("stop", 7),
 ])

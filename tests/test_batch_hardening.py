@@ -272,7 +272,7 @@ def test_records_without_a_fingerprint_are_kept_with_a_note(tiny_models, tmp_pat
 def test_bad_sampling_values_become_error_records_and_the_rest_succeed(tiny_models, tmp_path, capsys):
     lines = [
         chat_line("ok-1", "Hello the cat", max_tokens=4),
-        chat_line("top-p-0", "Hello", top_p=0),
+        chat_line("top-p-negative", "Hello", top_p=-0.5),
         chat_line("seed-minus-1", "Hello", seed=-1, temperature=0.8),
         chat_line("nan-temperature", "Hello", temperature=float("nan")),
         completion_line("inf-top-p", "The cat", top_p=float("inf")),
@@ -284,18 +284,18 @@ def test_bad_sampling_values_become_error_records_and_the_rest_succeed(tiny_mode
     source, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
     assert run_cli(batch_argv(tiny_models, source, out)) == batch.EXIT_REQUESTS_FAILED
     by_id = {r["custom_id"]: r for r in read_records(out)}
-    assert list(by_id) == ["ok-1", "top-p-0", "seed-minus-1", "nan-temperature", "inf-top-p",
+    assert list(by_id) == ["ok-1", "top-p-negative", "seed-minus-1", "nan-temperature", "inf-top-p",
                            "huge-temperature", "line-7", "ok-2"]
     for custom_id in ("ok-1", "ok-2"):
         assert_openai_success(by_id[custom_id], custom_id)
-    for custom_id, line_no in (("top-p-0", 2), ("seed-minus-1", 3), ("nan-temperature", 4),
+    for custom_id, line_no in (("top-p-negative", 2), ("seed-minus-1", 3), ("nan-temperature", 4),
                                ("inf-top-p", 5), ("huge-temperature", 6), ("line-7", 7)):
         record = by_id[custom_id]
         assert record["response"] is None and f"line {line_no}" in record["error"]["message"]
         # the body check of edgespec serve refuses what no setting is; SamplingParams what it takes no value of
-        expected = {"line-7": "invalid_json", "top-p-0": "invalid_field", "seed-minus-1": "invalid_field"}
+        expected = {"line-7": "invalid_json", "seed-minus-1": "invalid_field"}
         assert record["error"]["code"] == expected.get(custom_id, "invalid_value")
-    assert "top_p" in by_id["top-p-0"]["error"]["message"]
+    assert "top_p" in by_id["top-p-negative"]["error"]["message"]
     assert "2 ok, 6 failed of 8" in capsys.readouterr().err
 
 
@@ -303,7 +303,7 @@ def test_exit_codes_of_the_real_command(tiny_models, tmp_path):
     source = write_lines(tmp_path / "in.jsonl", three_requests())
     command = edgespec_command() + batch_argv(tiny_models, source, tmp_path / "out.jsonl")
     assert subprocess.run(command, capture_output=True, timeout=120).returncode == batch.EXIT_OK
-    write_lines(source, three_requests() + [chat_line("bad", "Hello", top_p=0)])
+    write_lines(source, three_requests() + [chat_line("bad", "Hello", top_p=-0.5)])
     failed = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert failed.returncode == batch.EXIT_REQUESTS_FAILED and "Traceback" not in failed.stderr
     missing_model = command[:]

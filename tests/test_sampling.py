@@ -154,6 +154,14 @@ def test_top_k_keeps_the_lower_ids_among_equal_logits():
     assert row.ids.tolist() == [0, 1, 2, 7, 30]
 
 
+def test_top_p_zero_keeps_the_likeliest_token_alone():
+    rng = np.random.default_rng(8)
+    logits = distinct_logits(rng, 151_936, 3.0)
+    for top_k in (0, 40):
+        row = to_probs(logits, SamplingParams(temperature=1.0, top_k=top_k, top_p=0.0, min_p=0.0))
+        assert row.ids.tolist() == [int(np.argmax(logits))] and row.probs.tolist() == [1.0]
+
+
 def test_the_sparse_row_reads_like_the_dense_vector():
     rng = np.random.default_rng(7)
     logits = distinct_logits(rng, 500, 3.0)

@@ -110,7 +110,7 @@ def test_numbers_that_are_no_setting_are_refused_by_name(field, value):
     ("max_tokens", 0), ("max_tokens", 2.5), ("temperature", "hot"), ("temperature", -1), ("top_p", 1.5),
     ("seed", True), ("stop", [1]), ("stop", ["x"] * 17), ("stop", "x" * 513), ("stream", "yes"),
     # out of the ranges SamplingParams checks: these answered with param null
-    ("seed", -1), ("seed", 2**64), ("top_p", 0), ("min_p", 1), ("temperature", 0.0001),
+    ("seed", -1), ("seed", 2**64), ("top_p", -0.5), ("min_p", 1), ("temperature", 0.0001),
 ])
 def test_bad_values_name_their_field(field, value):
     assert refusal(**{field: value}).param == field
