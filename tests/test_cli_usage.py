@@ -34,7 +34,7 @@ ENGINE_FLAGS = [
 ]
 SAMPLING_FLAGS = [
     ("--max-tokens", "0", "--max-tokens"), ("--temperature", "-1", "--temperature"), ("-t", "nan", "--temperature"),
-    ("--top-k", "-1", "--top-k"), ("--top-p", "0", "--top-p"), ("--top-p", "1.5", "--top-p"),
+    ("--top-k", "-1", "--top-k"), ("--top-p", "-0.5", "--top-p"), ("--top-p", "1.5", "--top-p"),
     ("--min-p", "1", "--min-p"), ("--min-p", "inf", "--min-p"), ("--max-tokens", "x", "--max-tokens"),
 ]
 BAD_FLAGS = {
