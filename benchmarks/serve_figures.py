@@ -26,10 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 MAX_TOKENS = 128
 
 
-def start_server(model: str, draft: str) -> tuple[subprocess.Popen, str]:
+def start_server(model: str, draft: str, temperature: float = 0.0,
+                 env: dict | None = None) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen([str(ROOT / ".venv/bin/edgespec"), "serve", "--port", "0", "--model", model,
-                                "--draft", draft, "--temperature", "0"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                "--draft", draft, "--temperature", str(temperature)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
     threading.Thread(target=lambda: [lines.append(line) for line in process.stderr], daemon=True).start()
     deadline = time.monotonic() + 600

@@ -24,13 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -40,28 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgespec.calibration import cache_dir  # noqa: E402
+from serve_figures import start_server  # noqa: E402  (this script's folder is on sys.path)
 
 KINDS = ("explain", "extract", "code-edit", "refactor", "summary-quote", "chat", "story")
 PAUSE_SECONDS = 0.5
-
-
-def start_server(model: str, draft: str, temperature: float, env: dict) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen([str(ROOT / ".venv/bin/edgespec"), "serve", "--port", "0", "--model", model,
-                                "--draft", draft, "--temperature", str(temperature)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    lines: list[str] = []
-    threading.Thread(target=lambda: [lines.append(line) for line in process.stderr], daemon=True).start()
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        for line in list(lines):
-            found = re.search(r"on (http://127\.0\.0\.1:\d+)/v1$", line.strip())
-            if found:
-                return process, found.group(1)
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    process.kill()
-    sys.exit(f"edgespec serve --draft {draft} did not start:\n" + "".join(lines))
 
 
 def requests_in_turn(workloads: Path, kinds: list[str]) -> list[dict]:
