@@ -8,13 +8,18 @@ is distributed exactly as sampling from p alone (Leviathan et al., 2023).
 
 A deterministic proposal (n-gram lookup, heads) has q = one-hot(x): then the
 rule is "accept with probability p(x)", and the residual is p with x removed.
-accept_candidates extends that to several point proposals for one position
-(the recursive rejection of SpecInfer and Medusa's typical trees): try them
-in order, accept each with its probability under what remains, else remove
-it and renormalise; sample from what is left when none is accepted.  The
-emitted token is then distributed exactly as p.  At
-temperature 0 every p row is one-hot at its argmax, so the same rule reduces
-to argmax equality without drawing any random number.
+Both come from one draw: sample y from p as plain decoding samples its token
+(sampling.sample, one uniform); y == x is the acceptance, which happens with
+probability p(x), and otherwise y is a draw from p with x removed, which is
+the residual.  accept_candidates does the same for several point proposals
+for one position (Medusa's typical trees; SpecInfer's recursive rejection
+has the same law): the candidate equal to y is accepted, and y is the
+correction when none is.  Since every emitted token costs exactly one
+uniform, as in plain decoding, a run that drafts with n-grams or heads
+writes, for a given seed, the tokens plain decoding writes wherever its
+verification rows hold the same logits (always under --bit-exact), at any
+temperature.  A draft model's q is a real distribution; its acceptance draws
+its own uniform, so its runs follow p in law but not plain decoding's text.
 
 Rows are SparseProbs (what to_probs returns) or dense vectors; a residual is
 computed over the union of the two rows' supports, so a step costs O(head)
@@ -59,42 +64,33 @@ def verify(
         p_x, q_x = p[i][x], q[i][x]
         if p_x >= q_x or (p_x > 0.0 and rng.random() * q_x < p_x):
             continue
-        return Verdict(i, sample(_residual(p[i], x, q[i]), rng))
+        return Verdict(i, sample(_residual(p[i], q[i]), rng))
     return Verdict(k, sample(p[k], rng))
 
 
 def accept_candidates(p_row, candidates: Sequence[int], rng: np.random.Generator) -> tuple[int | None, int]:
-    """Recursive rejection of point proposals for one position: (the index of the accepted candidate, it),
-    or (None, a token sampled from p_row with every candidate removed).
+    """Point proposals for one position: (the index of the accepted candidate, it), or (None, the
+    correction, a token from p_row with every candidate removed).
 
-    p_row is a normalised probability row.  Candidate i is accepted with
-    p(x_i) / (1 - p(x_1) - ... - p(x_{i-1})), its probability once the ones
-    before it are removed; at temperature 0 (a one-hot row) that is 1 for the
-    argmax and 0 for the rest, so no random number is drawn.
+    One token y is sampled from p_row with one uniform, as plain decoding
+    samples; candidate i is accepted when it is y, so with probability
+    p(x_i), and otherwise y is the correction, distributed as p_row with the
+    candidates removed and renormalised.
     """
-    row, mass = as_sparse(p_row), 1.0
+    token = sample(p_row, rng)
     for i, x in enumerate(candidates):
-        p_x = row[x]
-        if p_x >= mass or (p_x > 0.0 and rng.random() * mass < p_x):
-            return i, x
-        row = _residual(row, x, None)
-        mass -= p_x
-    return None, sample(row, rng)
+        if x == token:
+            return i, token
+    return None, token
 
 
-def _residual(p_row, x: int, q_row) -> SparseProbs:
-    """norm(max(0, p - q)) up to its scale (sample normalises); p with x removed for a one-hot q."""
-    p_row = as_sparse(p_row)
-    if q_row is None:
-        keep = p_row.ids != x
-        residual = SparseProbs(p_row.ids[keep], p_row.probs[keep], p_row.n_vocab)
-    else:
-        q_row = as_sparse(q_row)
-        ids = np.union1d(p_row.ids, q_row.ids)
-        excess = np.maximum(p_row.values_at(ids) - q_row.values_at(ids), 0.0)
-        keep = excess > 0.0
-        residual = SparseProbs(ids[keep], excess[keep], p_row.n_vocab)
-    if residual.ids.size == 0:
+def _residual(p_row, q_row) -> SparseProbs:
+    """norm(max(0, p - q)) up to its scale (sample normalises)."""
+    p_row, q_row = as_sparse(p_row), as_sparse(q_row)
+    ids = np.union1d(p_row.ids, q_row.ids)
+    excess = np.maximum(p_row.values_at(ids) - q_row.values_at(ids), 0.0)
+    keep = excess > 0.0
+    if not keep.any():
         # only reachable through float round-off when p == q; p itself is then the right law
         return p_row
-    return residual
+    return SparseProbs(ids[keep], excess[keep], p_row.n_vocab)

@@ -55,6 +55,26 @@ def test_greedy_ngram_equals_greedy_plain(smollm):
     assert plain.stats.target_forward_passes == plain.stats.steps
 
 
+def test_sampled_ngram_writes_what_sampled_plain_writes_for_the_same_seed(smollm):
+    # point proposals spend one uniform per emitted token, as plain decoding does (verify.py), so at T > 0
+    # the same seed gives the same tokens wherever the passes give the same logits, which bit_exact keeps
+    prompt = f"Copy this function, then add type hints to it:\n\n{CODE}"
+    proposed = accepted = 0
+    try:
+        for seed in (1, 2, 3):
+            params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_tokens=96, seed=seed)
+            smollm.configure(mode="none", bit_exact=True)
+            plain = smollm.generate(prompt, params)
+            smollm.configure(mode="ngram")
+            spec = smollm.generate(prompt, params)
+            assert spec.token_ids == plain.token_ids, seed
+            proposed += spec.stats.draft_tokens_proposed
+            accepted += spec.stats.draft_tokens_accepted
+    finally:
+        smollm.configure(bit_exact=False)
+    assert proposed > accepted > 0  # drafts were taken and drafts were refused, and neither moved a token
+
+
 def test_two_turn_chat_with_reuse_equals_a_fresh_session(smollm):
     smollm.configure(mode="ngram")
     params = SamplingParams(temperature=0.0, max_tokens=80)
