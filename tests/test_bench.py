@@ -128,12 +128,16 @@ def test_plain_decoding_again_is_an_a_a_pair_with_the_baseline(models):
     assert row["paired_runs"] == 2 and row["speedup_paired_median"] == pytest.approx(statistics.median(paired))
 
 
-def test_sampled_runs_are_not_held_to_token_equality(models):
-    results = quick_bench(models, configs=["baseline", "ngram-k4"], suites=["chat"], temperatures=[0.7], repeats=2)
+def test_sampled_runs_are_compared_with_the_baseline_of_their_seed_but_not_held_to_it(models, monkeypatch):
+    corrupted = install_faulty_verifier(monkeypatch)
+    results = quick_bench(models, configs=["baseline", "ngram-k4"], suites=["code-edit"], temperatures=[0.7], repeats=2)
 
+    assert corrupted
     assert {r["seed"] for r in results["runs"]} == {runner.DEFAULT_SEED, runner.DEFAULT_SEED + 1}
-    assert all(r["matches_baseline"] is None for r in results["runs"])
-    assert all(r["matches_baseline"] is None for r in results["summary"])
+    assert all(r["matches_baseline"] is True for r in results["runs"] if r["config"] == "baseline")
+    # the drafted runs took wrong tokens: reported as parted from their seed's baseline, and the bench went on
+    drafted = [r["matches_baseline"] for r in results["runs"] if r["config"] == "ngram-k4"]
+    assert set(drafted) <= {True, False} and False in drafted
 
 
 def test_configuration_names():

@@ -1,4 +1,5 @@
-"""At temperature 0 every edgespec mode must reproduce plain decoding token for token."""
+"""At temperature 0 every edgespec mode must reproduce plain decoding token for token; at T > 0 whether a run
+wrote what plain decoding wrote with the same seed is reported."""
 
 from __future__ import annotations
 
@@ -49,6 +50,23 @@ def check_exactness(prompt_runs: list[dict], plain_logits=None, drift_bound: flo
             + "); speculative decoding must reproduce plain greedy decoding, so this is a bug in edgespec"
         )
     return near_ties
+
+
+def mark_same_seed_matches(prompt_runs: list[dict]) -> None:
+    """At T > 0, set each edgespec run's matches_baseline: whether it wrote the baseline run of its own repeat
+    (the same seed) token for token.
+
+    Reported, not enforced: n-gram and heads drafts draw as plain decoding
+    draws (verify.py), so they write its text but where a wider pass moves a
+    draw across the line between two tokens; a draft model's runs draw
+    otherwise and write other text of the same law.  A llama.cpp peer samples
+    with its own generator, so its text is not compared.
+    """
+    baselines = {run["repeat"]: run for run in prompt_runs if run["config"] == "baseline"}
+    for run in prompt_runs:
+        reference = baselines.get(run["repeat"])
+        if run["token_ids"] is not None and reference is not None:
+            run["matches_baseline"] = run["token_ids"] == reference["token_ids"]
 
 
 def same_text_as_baseline(peer_run: dict, reference: dict) -> bool:

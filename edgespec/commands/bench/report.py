@@ -179,7 +179,8 @@ def print_tables(results: dict, console=None) -> None:
         f"{meta['n_threads']} threads), {meta['repeats']} repeats, seed {meta['seed']}"
     )
     for temperature in meta["temperatures"]:
-        table = Table(title=f"T = {temperature:g}" + (" (token ids checked against baseline)" if temperature == 0 else ""))
+        table = Table(title=f"T = {temperature:g}" + (" (token ids checked against baseline)" if temperature == 0
+                                                       else " (same as base: the baseline's tokens for the same seed, not enforced)"))
         for column in ("suite", "config", "decode tok/s", "min-max", "speedup", "per-prompt", "paired", "accept", "passes/tok",
                        "prefill s", "e2e s", "e2e speedup", "bound", "peak RSS MB", "same as base"):
             table.add_column(column, justify="left" if column in ("suite", "config") else "right")

@@ -21,7 +21,7 @@ from ...backend import default_threads, plain_logits
 from ...loading import load_engine, use_learning
 from ...notices import print_notice
 from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, BenchConfig, resolve_configs, rotated
-from .exactness import check_exactness
+from .exactness import check_exactness, mark_same_seed_matches
 from .microbench import DEFAULT_N_CTX, load_average, machine_description, package_version
 from .peers import LlamaCppPeer, find_binary
 from .report import summarize, summarize_overhead
@@ -152,6 +152,8 @@ def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> list
                         print(f"near-tie, not a bug: {tie['config']} on {tie['prompt_id']} differs at token "
                               f"{tie['position']}, where the target's two best logits are {tie['logit_gap']:.2f} apart",
                               file=sys.stderr)
+            else:
+                mark_same_seed_matches(prompt_runs)
             runs.extend(prompt_runs)
     return runs
 
@@ -192,7 +194,7 @@ class _Runner:
             **figures,
             "end_to_end_seconds": figures["prefill_seconds"] + figures["decode_seconds"],
             "peak_rss_mb": _peak_rss_mb(children=config.is_peer),
-            "matches_baseline": None,  # set by check_exactness at temperature 0
+            "matches_baseline": None,  # set by check_exactness at temperature 0, mark_same_seed_matches above it
         }
 
     def _run_edgespec(self, ids: list[int], params: SamplingParams, config: BenchConfig) -> dict:
