@@ -184,6 +184,14 @@ class DraftLengthController:
         self._worth_probing = best_speedup(cost, PROBE_ACCEPTANCE, self.k_max)[1] > 1.0
         self.guard = SpeedGuard(cost)
 
+    @property
+    def may_draft(self) -> bool:
+        """Whether this controller expects to draft at all: at a fixed length above 0, or, choosing the length,
+        where a drafter accepted PROBE_ACCEPTANCE of the time would beat plain decoding at these costs (a draft
+        model on a CPU where its tokens are dear would not).  An expectation, not a promise: learned prices
+        and estimates can still make a draft pay later."""
+        return self.fixed_k > 0 if self.fixed_k is not None else self._worth_probing
+
     def acceptance(self, signal: int = 0) -> np.ndarray:
         """The acceptance a_1..a_k_max the controller plans with for this signal (a copy)."""
         return self.estimate.planning(signal)

@@ -122,7 +122,11 @@ class Decoder:
         return how many the target had cached already."""
         context, seq = generation.context, generation.seq
         reused = self.cache.prefill(context, seq, shift=shift and seq == 0)
-        if self._drafts_with_draft_model(generation):
+        # A draft model its controller does not expect to draft with (one asked for on a machine where its
+        # tokens cost too much to pay) is not fed the prompt: on a CPU that would cost about as much as the
+        # target's own prefill.  Should it draft after all, its first proposal catches its cache up.
+        if (self._drafts_with_draft_model(generation)
+                and self.planner.may_draft("draft-model", generation.drafter_set)):
             self.draft_cache.prepare(context, 0, shift=shift)
             generation.drafter_set.drafters["draft-model"].prefill(context)
         return reused
@@ -130,6 +134,12 @@ class Decoder:
     def _drafts_with_draft_model(self, generation: Generation) -> bool:
         return (self.draft_cache is not None and generation.counters.mode in DRAFT_MODEL_MODES
                 and "draft-model" in generation.drafter_set.drafters)
+
+    def _draft_model_holds_prompt(self, generation: Generation) -> bool:
+        """Whether the draft model's cache starts with this generation's prompt (it was fed the prompt, or
+        caught up when it drafted), so that a snapshot of it is one of this prompt."""
+        prompt = generation.context[: generation.counters.prompt_tokens - 1]
+        return self.draft_model.cached[: len(prompt)] == prompt
 
     @property
     def shifts_context(self) -> bool:
@@ -311,7 +321,8 @@ class Decoder:
     def end(self, generation: Generation) -> Done:
         """The generation's Done, after offering its caches to the prompt cache."""
         self.cache.offer(generation.seq)
-        if generation.seq == 0 and self._drafts_with_draft_model(generation):
+        if (generation.seq == 0 and self._drafts_with_draft_model(generation)
+                and self._draft_model_holds_prompt(generation)):
             self.draft_cache.offer(0)
         return generation.done()
 

@@ -138,6 +138,11 @@ class DraftPlanner:
         for (name, _), controller in self.own.controllers.items():
             controller.set_cost(self._drafter_costs[name])
 
+    def may_draft(self, name: str, drafter_set: DrafterSet) -> bool:
+        """Whether drafting with `name` is expected at all under this drafting (DraftLengthController.may_draft)."""
+        controller = self.controller(name, drafter_set)
+        return controller is not None and controller.may_draft
+
     def drafter_cost(self, name: str) -> CostModel | None:
         """What drafting with `name` costs per step (None: it cannot draft on this curve)."""
         return self._drafter_costs.get(name)

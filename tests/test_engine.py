@@ -495,3 +495,33 @@ def test_an_explicit_draft_model_is_kept_with_a_warning_when_it_cannot_pay(auto_
         assert "--draft ngram" in flag_worded(notices[-1])
     finally:
         engine.close()
+
+
+def test_a_draft_model_that_cannot_pay_is_not_fed_the_prompt_until_it_drafts(auto_draft):
+    """Kept as asked where its tokens cost too much, the draft model is never chosen per step, so feeding it
+    the prompt would only add its prefill to the wait; a fixed draft length drafts with it, caught up."""
+    from edgespec.costs import CostModel
+
+    # at 80% of a target step a draft token loses even where 90% of the drafts are kept (controller.PROBE_ACCEPTANCE)
+    engine = load_engine(auto_draft["target"], auto_draft["draft"], n_threads=1, notice=lambda line: None,
+                         cost_curve=CostModel(CHEAP_WIDE_PASSES, draft_seconds_per_token=0.8))
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
+    try:
+        prompt_ids = engine.prompt_tokens(prompt, raw=True)
+        engine.configure(mode="none")
+        plain = engine.generate(prompt, params, raw=True)
+        passes = engine.draft_model.forward_passes
+        engine.configure(mode="combined")
+        combined = engine.generate(prompt, params, raw=True)
+        assert engine.draft_model.forward_passes == passes and combined.stats.draft_forward_passes == 0
+        assert engine.draft_model.cached[: len(prompt_ids) - 1] != prompt_ids[:-1]
+        assert combined.token_ids == plain.token_ids
+
+        engine.configure(mode="draft-model", draft_tokens=2)
+        drafted = engine.generate(prompt, params, raw=True)
+        assert drafted.stats.draft_tokens_proposed > 0 and drafted.stats.draft_forward_passes > 0
+        assert engine.draft_model.cached[: len(prompt_ids) - 1] == prompt_ids[:-1]
+        assert drafted.token_ids == plain.token_ids
+    finally:
+        engine.close()
