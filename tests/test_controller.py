@@ -525,6 +525,10 @@ def test_a_drafter_that_could_not_pay_at_high_acceptance_is_never_probed():
     cheap_ks, _, _, _ = run(cheap, always_wrong, 300)
     assert sum(dear_ks) == 0
     assert sum(cheap_ks) > 0
+    # what the decoder asks before feeding a draft model the prompt (Decoder._prefill)
+    assert not dear.may_draft and cheap.may_draft
+    assert DraftLengthController(CostModel(curve, 0.43), 15, fixed_k=2).may_draft
+    assert not DraftLengthController(CostModel(curve, 0.05), 15, fixed_k=0).may_draft
 
 
 def test_steps_without_a_proposal_leave_the_estimates_alone():
