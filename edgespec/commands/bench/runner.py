@@ -194,7 +194,7 @@ class _Runner:
             **figures,
             "end_to_end_seconds": figures["prefill_seconds"] + figures["decode_seconds"],
             "peak_rss_mb": _peak_rss_mb(children=config.is_peer),
-            "matches_baseline": None,  # set by check_exactness at temperature 0, mark_same_seed_matches above it
+            "matches_baseline": None,  # set by check_exactness at temperature 0, by mark_same_seed_matches at T > 0
         }
 
     def _run_edgespec(self, ids: list[int], params: SamplingParams, config: BenchConfig) -> dict:
