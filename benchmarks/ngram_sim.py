@@ -45,7 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from edgespec.calibration import generation_prices, merge_prices, priced_curve  # noqa: E402
+from edgespec.pass_prices import generation_prices, merge_prices, priced_curve  # noqa: E402
 from edgespec.controller import controller_for  # noqa: E402
 from edgespec.costs import CostModel  # noqa: E402
 from edgespec.drafters import NgramDrafter  # noqa: E402

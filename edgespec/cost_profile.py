@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .backend import RUNTIME, LlamaModel, probe_pass_widths, probe_tokens, time_forward, time_sequence_passes
-from .calibration import CachedCalibration, CalibrationCache, CalibrationKey, StepTimeWatch, priced_curve
+from .calibration import CachedCalibration, CalibrationCache, CalibrationKey, StepTimeWatch
+from .pass_prices import priced_curve
 from .costs import CostModel
 from .curve_timing import PLANNED_WIDTHS, measure_curve
 from .draft_cost import draft_token_share

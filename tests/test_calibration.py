@@ -6,17 +6,8 @@ import random
 
 import pytest
 
-from edgespec.calibration import (
-    PRICE_CLIP,
-    PRICE_KEEP,
-    PRICE_MAX_PASSES,
-    CalibrationCache,
-    CalibrationKey,
-    StepTimeWatch,
-    cache_dir,
-    generation_prices,
-    priced_curve,
-)
+from edgespec.calibration import CalibrationCache, CalibrationKey, StepTimeWatch, cache_dir
+from edgespec.pass_prices import PRICE_CLIP, PRICE_KEEP, PRICE_MAX_PASSES, generation_prices, priced_curve
 
 DAY = 86400.0
 NOW = 1_700_000_000.0

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from edgespec.acceptance import COPY_BUCKETS, PAIR_WEIGHT, HindsightAcceptance, PairRecord, VerifiedAcceptance
-from edgespec.calibration import CalibrationCache, CalibrationKey, StepTimeWatch, priced_curve
+from edgespec.calibration import CalibrationCache, CalibrationKey, StepTimeWatch
+from edgespec.pass_prices import priced_curve
 from edgespec.controller import DraftLengthController, SpeedGuard, controller_for
 from edgespec.costs import CostModel
 from edgespec.drafters import SOURCES, NgramDrafter, copy_signal_parts, ngram_signal

@@ -9,7 +9,8 @@ import math
 import pytest
 
 from edgespec.backend import RUNTIME
-from edgespec.calibration import PRICE_KEEP, PRICE_MIN_PLAIN_PASSES, CalibrationCache, CalibrationKey, priced_curve
+from edgespec.calibration import CalibrationCache, CalibrationKey
+from edgespec.pass_prices import PRICE_KEEP, PRICE_MIN_PLAIN_PASSES, priced_curve
 from edgespec.cost_profile import SEQUENCE_GRID
 from edgespec.loading import load_engine
 from edgespec.sampling import SamplingParams
