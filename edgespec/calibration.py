@@ -1,8 +1,8 @@
 """The calibration cache: measured cost curves per model and machine, and the watch that flags a stale one.
 
-cost_profile.py's Calibrator measures a curve (curve_timing.py), the width probe and the cost of passes
-over several sequences, and keeps the results here (CalibrationCache), keyed by what they depend on
-(CalibrationKey).  StepTimeWatch compares the passes seen during generation with the curve: it marks an
+cost_profile.py's Calibrator measures a curve (curve_timing.py), the width probe, the cost of passes
+over several sequences and what a draft model's token costs beside it, and keeps the results here
+(CalibrationCache), keyed by what they depend on (CalibrationKey, draft_model_key).  StepTimeWatch compares the passes seen during generation with the curve: it marks an
 entry stale when they no longer match its shape, so the next load measures again, and after every
 generation it adds what each width's passes cost against the curve to the entry (pass prices), so that
 the next load plans on what passes cost in generation here (pass_prices.py), not on one minute's shape.
@@ -102,6 +102,13 @@ def cache_dir() -> Path:
     return Path(override) if override else Path(platformdirs.user_cache_dir("edgespec"))
 
 
+def draft_model_key(model_path: str | os.PathLike, n_gpu_layers: int, kv_cache: str = "") -> str:
+    """What a draft model's share of a target step depends on beyond the target's CalibrationKey (the machine,
+    the threads, the build): the draft's file and how it runs."""
+    path = Path(model_path).resolve()
+    stat = path.stat()
+    text = json.dumps([str(path), stat.st_size, stat.st_mtime_ns, n_gpu_layers, kv_cache])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,8 @@ class CachedCalibration:
     sequences: tuple[tuple[int, int, float], ...] = ()
     # width -> (summed log price, passes): what passes of that width cost in generation against the curve
     pass_prices: PassPrices = field(default_factory=dict)
+    # draft_model_key -> a draft token's time over a one-token target pass, timed with this curve
+    draft_shares: dict[str, float] = field(default_factory=dict)
 
 
 class CalibrationCache:
@@ -167,7 +176,8 @@ class CalibrationCache:
             return None
         if not all(n >= 1 and rows >= 1 and math.isfinite(f) and f > 0 for n, rows, f in sequences):
             sequences = ()  # measured again when needed
-        return CachedCalibration(max_width, curve, stale, drift, sequences, read_prices(entry.get("pass_prices")))
+        return CachedCalibration(max_width, curve, stale, drift, sequences, read_prices(entry.get("pass_prices")),
+                                 _read_draft_shares(entry.get("draft_shares")))
 
     def store(self, key: CalibrationKey, max_width: int, forward_seconds: tuple[float, ...], now: float | None = None,
               drift: dict[int, float] | None = None) -> None:
@@ -190,6 +200,16 @@ class CalibrationCache:
         if isinstance(entry, dict):
             entry["sequences"] = [list(point) for point in sequences]
             entry["sequences_method"] = SEQUENCES_METHOD
+            self._write(entries)
+
+    def store_draft_share(self, key: CalibrationKey, draft: str, share: float) -> None:
+        """Add a draft model's share of a target step (draft: draft_model_key) to the entry; measuring the curve
+        again drops it with the rest of the entry."""
+        entries = self._read()
+        entry = entries.get(key.digest())
+        if isinstance(entry, dict):
+            shares = entry.get("draft_shares")
+            entry["draft_shares"] = {**(shares if isinstance(shares, dict) else {}), draft: share}
             self._write(entries)
 
     def add_pass_prices(self, key: CalibrationKey, prices: PassPrices) -> None:
@@ -240,6 +260,17 @@ class CalibrationCache:
             self.write_error = error.strerror or str(error)
         else:
             self.write_error = None
+
+
+def _read_draft_shares(stored) -> dict[str, float]:
+    """An entry's draft shares; a hand-edited one that is not a positive, finite number is timed again."""
+    if not isinstance(stored, dict):
+        return {}
+    shares = {}
+    for draft, share in stored.items():
+        if isinstance(share, (int, float)) and not isinstance(share, bool) and math.isfinite(share) and share > 0:
+            shares[str(draft)] = float(share)
+    return shares
 
 
 class StepTimeWatch:

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .backend import RUNTIME, LlamaModel, probe_pass_widths, probe_tokens, time_forward, time_sequence_passes
-from .calibration import CachedCalibration, CalibrationCache, CalibrationKey, StepTimeWatch
+from .calibration import CachedCalibration, CalibrationCache, CalibrationKey, StepTimeWatch, draft_model_key
 from .pass_prices import priced_curve
 from .costs import CostModel
 from .curve_timing import PLANNED_WIDTHS, measure_curve
 from .draft_cost import draft_token_share
-from .limits import MAX_DRAFT_TOKENS
+from .limits import MAX_DRAFT_TOKENS, kv_cache_label
 
 # Passes over several sequences: how many sequences and how many rows each (a step's own token plus
 # drafts), each sequence this deep in cells of its own: about as deep as a batch's short requests are
@@ -74,8 +74,9 @@ def given_profile(target: LlamaModel, cost: CostModel) -> CostProfile:
 class Calibrator:
     """Measures a target's cost profile on this machine, or reads it from the calibration cache.
 
-    The draft model's cost per token is timed at every load and re-measure (in turns with the target,
-    draft_cost.py), the heads' is asked of them; neither is cached.
+    A draft model's cost per token is timed once per curve (in turns with the target, draft_cost.py) and
+    kept with it, so a later load can decide on a draft before loading it (remembered_profile); the
+    heads' is asked of them at every load.
     """
 
     def __init__(self, target: LlamaModel, cache: CalibrationCache, notice: Callable[[str], None]):
@@ -100,6 +101,14 @@ class Calibrator:
         else:
             return self._profile(cached, draft, heads_seconds)
         return self._profile(self._measured(cached), draft, heads_seconds)
+
+    def remembered_profile(self, draft: str) -> CostProfile | None:
+        """The cached profile with the share of a draft model (draft: its draft_model_key) that was timed with
+        it, without loading that model; None unless a fresh curve and that share are both cached."""
+        cached = self.cache.read(self.key)
+        if cached is None or cached.stale or draft not in cached.draft_shares:
+            return None
+        return self._priced(cached, cached.draft_shares[draft], 0.0)
 
     def measure_again(self, profile: CostProfile, draft: LlamaModel | None, heads_seconds: float) -> CostProfile:
         """A new profile with the curve measured now; the exact width and drift stay (they depend on the model,
@@ -137,11 +146,22 @@ class Calibrator:
         return CachedCalibration(kept.max_width, curve, False, kept.drift, kept.sequences)
 
     def _profile(self, entry: CachedCalibration, draft: LlamaModel | None, heads_seconds: float) -> CostProfile:
-        """The entry's curve at the prices its passes were paid at in generation (calibration.priced_curve)."""
+        """The entry's profile with the draft's share as the entry remembers it, or as timed now (and kept)."""
+        share = 0.0
+        if draft is not None:
+            # the KV cache as the draft was loaded with, which loading.py knows before it loads one
+            draft_key = draft_model_key(draft.path, draft.n_gpu_layers,
+                                        kv_cache_label(draft.type_k, draft.type_v, draft.flash_attn))
+            share = entry.draft_shares.get(draft_key)
+            if share is None:  # timed against target passes timed alongside (draft_cost.py)
+                share = draft_token_share(self.target, draft, self.notice)
+                self.cache.store_draft_share(self.key, draft_key, share)
+        return self._priced(entry, share, heads_seconds)
+
+    def _priced(self, entry: CachedCalibration, draft_share: float, heads_seconds: float) -> CostProfile:
+        """The entry's curve at the prices its passes were paid at in generation (pass_prices.priced_curve),
+        with a draft token at draft_share of its one-token pass."""
         curve = priced_curve(entry.forward_seconds, entry.pass_prices)
-        draft_seconds = 0.0
-        if draft is not None:  # timed against target passes timed alongside, then scaled to the curve
-            draft_seconds = curve[0] * draft_token_share(self.target, draft, self.notice)
-        cost = CostModel(curve, draft_seconds, heads_seconds, entry.sequences)
+        cost = CostModel(curve, curve[0] * draft_share, heads_seconds, entry.sequences)
         return CostProfile(cost, entry.max_width, tuple(sorted(entry.drift.items())), MAX_DRAFT_TOKENS + 1,
                            plain_step_seconds=curve[0], stale=entry.stale, measured_curve=entry.forward_seconds)

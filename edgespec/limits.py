@@ -83,6 +83,14 @@ def kv_cache_types(kv_type: str, flash_attn: bool) -> tuple[str, str]:
     return kv_type, (kv_type if flash_attn else "f16")
 
 
+def kv_cache_label(type_k: str, type_v: str, flash_attn: bool) -> str:
+    """What a KV cache setup changes in the logits and the speed: "" for f16 keys and values without flash
+    attention, else e.g. "K q8_0, V f16, flash attention off"."""
+    if (type_k, type_v, flash_attn) == ("f16", "f16", False):
+        return ""
+    return f"K {type_k}, V {type_v}, flash attention {'on' if flash_attn else 'off'}"
+
+
 def checked_setting(name: str, value) -> int | str:
     """value if it is in the range of setting `name` (draft_tokens may also be "auto"); else SettingError."""
     low, high, note = RANGES[name]

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from edgespec.calibration import CalibrationCache, CalibrationKey, StepTimeWatch, cache_dir
+from edgespec.calibration import CalibrationCache, CalibrationKey, StepTimeWatch, cache_dir, draft_model_key
 from edgespec.pass_prices import PRICE_CLIP, PRICE_KEEP, PRICE_MAX_PASSES, generation_prices, priced_curve
 
 DAY = 86400.0
@@ -379,3 +379,29 @@ def test_measuring_again_drops_the_prices_and_a_damaged_list_is_ignored(cache, k
         cache.path.write_text(json.dumps(entries))
         entry = cache.read(key, now=NOW)
         assert entry is not None and entry.forward_seconds == curve and entry.pass_prices == {}, damaged
+
+
+# -- a draft model's share of a target step, kept with the curve it was timed with ------------------------
+
+def test_a_draft_share_lives_with_its_curve_and_a_damaged_one_is_timed_again(cache, key, tmp_path):
+    draft = tmp_path / "draft.gguf"
+    draft.write_bytes(b"GGUF" + bytes(20))
+    on_cpu, offloaded = draft_model_key(draft, 0), draft_model_key(draft, 99)
+    assert on_cpu != offloaded and on_cpu != draft_model_key(draft, 0, "K q8_0, V f16, flash attention off")
+    cache.store_draft_share(key, on_cpu, 0.4)
+    assert cache.read(key, now=NOW) is None, "no curve, no entry to keep it in"
+    cache.store(key, 2, (0.05, 0.075), now=NOW)
+    cache.store_draft_share(key, on_cpu, 0.4)
+    cache.store_draft_share(key, offloaded, 0.1)
+    assert cache.read(key, now=NOW).draft_shares == {on_cpu: 0.4, offloaded: 0.1}
+    draft.write_bytes(b"GGUF" + bytes(40))
+    assert draft_model_key(draft, 0) != on_cpu, "another file is another draft"
+    for damaged in ({on_cpu: "x"}, {on_cpu: -0.4}, {on_cpu: 1e999}, {on_cpu: True}, [on_cpu, 0.4], "nonsense"):
+        entries = json.loads(cache.path.read_text())
+        next(iter(entries["entries"].values()))["draft_shares"] = damaged
+        cache.path.write_text(json.dumps(entries))
+        entry = cache.read(key, now=NOW)
+        assert entry is not None and entry.forward_seconds == (0.05, 0.075) and entry.draft_shares == {}, damaged
+    cache.store_draft_share(key, on_cpu, 0.4)
+    cache.store(key, 2, (0.05, 0.075), now=NOW + 1)
+    assert cache.read(key, now=NOW).draft_shares == {}, "a share is against the curve it was timed with"

@@ -19,7 +19,7 @@ import numpy as np
 import llama_cpp
 
 from ..errors import ContextOverflowError, DecodeError, ModelLoadError, Setting
-from ..limits import MAX_OUTPUT_ROWS, N_UBATCH
+from ..limits import MAX_OUTPUT_ROWS, N_UBATCH, kv_cache_label
 from .batch import TokenBatch
 from .runtime import forget_log, last_error, logged_flash_attention, logged_kv_buffer_bytes, raise_kept_interrupt
 from .state import state_buffer
@@ -111,9 +111,7 @@ class Context:
     @property
     def kv_cache_label(self) -> str:
         """What the KV cache setup changes in the logits: "" for f16 keys and values without flash attention."""
-        if (self.type_k, self.type_v, self.flash_attn) == ("f16", "f16", False):
-            return ""
-        return f"K {self.type_k}, V {self.type_v}, flash attention {'on' if self.flash_attn else 'off'}"
+        return kv_cache_label(self.type_k, self.type_v, self.flash_attn)
 
     # -- what the caches hold, and editing them ----------------------------------
 
