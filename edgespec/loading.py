@@ -7,12 +7,15 @@ draft model fits next to the target (the planner), and loads them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Callable, Sequence
 
 from .backend import LlamaModel, supports_gpu_offload, width_independent_kernels
 from .backend.hidden import HiddenStateModel
+from .calibration import CalibrationCache, draft_model_key
+from .cost_profile import Calibrator
 from .costs import CostModel, best_speedup
 from .drafters import check_vocab_compatible
 from .learned import LearnedAcceptance
@@ -20,7 +23,7 @@ from .ngram_pool import NgramPool
 from .engine import Engine
 from .errors import EdgespecError, Setting, Wording
 from .heads.attach import heads_drafter, trained_heads
-from .limits import KV_TYPES, SettingError, checked_kv_type, checked_setting
+from .limits import KV_TYPES, SettingError, checked_kv_type, checked_setting, kv_cache_label, kv_cache_types
 from .fetch import resolve_draft, resolve_model
 from .catalog import load_catalog, local_path
 from .notices import log_notice
@@ -119,7 +122,9 @@ def load_engine(
     for line in exactness_notices:
         notice(line)
     heads_path = heads_path or (trained_heads(target_path) if draft in ("heads", "auto") else None)
-    target_model, draft_model = _load_models(target_path, draft_path, plan, n_ctx, n_threads, heads_path is not None)
+    target_model, draft_model, plan = _load_models(target_path, draft_path, plan, n_ctx, n_threads, notice,
+                                                   hidden_states=heads_path is not None,
+                                                   judge_draft=draft == "auto" and cost_curve is None)
     heads = _load_heads(target_model, heads_path, required=draft == "heads", notice=notice)
     mode = "heads" if draft == "heads" else "combined" if plan.mode == "draft-model" or heads is not None else plan.mode
     engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact, heads=heads)
@@ -192,28 +197,46 @@ MIN_DRAFT_GAIN = 1.05
 
 def _settle_draft_model(engine: Engine, keep: bool) -> str:
     """Keep the loaded draft model, or (under draft "auto") drop it when it cannot pay here; says which, and why."""
-    gain = _draft_model_gain(engine, TYPICAL_DRAFT_ACCEPTANCE)
-    if gain >= MIN_DRAFT_GAIN:
+    why = _why_a_draft_cannot_pay(engine.cost, engine.max_draft_tokens, engine.draft_model.path.name)
+    if why is None:
         return _draft_choice_notice(engine)
-    name = engine.draft_model.path.name
-    why = (f"{name} would gain at most {gain:.2f}x over plain decoding here even at "
-           f"{TYPICAL_DRAFT_ACCEPTANCE:.0%} acceptance (a draft token costs {_draft_token_share(engine):.0%} "
-           f"of a target step, measured)")
-    if keep:
-        return Wording(f"drafting with n-grams and {name} as asked, though {why}; ", Setting("draft", "ngram"),
-                       " may be faster")
     path = engine.draft_model.path
+    if keep:
+        return Wording(f"drafting with n-grams and {path.name} as asked, though {why}; ", Setting("draft", "ngram"),
+                       " may be faster")
     engine.drop_draft_model(f"n-grams only: {why}")
-    return Wording(f"drafting with n-grams only: {why}; ", Setting("draft", str(path)), " uses it anyway")
+    return _ngram_only_notice(why, path)
 
 
-def _draft_model_gain(engine: Engine, acceptance: float) -> float:
-    """The speedup over plain decoding the engine's draft model would give at this acceptance, from the
-    measured costs of both models (the best draft length; 1.0 when no draft length pays)."""
-    cost = engine.planner.drafter_cost("draft-model")
-    if cost is None:
-        return 1.0
-    return best_speedup(cost, acceptance, engine.max_draft_tokens)[1]
+def _without_a_draft_known_not_to_pay(target: LlamaModel, draft_path: Path, plan: Plan, notice) -> Plan:
+    """The plan with n-grams only where the draft model's share, timed with the target's cached curve, says it
+    cannot pay here, so that `--draft auto` does not load it at every launch only to drop it; else the plan.
+    Judged at the curve's widest draft (under bit_exact a narrower one may still drop it once loaded)."""
+    cache_label = kv_cache_label(*kv_cache_types(plan.draft_kv_type, plan.flash_attn), plan.flash_attn)
+    draft_key = draft_model_key(draft_path, plan.draft_gpu_layers, cache_label)
+    profile = Calibrator(target, CalibrationCache(), notice).remembered_profile(draft_key)
+    if profile is None:
+        return plan
+    why = _why_a_draft_cannot_pay(profile.cost, profile.widest - 1, draft_path.name)
+    if why is None:
+        return plan
+    notice(_ngram_only_notice(why, draft_path))
+    return dataclasses.replace(plan, mode="ngram", reason=f"n-grams only: {why}")
+
+
+def _why_a_draft_cannot_pay(cost: CostModel, k_max: int, name: str) -> str | None:
+    """Why a draft model at cost's draft_seconds_per_token would not pay here even at its typical acceptance
+    (the best draft length up to k_max gains under MIN_DRAFT_GAIN over plain decoding), or None."""
+    gain = best_speedup(cost, TYPICAL_DRAFT_ACCEPTANCE, k_max)[1]
+    if gain >= MIN_DRAFT_GAIN:
+        return None
+    share = cost.draft_seconds_per_token / cost.target(1)
+    return (f"{name} would gain at most {gain:.2f}x over plain decoding here even at "
+            f"{TYPICAL_DRAFT_ACCEPTANCE:.0%} acceptance (a draft token costs {share:.0%} of a target step, measured)")
+
+
+def _ngram_only_notice(why: str, draft_path: Path) -> Wording:
+    return Wording(f"drafting with n-grams only: {why}; ", Setting("draft", str(draft_path)), " uses it anyway")
 
 
 def _draft_choice_notice(engine: Engine) -> str:
@@ -315,23 +338,27 @@ def _check_sizes(target, **sizes) -> None:
             checked_setting(name, value)
 
 
-def _load_models(target_path: Path, draft_path: Path | None, plan: Plan, n_ctx: int,
-                 n_threads, hidden_states: bool = False) -> tuple[LlamaModel, LlamaModel | None]:
-    """The target and, when the plan loads one, the draft model, each with the plan's layers and KV cache;
-    with hidden_states the target also outputs its hidden states, for heads."""
-    target = (HiddenStateModel if hidden_states else LlamaModel)(target_path, n_ctx=n_ctx, n_gpu_layers=plan.target_gpu_layers, n_threads=n_threads,
-                        kv_type=plan.kv_type, flash_attn=plan.flash_attn)
+def _load_models(target_path: Path, draft_path: Path | None, plan: Plan, n_ctx: int, n_threads, notice,
+                 hidden_states: bool, judge_draft: bool) -> tuple[LlamaModel, LlamaModel | None, Plan]:
+    """The target and, when the plan loads one, the draft model, each with the plan's layers and KV cache, and
+    the plan as loaded.  hidden_states: the target also outputs its hidden states, for heads; judge_draft: a
+    draft model the target's cached calibration says cannot pay is not loaded (the plan says why)."""
+    target = (HiddenStateModel if hidden_states else LlamaModel)(
+        target_path, n_ctx=n_ctx, n_gpu_layers=plan.target_gpu_layers, n_threads=n_threads, kv_type=plan.kv_type,
+        flash_attn=plan.flash_attn)
+    if judge_draft and plan.mode == "draft-model":
+        plan = _without_a_draft_known_not_to_pay(target, draft_path, plan, notice)
     if plan.mode != "draft-model":
-        return target, None
-    return target, _load_draft(target, draft_path, n_ctx, plan.draft_gpu_layers, n_threads,
-                               kv_type=plan.draft_kv_type, flash_attn=plan.flash_attn)
+        return target, None, plan
+    return target, _load_draft(target, draft_path, n_ctx, plan, n_threads), plan
 
 
-def _load_draft(target: LlamaModel, path: Path, n_ctx: int, gpu_layers: int, n_threads, **cache) -> LlamaModel:
-    """Load the draft and check it against the target; on failure free both.  cache: kv_type and flash_attn."""
+def _load_draft(target: LlamaModel, path: Path, n_ctx: int, plan: Plan, n_threads) -> LlamaModel:
+    """Load the draft with the plan's layers and KV cache, and check it against the target; on failure free both."""
     draft = None
     try:
-        draft = LlamaModel(path, n_ctx=n_ctx, n_gpu_layers=gpu_layers, n_threads=n_threads, **cache)
+        draft = LlamaModel(path, n_ctx=n_ctx, n_gpu_layers=plan.draft_gpu_layers, n_threads=n_threads,
+                           kv_type=plan.draft_kv_type, flash_attn=plan.flash_attn)
         check_vocab_compatible(target, draft)
     except EdgespecError:
         if draft is not None:

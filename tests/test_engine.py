@@ -525,3 +525,102 @@ def test_a_draft_model_that_cannot_pay_is_not_fed_the_prompt_until_it_drafts(aut
         assert drafted.token_ids == plain.token_ids
     finally:
         engine.close()
+
+
+# -- and decides on it before loading it, from the share timed with the target's cached curve -------------
+
+def remember_curve_and_draft_share(models, curve, share=None):
+    """The calibration an earlier `--draft auto` load on this machine left: the target's curve and, when share
+    is given, the draft token's share of a target step timed with it (both models on the CPU, f16 caches)."""
+    from edgespec.backend import RUNTIME
+    from edgespec.calibration import CalibrationCache, CalibrationKey, draft_model_key
+
+    cache, key = CalibrationCache(), CalibrationKey.for_model(models["target"], 0, 1, RUNTIME)
+    cache.store(key, len(curve), curve)
+    if share is not None:
+        cache.store_draft_share(key, draft_model_key(models["draft"], 0), share)
+    return cache, key
+
+
+@pytest.fixture
+def model_loads(monkeypatch):
+    """The path of every model load_engine loads, in order."""
+    import edgespec.loading
+
+    loaded = []
+
+    class CountedModel(LlamaModel):
+        def __init__(self, path, **options):
+            loaded.append(str(path))
+            super().__init__(path, **options)
+
+    monkeypatch.setattr(edgespec.loading, "LlamaModel", CountedModel)
+    return loaded
+
+
+@pytest.fixture
+def draft_share_timings(monkeypatch):
+    """Every timing of a draft token's share, each answering 0.4 of a target step (draft_cost.py times it)."""
+    import edgespec.cost_profile
+
+    timed = []
+
+    def share(target, draft, notice=None):
+        timed.append(str(draft.path))
+        return 0.4
+
+    monkeypatch.setattr(edgespec.cost_profile, "draft_token_share", share)
+    return timed
+
+
+def test_draft_auto_does_not_load_a_draft_model_that_its_remembered_share_says_cannot_pay(auto_draft, model_loads,
+                                                                                          draft_share_timings):
+    remember_curve_and_draft_share(auto_draft, CHEAP_WIDE_PASSES, share=0.4)
+    notices = []
+    engine = load_engine(auto_draft["target"], "auto", n_threads=1, notice=notices.append)
+    try:
+        assert model_loads == [str(auto_draft["target"])] and draft_share_timings == []
+        assert engine.draft_model is None and engine.mode == "ngram" and engine.plan.mode == "ngram"
+        assert engine.plan.reason.startswith("n-grams only:") and "40%" in engine.plan.reason
+        said = [line for line in notices if "n-grams only" in line]
+        assert len(said) == 1 and "40%" in said[0] and f"--draft {auto_draft['draft']}" in flag_worded(said[0])
+        assert engine.generate("def f(x):", SamplingParams(temperature=0.0, max_tokens=8), raw=True).token_ids
+    finally:
+        engine.close()
+
+
+def test_a_draft_models_share_is_timed_once_per_curve_and_a_draft_that_pays_is_loaded(auto_draft, model_loads,
+                                                                                      draft_share_timings):
+    cache, key = remember_curve_and_draft_share(auto_draft, CHEAP_WIDE_PASSES)
+    for _ in range(2):  # timed at the first load, which drops it; not loaded at the second
+        load_engine(auto_draft["target"], "auto", n_threads=1, notice=lambda line: None).close()
+    assert model_loads == [str(auto_draft["target"]), str(auto_draft["draft"]), str(auto_draft["target"])]
+    assert draft_share_timings == [str(auto_draft["draft"])]
+    assert list(cache.read(key).draft_shares.values()) == [0.4]
+
+    cache.store(key, len(CHEAP_WIDE_PASSES), CHEAP_WIDE_PASSES)  # the curve measured again: its shares go with it
+    assert cache.read(key).draft_shares == {}
+    remember_curve_and_draft_share(auto_draft, CHEAP_WIDE_PASSES, share=0.05)
+    engine = load_engine(auto_draft["target"], "auto", n_threads=1, notice=lambda line: None)
+    try:
+        assert engine.draft_model is not None and engine.mode == "combined"
+        assert engine.cost.draft_seconds_per_token == pytest.approx(0.05 * CHEAP_WIDE_PASSES[0])
+        assert draft_share_timings == [str(auto_draft["draft"])], "the remembered share, not timed again"
+    finally:
+        engine.close()
+
+
+def test_a_stale_curve_remembers_no_draft_share(auto_draft):
+    from edgespec.cost_profile import Calibrator
+
+    cache, key = remember_curve_and_draft_share(auto_draft, CHEAP_WIDE_PASSES, share=0.4)
+    target = LlamaModel(auto_draft["target"], n_ctx=256, n_threads=1)
+    try:
+        calibrator = Calibrator(target, cache, notice=lambda line: None)
+        draft_key = next(iter(cache.read(key).draft_shares))
+        assert calibrator.remembered_profile(draft_key).cost.draft_seconds_per_token == pytest.approx(0.4)
+        assert calibrator.remembered_profile("another draft") is None
+        cache.mark_stale(key)
+        assert calibrator.remembered_profile(draft_key) is None, "a curve worth measuring again decides nothing"
+    finally:
+        target.close()
