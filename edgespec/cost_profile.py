@@ -75,7 +75,7 @@ class Calibrator:
     """Measures a target's cost profile on this machine, or reads it from the calibration cache.
 
     A draft model's cost per token is timed once per curve (in turns with the target, draft_cost.py) and
-    kept with it, so a later load can decide on a draft before loading it (remembered_profile); the
+    kept with it, so that a later load can decide on a draft before loading it (remembered_profile); the
     heads' is asked of them at every load.
     """
 
@@ -101,14 +101,6 @@ class Calibrator:
         else:
             return self._profile(cached, draft, heads_seconds)
         return self._profile(self._measured(cached), draft, heads_seconds)
-
-    def remembered_profile(self, draft: str) -> CostProfile | None:
-        """The cached profile with the share of a draft model (draft: its draft_model_key) that was timed with
-        it, without loading that model; None unless a fresh curve and that share are both cached."""
-        cached = self.cache.read(self.key)
-        if cached is None or cached.stale or draft not in cached.draft_shares:
-            return None
-        return self._priced(cached, cached.draft_shares[draft], 0.0)
 
     def measure_again(self, profile: CostProfile, draft: LlamaModel | None, heads_seconds: float) -> CostProfile:
         """A new profile with the curve measured now; the exact width and drift stay (they depend on the model,
@@ -156,12 +148,22 @@ class Calibrator:
             if share is None:  # timed against target passes timed alongside (draft_cost.py)
                 share = draft_token_share(self.target, draft, self.notice)
                 self.cache.store_draft_share(self.key, draft_key, share)
-        return self._priced(entry, share, heads_seconds)
+        return _priced_profile(entry, share, heads_seconds)
 
-    def _priced(self, entry: CachedCalibration, draft_share: float, heads_seconds: float) -> CostProfile:
-        """The entry's curve at the prices its passes were paid at in generation (pass_prices.priced_curve),
-        with a draft token at draft_share of its one-token pass."""
-        curve = priced_curve(entry.forward_seconds, entry.pass_prices)
-        cost = CostModel(curve, curve[0] * draft_share, heads_seconds, entry.sequences)
-        return CostProfile(cost, entry.max_width, tuple(sorted(entry.drift.items())), MAX_DRAFT_TOKENS + 1,
-                           plain_step_seconds=curve[0], stale=entry.stale, measured_curve=entry.forward_seconds)
+
+def remembered_profile(cache: CalibrationCache, key: CalibrationKey, draft: str) -> CostProfile | None:
+    """The profile cached under key with the share of a draft model (draft: its draft_model_key) timed with it,
+    for deciding on that model before loading it; None unless a fresh curve and that share are both cached."""
+    cached = cache.read(key)
+    if cached is None or cached.stale or draft not in cached.draft_shares:
+        return None
+    return _priced_profile(cached, cached.draft_shares[draft], 0.0)
+
+
+def _priced_profile(entry: CachedCalibration, draft_share: float, heads_seconds: float) -> CostProfile:
+    """The entry's curve at the prices its passes were paid at in generation (pass_prices.priced_curve), with a
+    draft token at draft_share of its one-token pass."""
+    curve = priced_curve(entry.forward_seconds, entry.pass_prices)
+    cost = CostModel(curve, curve[0] * draft_share, heads_seconds, entry.sequences)
+    return CostProfile(cost, entry.max_width, tuple(sorted(entry.drift.items())), MAX_DRAFT_TOKENS + 1,
+                       plain_step_seconds=curve[0], stale=entry.stale, measured_curve=entry.forward_seconds)

@@ -8,14 +8,15 @@ draft model fits next to the target (the planner), and loads them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .backend import LlamaModel, supports_gpu_offload, width_independent_kernels
+from .backend import RUNTIME, LlamaModel, default_threads, supports_gpu_offload, width_independent_kernels
 from .backend.hidden import HiddenStateModel
-from .calibration import CalibrationCache, draft_model_key
-from .cost_profile import Calibrator
+from .calibration import CalibrationCache, CalibrationKey, draft_model_key
+from .cost_profile import remembered_profile
 from .costs import CostModel, best_speedup
 from .drafters import check_vocab_compatible
 from .learned import LearnedAcceptance
@@ -37,16 +38,18 @@ def plan_load(
     target, draft="auto", *, n_ctx: int, n_gpu_layers=None, draft_gpu_layers=None,
     memory_budget=None, pull: bool = True, notice: Callable[[str], None] = log_notice, progress: bool = False,
     kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False, parallel: int = 1,
-    prompt_cache_ram: int = 0,
+    prompt_cache_ram: int = 0, n_threads: int | None = None, remembered_costs: bool = True,
 ) -> tuple[Path, Path | None, Plan]:
     """Resolve the model names to files and plan their memory: what load_engine will do.
 
     n_ctx 0 is the model's trained context.  A size out of range is refused here, before anything loads.
     pull=False never downloads: a missing target is an error, a missing draft means n-grams.
     A download is announced through notice; progress also shows a progress bar on stderr (the command line's).
-    kv_type, draft_kv_type and flash_attn are load_engine's; parallel counts a target KV cache
+    kv_type, draft_kv_type, flash_attn and n_threads are load_engine's; parallel counts a target KV cache
     per sequence decoded together (batch --parallel); prompt_cache_ram, the RAM a server asks for
-    prompt snapshots (the plan grants what the models leave).
+    prompt snapshots (the plan grants what the models leave).  Under draft "auto" with remembered_costs, a
+    draft model that cannot pay by the costs this machine measured before (_why_known_not_to_pay) is
+    planned out, so it is not loaded only to be dropped.
     """
     _check_sizes(target, n_ctx=n_ctx or None, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
                  parallel=parallel)
@@ -55,16 +58,22 @@ def plan_load(
     draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, fetching)
     # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
     forced_mode = "ngram" if draft == "heads" else (draft or "none") if draft in (None, "none", "ngram") else None
-    plan = plan_models(
-        target_path, draft_path, n_ctx=n_ctx, gpu_offload=supports_gpu_offload(),
-        memory_budget=memory_budget, force_mode=forced_mode,
-        force_gpu_layers=n_gpu_layers, force_draft_gpu_layers=draft_gpu_layers,
+    planned = functools.partial(
+        plan_models, target_path, draft_path, n_ctx=n_ctx, gpu_offload=supports_gpu_offload(),
+        memory_budget=memory_budget, force_gpu_layers=n_gpu_layers, force_draft_gpu_layers=draft_gpu_layers,
         kv_type=kv_type, draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel,
         prompt_cache_ram=prompt_cache_ram,
     )
+    plan = planned(force_mode=forced_mode)
+    why = None
+    if draft == "auto" and plan.mode == "draft-model" and remembered_costs:
+        why = _why_known_not_to_pay(target_path, draft_path, plan, n_threads)
+    if why is not None:
+        plan = dataclasses.replace(planned(force_mode="ngram"), reason=f"n-grams only: {why}")
+        notice(_ngram_only_notice(why, draft_path))
     for warning in plan.warnings:
         notice(warning)
-    if draft_path is not None and plan.mode != "draft-model":
+    if draft_path is not None and plan.mode != "draft-model" and why is None:
         notice(f"not loading draft {draft_path.name}: {plan.reason}")
     return target_path, draft_path, plan
 
@@ -118,13 +127,12 @@ def load_engine(
         target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
         memory_budget=memory_budget, pull=pull, notice=notice, progress=progress, kv_type=kv_type,
         draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel, prompt_cache_ram=prompt_cache_ram,
+        n_threads=n_threads, remembered_costs=cost_curve is None,
     )
     for line in exactness_notices:
         notice(line)
     heads_path = heads_path or (trained_heads(target_path) if draft in ("heads", "auto") else None)
-    target_model, draft_model, plan = _load_models(target_path, draft_path, plan, n_ctx, n_threads, notice,
-                                                   hidden_states=heads_path is not None,
-                                                   judge_draft=draft == "auto" and cost_curve is None)
+    target_model, draft_model = _load_models(target_path, draft_path, plan, n_ctx, n_threads, heads_path is not None)
     heads = _load_heads(target_model, heads_path, required=draft == "heads", notice=notice)
     mode = "heads" if draft == "heads" else "combined" if plan.mode == "draft-model" or heads is not None else plan.mode
     engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact, heads=heads)
@@ -208,20 +216,24 @@ def _settle_draft_model(engine: Engine, keep: bool) -> str:
     return _ngram_only_notice(why, path)
 
 
-def _without_a_draft_known_not_to_pay(target: LlamaModel, draft_path: Path, plan: Plan, notice) -> Plan:
-    """The plan with n-grams only where the draft model's share, timed with the target's cached curve, says it
-    cannot pay here, so that `--draft auto` does not load it at every launch only to drop it; else the plan.
-    Judged at the curve's widest draft (under bit_exact a narrower one may still drop it once loaded)."""
-    cache_label = kv_cache_label(*kv_cache_types(plan.draft_kv_type, plan.flash_attn), plan.flash_attn)
-    draft_key = draft_model_key(draft_path, plan.draft_gpu_layers, cache_label)
-    profile = Calibrator(target, CalibrationCache(), notice).remembered_profile(draft_key)
+def _why_known_not_to_pay(target_path: Path, draft_path: Path, plan: Plan, n_threads: int | None) -> str | None:
+    """Why the plan's draft model cannot pay here, by the target's cached curve and the draft's share timed with
+    it, both keyed as the loaded models will be (cost_profile.Calibrator); None when either is not cached, or
+    when it may pay.  Judged at the curve's widest draft: under bit_exact a narrower one may still drop it
+    once loaded."""
+    threads = default_threads() if n_threads is None else n_threads
+    target_key = CalibrationKey.for_model(target_path, plan.target_gpu_layers, threads, RUNTIME,
+                                          kv_cache=_cache_label(plan.kv_type, plan.flash_attn))
+    draft_key = draft_model_key(draft_path, plan.draft_gpu_layers, _cache_label(plan.draft_kv_type, plan.flash_attn))
+    profile = remembered_profile(CalibrationCache(), target_key, draft_key)
     if profile is None:
-        return plan
-    why = _why_a_draft_cannot_pay(profile.cost, profile.widest - 1, draft_path.name)
-    if why is None:
-        return plan
-    notice(_ngram_only_notice(why, draft_path))
-    return dataclasses.replace(plan, mode="ngram", reason=f"n-grams only: {why}")
+        return None
+    return _why_a_draft_cannot_pay(profile.cost, profile.widest - 1, draft_path.name)
+
+
+def _cache_label(kv_type: str, flash_attn: bool) -> str:
+    """The KV cache label of a model loaded with these settings (backend.LlamaModel's kv_cache_label)."""
+    return kv_cache_label(*kv_cache_types(kv_type, flash_attn), flash_attn)
 
 
 def _why_a_draft_cannot_pay(cost: CostModel, k_max: int, name: str) -> str | None:
@@ -338,19 +350,16 @@ def _check_sizes(target, **sizes) -> None:
             checked_setting(name, value)
 
 
-def _load_models(target_path: Path, draft_path: Path | None, plan: Plan, n_ctx: int, n_threads, notice,
-                 hidden_states: bool, judge_draft: bool) -> tuple[LlamaModel, LlamaModel | None, Plan]:
-    """The target and, when the plan loads one, the draft model, each with the plan's layers and KV cache, and
-    the plan as loaded.  hidden_states: the target also outputs its hidden states, for heads; judge_draft: a
-    draft model the target's cached calibration says cannot pay is not loaded (the plan says why)."""
+def _load_models(target_path: Path, draft_path: Path | None, plan: Plan, n_ctx: int,
+                 n_threads, hidden_states: bool = False) -> tuple[LlamaModel, LlamaModel | None]:
+    """The target and, when the plan loads one, the draft model, each with the plan's layers and KV cache;
+    with hidden_states the target also outputs its hidden states, for heads."""
     target = (HiddenStateModel if hidden_states else LlamaModel)(
         target_path, n_ctx=n_ctx, n_gpu_layers=plan.target_gpu_layers, n_threads=n_threads, kv_type=plan.kv_type,
         flash_attn=plan.flash_attn)
-    if judge_draft and plan.mode == "draft-model":
-        plan = _without_a_draft_known_not_to_pay(target, draft_path, plan, notice)
     if plan.mode != "draft-model":
-        return target, None, plan
-    return target, _load_draft(target, draft_path, n_ctx, plan, n_threads), plan
+        return target, None
+    return target, _load_draft(target, draft_path, n_ctx, plan, n_threads)
 
 
 def _load_draft(target: LlamaModel, path: Path, n_ctx: int, plan: Plan, n_threads) -> LlamaModel:

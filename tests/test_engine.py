@@ -610,17 +610,21 @@ def test_a_draft_models_share_is_timed_once_per_curve_and_a_draft_that_pays_is_l
         engine.close()
 
 
-def test_a_stale_curve_remembers_no_draft_share(auto_draft):
-    from edgespec.cost_profile import Calibrator
+def test_the_plan_leaves_out_a_draft_model_known_not_to_pay_and_a_stale_curve_knows_nothing(auto_draft):
+    from edgespec.cost_profile import remembered_profile
+    from edgespec.loading import plan_load
 
     cache, key = remember_curve_and_draft_share(auto_draft, CHEAP_WIDE_PASSES, share=0.4)
-    target = LlamaModel(auto_draft["target"], n_ctx=256, n_threads=1)
-    try:
-        calibrator = Calibrator(target, cache, notice=lambda line: None)
-        draft_key = next(iter(cache.read(key).draft_shares))
-        assert calibrator.remembered_profile(draft_key).cost.draft_seconds_per_token == pytest.approx(0.4)
-        assert calibrator.remembered_profile("another draft") is None
-        cache.mark_stale(key)
-        assert calibrator.remembered_profile(draft_key) is None, "a curve worth measuring again decides nothing"
-    finally:
-        target.close()
+    draft_key = next(iter(cache.read(key).draft_shares))
+    assert remembered_profile(cache, key, draft_key).cost.draft_seconds_per_token == pytest.approx(0.4)
+    assert remembered_profile(cache, key, "another draft") is None
+    notices = []
+    _, draft_path, plan = plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1, notice=notices.append)
+    assert draft_path == auto_draft["draft"] and plan.mode == "ngram" and [p.role for p in plan.parts] == ["target"]
+    assert plan.reason.startswith("n-grams only:") and sum("n-grams only" in line for line in notices) == 1
+    for planned in (plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=2, notice=notices.append),
+                    plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1, remembered_costs=False)):
+        assert planned[2].mode == "draft-model", "another key, or costs not to be read: the run decides"
+    cache.mark_stale(key)
+    assert remembered_profile(cache, key, draft_key) is None, "a curve worth measuring again decides nothing"
+    assert plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1)[2].mode == "draft-model"
