@@ -59,17 +59,17 @@ def plan_load(
     # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
     forced_mode = "ngram" if draft == "heads" else (draft or "none") if draft in (None, "none", "ngram") else None
     planned = functools.partial(
-        plan_models, target_path, draft_path, n_ctx=n_ctx, gpu_offload=supports_gpu_offload(),
+        plan_models, target_path, n_ctx=n_ctx, gpu_offload=supports_gpu_offload(),
         memory_budget=memory_budget, force_gpu_layers=n_gpu_layers, force_draft_gpu_layers=draft_gpu_layers,
         kv_type=kv_type, draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel,
         prompt_cache_ram=prompt_cache_ram,
     )
-    plan = planned(force_mode=forced_mode)
+    plan = planned(draft_path, force_mode=forced_mode)
     why = None
     if draft == "auto" and plan.mode == "draft-model" and remembered_costs:
         why = _why_known_not_to_pay(target_path, draft_path, plan, n_threads)
     if why is not None:
-        plan = dataclasses.replace(planned(force_mode="ngram"), reason=f"n-grams only: {why}")
+        plan = dataclasses.replace(planned(None, force_mode="ngram"), reason=f"n-grams only: {why}")
         notice(_ngram_only_notice(why, draft_path))
     for warning in plan.warnings:
         notice(warning)
