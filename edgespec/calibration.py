@@ -2,11 +2,12 @@
 
 cost_profile.py's Calibrator measures a curve (curve_timing.py), the width probe, the cost of passes
 over several sequences and what a draft model's token costs beside it, and keeps the results here
-(CalibrationCache), keyed by what they depend on (CalibrationKey, draft_model_key).  StepTimeWatch compares the passes seen during generation with the curve: it marks an
-entry stale when they no longer match its shape, so the next load measures again, and after every
-generation it adds what each width's passes cost against the curve to the entry (pass prices), so that
-the next load plans on what passes cost in generation here (pass_prices.py), not on one minute's shape.
-Measuring the curve again drops the prices with the old curve.
+(CalibrationCache), keyed by what they depend on (CalibrationKey, draft_model_key).  StepTimeWatch
+compares the passes seen during generation with the curve: it marks an entry stale when they no longer
+match its shape, so the next load measures again, and after every generation it adds what each width's
+passes cost against the curve to the entry (pass prices), so that the next load plans on what passes
+cost in generation here (pass_prices.py), not on one minute's shape.  Measuring the curve again drops
+the prices and the draft shares with the old curve.
 """
 
 from __future__ import annotations
