@@ -242,9 +242,8 @@ def _why_a_draft_cannot_pay(cost: CostModel, k_max: int, name: str) -> str | Non
     gain = best_speedup(cost, TYPICAL_DRAFT_ACCEPTANCE, k_max)[1]
     if gain >= MIN_DRAFT_GAIN:
         return None
-    share = cost.draft_seconds_per_token / cost.target(1)
-    return (f"{name} would gain at most {gain:.2f}x over plain decoding here even at "
-            f"{TYPICAL_DRAFT_ACCEPTANCE:.0%} acceptance (a draft token costs {share:.0%} of a target step, measured)")
+    return (f"{name} would gain at most {gain:.2f}x over plain decoding here even at {TYPICAL_DRAFT_ACCEPTANCE:.0%} "
+            f"acceptance (a draft token costs {_draft_token_share(cost):.0%} of a target step, measured)")
 
 
 def _ngram_only_notice(why: str, draft_path: Path) -> Wording:
@@ -257,12 +256,12 @@ def _draft_choice_notice(engine: Engine) -> str:
     if engine.cost is None:
         return f"drafting with n-grams and {name}, chosen per step by expected speed"
     return (f"drafting with n-grams and {name}, chosen per step by expected speed "
-            f"(a draft token costs {_draft_token_share(engine):.0%} of a target step here)")
+            f"(a draft token costs {_draft_token_share(engine.cost):.0%} of a target step here)")
 
 
-def _draft_token_share(engine: Engine) -> float:
+def _draft_token_share(cost: CostModel) -> float:
     """The draft model's time per token as a fraction of a one-token target pass."""
-    return engine.cost.draft_seconds_per_token / engine.cost.target(1)
+    return cost.draft_seconds_per_token / cost.target(1)
 
 
 def kv_cache_notice(kv_type: str, draft_kv_type: str, flash_attn: bool, bit_exact: bool) -> str | None:
