@@ -151,13 +151,14 @@ class Calibrator:
         return _priced_profile(entry, share, heads_seconds)
 
 
-def remembered_profile(cache: CalibrationCache, key: CalibrationKey, draft: str) -> CostProfile | None:
+def remembered_profile(cache: CalibrationCache, key: CalibrationKey, draft: str | None) -> CostProfile | None:
     """The profile cached under key with the share of a draft model (draft: its draft_model_key) timed with it,
-    for deciding on that model before loading it; None unless a fresh curve and that share are both cached."""
+    for deciding on that model before loading it; None unless a fresh curve and that share are both cached.
+    With draft None, the curve alone (a draft share of 0), for deciding before a draft model is fetched."""
     cached = cache.read(key)
-    if cached is None or cached.stale or draft not in cached.draft_shares:
+    if cached is None or cached.stale or (draft is not None and draft not in cached.draft_shares):
         return None
-    return _priced_profile(cached, cached.draft_shares[draft], 0.0)
+    return _priced_profile(cached, 0.0 if draft is None else cached.draft_shares[draft], 0.0)
 
 
 def _priced_profile(entry: CachedCalibration, draft_share: float, heads_seconds: float) -> CostProfile:

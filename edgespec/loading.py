@@ -11,20 +11,20 @@ import dataclasses
 import functools
 import os
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
-from .backend import RUNTIME, LlamaModel, default_threads, supports_gpu_offload, width_independent_kernels
+from .backend import LlamaModel, supports_gpu_offload
 from .backend.hidden import HiddenStateModel
-from .calibration import CalibrationCache, CalibrationKey, draft_model_key
-from .cost_profile import remembered_profile
-from .costs import CostModel, best_speedup
+from .costs import CostModel
+from .draft_payoff import cached_profile, draft_token_share, why_it_cannot_pay, why_known_not_to_pay, why_none_can_pay
 from .drafters import check_vocab_compatible
 from .learned import LearnedAcceptance
 from .ngram_pool import NgramPool
 from .engine import Engine
 from .errors import EdgespecError, Setting, Wording
 from .heads.attach import heads_drafter, trained_heads
-from .limits import KV_TYPES, SettingError, checked_kv_type, checked_setting, kv_cache_label, kv_cache_types
+from .limits import checked_setting
+from .exactness import exactness_notices
 from .fetch import resolve_draft, resolve_model
 from .catalog import load_catalog, local_path
 from .notices import log_notice
@@ -34,12 +34,23 @@ from .prefix_files import DiskPrefixCache
 from .units import parse_size
 
 
+class LoadPlan(NamedTuple):
+    """What load_engine will load: the model files and their memory plan.  draft_to_fetch names a catalog draft
+    that plan_load(measure_before_fetching=True) left unfetched, as this machine's costs were not measured yet:
+    load_engine fetches it once they say a draft model can pay."""
+    target_path: Path
+    draft_path: Path | None
+    plan: Plan
+    draft_to_fetch: str | None = None
+
+
 def plan_load(
     target, draft="auto", *, n_ctx: int, n_gpu_layers=None, draft_gpu_layers=None,
     memory_budget=None, pull: bool = True, notice: Callable[[str], None] = log_notice, progress: bool = False,
     kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False, parallel: int = 1,
     prompt_cache_ram: int = 0, n_threads: int | None = None, remembered_costs: bool = True,
-) -> tuple[Path, Path | None, Plan]:
+    measure_before_fetching: bool = False,
+) -> LoadPlan:
     """Resolve the model names to files and plan their memory: what load_engine will do.
 
     n_ctx 0 is the model's trained context.  A size out of range is refused here, before anything loads.
@@ -47,35 +58,74 @@ def plan_load(
     A download is announced through notice; progress also shows a progress bar on stderr (the command line's).
     kv_type, draft_kv_type, flash_attn and n_threads are load_engine's; parallel counts a target KV cache
     per sequence decoded together (batch --parallel); prompt_cache_ram, the RAM a server asks for
-    prompt snapshots (the plan grants what the models leave).  Under draft "auto" with remembered_costs, a
-    draft model that cannot pay by the costs this machine measured before (_why_known_not_to_pay) is
-    planned out, so it is not loaded only to be dropped.
+    prompt snapshots (the plan grants what the models leave).  Under draft "auto" with remembered_costs, the
+    costs this machine measured before decide first (draft_payoff.py): where the target's curve says no draft
+    model could pay, the catalog's draft is neither fetched nor read, and one whose remembered share cannot
+    pay is planned out, so it is not loaded only to be dropped.  measure_before_fetching: with no curve
+    measured yet, a catalog draft not on disk is left unfetched too (LoadPlan.draft_to_fetch).
     """
     _check_sizes(target, n_ctx=n_ctx or None, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
                  parallel=parallel)
     fetching = {"pull": pull, "notice": notice, "progress": progress}
     target_path = resolve_model(target, **fetching)
-    draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, fetching)
-    # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
-    forced_mode = "ngram" if draft == "heads" else (draft or "none") if draft in (None, "none", "ngram") else None
     planned = functools.partial(
         plan_models, target_path, n_ctx=n_ctx, gpu_offload=supports_gpu_offload(),
         memory_budget=memory_budget, force_gpu_layers=n_gpu_layers, force_draft_gpu_layers=draft_gpu_layers,
         kv_type=kv_type, draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel,
         prompt_cache_ram=prompt_cache_ram,
     )
+    if draft == "auto" and remembered_costs:
+        unfetched = _plan_without_fetching(target_path, planned(None, force_mode="ngram"), n_threads,
+                                           measure_before_fetching and pull, notice)
+        if unfetched is not None:
+            return unfetched
+    draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, fetching)
+    # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
+    forced_mode = "ngram" if draft == "heads" else (draft or "none") if draft in (None, "none", "ngram") else None
     plan = planned(draft_path, force_mode=forced_mode)
     why = None
     if draft == "auto" and plan.mode == "draft-model" and remembered_costs:
-        why = _why_known_not_to_pay(target_path, draft_path, plan, n_threads)
+        why = why_known_not_to_pay(target_path, draft_path, plan, n_threads)
     if why is not None:
-        plan = dataclasses.replace(planned(None, force_mode="ngram"), reason=f"n-grams only: {why}")
-        notice(_ngram_only_notice(why, draft_path))
-    for warning in plan.warnings:
-        notice(warning)
+        plan = _ngram_only_plan(planned(None, force_mode="ngram"), why, draft_path, notice)
+    else:
+        _say_warnings(plan, notice)
     if draft_path is not None and plan.mode != "draft-model" and why is None:
         notice(f"not loading draft {draft_path.name}: {plan.reason}")
-    return target_path, draft_path, plan
+    return LoadPlan(target_path, draft_path, plan)
+
+
+def _plan_without_fetching(target_path: Path, ngram_plan: Plan, n_threads: int | None, measure_first: bool,
+                           notice) -> LoadPlan | None:
+    """The plan of n-grams alone when `--draft auto` need not fetch or read the catalog's draft for target_path:
+    the target's remembered curve says no draft model could pay, or (measure_first) none is remembered and the
+    draft is not on disk.  None otherwise (no draft in the catalog for it, or one may pay)."""
+    names = _catalog_drafts_for(target_path)
+    if not names:
+        return None
+    present = _present_draft(names)
+    remembered = cached_profile(target_path, None, ngram_plan, n_threads)
+    if remembered is None and measure_first and present is None:
+        reason = f"n-grams only: {names[0]} is fetched once this machine's costs say a draft model can pay"
+        return LoadPlan(target_path, None, _say_warnings(dataclasses.replace(ngram_plan, reason=reason), notice),
+                        draft_to_fetch=names[0])
+    why = None if remembered is None else why_none_can_pay(remembered.cost, remembered.widest - 1)
+    if why is None:
+        return None
+    hint = local_path(load_catalog().get(present)) if present else names[0]
+    return LoadPlan(target_path, None, _ngram_only_plan(ngram_plan, why, hint, notice))
+
+
+def _ngram_only_plan(ngram_plan: Plan, why: str, draft: Path | str, notice) -> Plan:
+    """ngram_plan with why a draft model is left out as its reason, said once through notice with its warnings."""
+    notice(_ngram_only_notice(why, draft))
+    return _say_warnings(dataclasses.replace(ngram_plan, reason=f"n-grams only: {why}"), notice)
+
+
+def _say_warnings(plan: Plan, notice) -> Plan:
+    for warning in plan.warnings:
+        notice(warning)
+    return plan
 
 
 def load_engine(
@@ -105,8 +155,8 @@ def load_engine(
 
     target and draft take a GGUF path or a catalog name.  draft is "auto"
     (the catalog's draft for this target if it is present or can be
-    fetched and fits in memory, else n-grams), a model, "ngram", or
-    "none"/None.  GPU layers left as None come from the memory plan.
+    fetched, fits in memory and can pay by this machine's measured costs,
+    else n-grams), a model, "ngram", or "none"/None.  GPU layers left as None come from the memory plan.
     draft_tokens is a fixed k, or "auto" to choose k per step from the
     target's measured cost curve and the acceptance seen so far.
     cost_curve and measure_stale_curve are passed to Engine.calibrate().
@@ -117,29 +167,56 @@ def load_engine(
     draft by expected speed (mode "combined").
     kv_type and draft_kv_type (default: kv_type) are the KV cache types of the
     target and the draft (f16, q8_0, q4_0); without flash_attn only the keys
-    take them (see kv_cache_notice).  flash_attn cannot go with bit_exact.
+    take them (see exactness.kv_cache_notice).  flash_attn cannot go with bit_exact.
     parallel (target KV caches a Scheduler fills) and prompt_cache_ram (a server's snapshots) only plan memory.
     draft "heads" drafts with trained heads alone (heads_path, default: the model's own); "auto" adds them if trained.
     What loading decides or measures goes to notice (by default the "edgespec" logger); pull and progress: plan_load's.
     """
-    exactness_notices = _exactness_notices(kv_type, draft_kv_type, flash_attn, bit_exact)  # refuses before loading
-    target_path, draft_path, plan = plan_load(
-        target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
+    exactness = exactness_notices(kv_type, draft_kv_type, flash_attn, bit_exact)  # refuses before loading
+    planning = functools.partial(
+        plan_load, target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
         memory_budget=memory_budget, pull=pull, notice=notice, progress=progress, kv_type=kv_type,
         draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel, prompt_cache_ram=prompt_cache_ram,
         n_threads=n_threads, remembered_costs=cost_curve is None,
     )
-    for line in exactness_notices:
+    loading = functools.partial(_loaded_engine, draft=draft, n_ctx=n_ctx, n_threads=n_threads,
+                                draft_tokens=draft_tokens, bit_exact=bit_exact, heads_path=heads_path,
+                                calibration=(cost_curve, measure_stale_curve), notice=notice)
+    return _measured_before_fetching(planning, loading, exactness, notice)
+
+
+def _measured_before_fetching(planning, loading, exactness: list[str], notice) -> Engine:
+    """The engine planning and loading give, where the catalog's draft model (hundreds of MB) is fetched on a
+    first run only after the target's costs are measured, and only if they say a draft model can pay: on a
+    small CPU none can.  exactness: the notices that follow the plan's."""
+    planned = planning(measure_before_fetching=True)
+    for line in exactness:
         notice(line)
+    engine = loading(planned)
+    if planned.draft_to_fetch is None:
+        return engine
+    why = why_none_can_pay(engine.cost, engine.max_draft_tokens)
+    if why is not None:
+        notice(_ngram_only_notice(why, planned.draft_to_fetch))
+        return engine
+    engine.close()  # the plan again, fetching the draft model, with the target's curve measured now
+    return loading(planning())
+
+
+def _loaded_engine(planned: LoadPlan, *, draft, n_ctx: int, n_threads, draft_tokens, bit_exact: bool, heads_path,
+                   calibration: tuple, notice) -> Engine:
+    """The planned models loaded into a calibrated Engine (calibration: Engine.calibrate's cost_curve and
+    measure_stale_curve), its drafting settled."""
+    target_path, draft_path, plan, _ = planned
     heads_path = heads_path or (trained_heads(target_path) if draft in ("heads", "auto") else None)
     target_model, draft_model = _load_models(target_path, draft_path, plan, n_ctx, n_threads, heads_path is not None)
     heads = _load_heads(target_model, heads_path, required=draft == "heads", notice=notice)
     mode = "heads" if draft == "heads" else "combined" if plan.mode == "draft-model" or heads is not None else plan.mode
     engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact, heads=heads)
-    return _calibrated(engine, draft, draft_tokens, cost_curve, notice, measure_stale_curve)
+    return _calibrated(engine, draft, draft_tokens, *calibration, notice)
 
 
-def _calibrated(engine: Engine, draft, draft_tokens, cost_curve, notice, measure_stale_curve: bool) -> Engine:
+def _calibrated(engine: Engine, draft, draft_tokens, cost_curve, measure_stale_curve: bool, notice) -> Engine:
     """The engine calibrated, its drafting settled; closed when that fails (a refused cost_curve, a Ctrl+C
     while measuring), as the caller never gets it to close."""
     try:
@@ -149,17 +226,6 @@ def _calibrated(engine: Engine, draft, draft_tokens, cost_curve, notice, measure
         engine.close()
         raise
     return engine
-
-
-def _exactness_notices(kv_type: str, draft_kv_type: str | None, flash_attn: bool, bit_exact: bool) -> list[str]:
-    """What the KV cache choice and this llama.cpp build give up of plain decoding's exact output, a line
-    each; EdgespecError for a choice that cannot be kept."""
-    notices = [kv_cache_notice(kv_type, kv_type if draft_kv_type is None else draft_kv_type, flash_attn, bit_exact)]
-    if not width_independent_kernels():
-        notices.append("this llama.cpp build has llamafile kernels, so greedy output may differ from plain decoding "
-                       "where two tokens nearly tie; rebuild llama-cpp-python with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF "
-                       "(make does)")
-    return [line for line in notices if line]
 
 
 def _settle_drafting(engine: Engine, draft, draft_tokens, notice) -> None:
@@ -195,17 +261,9 @@ def use_prompt_cache(engine: Engine, size: str | int | None = None, notice: Call
                                                 keep_every_prompt=keep_every_prompt))
 
 
-# A draft model of the target's family is typically accepted this often (the Qwen2.5-Coder
-# 0.5B/1.5B pair: 0.97 at T = 0 on code edits, less on prose).  `--draft auto` keeps a draft model
-# only when, at that acceptance and at the costs measured on this machine, it would beat plain
-# decoding by a clear margin; otherwise its passes would only slow the n-gram drafter down.
-TYPICAL_DRAFT_ACCEPTANCE = 0.8
-MIN_DRAFT_GAIN = 1.05
-
-
 def _settle_draft_model(engine: Engine, keep: bool) -> str:
     """Keep the loaded draft model, or (under draft "auto") drop it when it cannot pay here; says which, and why."""
-    why = _why_a_draft_cannot_pay(engine.cost, engine.max_draft_tokens, engine.draft_model.path.name)
+    why = why_it_cannot_pay(engine.cost, engine.max_draft_tokens, engine.draft_model.path.name)
     if why is None:
         return _draft_choice_notice(engine)
     path = engine.draft_model.path
@@ -216,38 +274,9 @@ def _settle_draft_model(engine: Engine, keep: bool) -> str:
     return _ngram_only_notice(why, path)
 
 
-def _why_known_not_to_pay(target_path: Path, draft_path: Path, plan: Plan, n_threads: int | None) -> str | None:
-    """Why the plan's draft model cannot pay here, by the target's cached curve and the draft's share timed with
-    it, both keyed as the loaded models will be (cost_profile.Calibrator); None when either is not cached, or
-    when it may pay.  Judged at the curve's widest draft: under bit_exact a narrower one may still drop it
-    once loaded."""
-    threads = default_threads() if n_threads is None else n_threads
-    target_key = CalibrationKey.for_model(target_path, plan.target_gpu_layers, threads, RUNTIME,
-                                          kv_cache=_cache_label(plan.kv_type, plan.flash_attn))
-    draft_key = draft_model_key(draft_path, plan.draft_gpu_layers, _cache_label(plan.draft_kv_type, plan.flash_attn))
-    profile = remembered_profile(CalibrationCache(), target_key, draft_key)
-    if profile is None:
-        return None
-    return _why_a_draft_cannot_pay(profile.cost, profile.widest - 1, draft_path.name)
-
-
-def _cache_label(kv_type: str, flash_attn: bool) -> str:
-    """The KV cache label of a model loaded with these settings (backend.LlamaModel's kv_cache_label)."""
-    return kv_cache_label(*kv_cache_types(kv_type, flash_attn), flash_attn)
-
-
-def _why_a_draft_cannot_pay(cost: CostModel, k_max: int, name: str) -> str | None:
-    """Why a draft model at cost's draft_seconds_per_token would not pay here even at its typical acceptance
-    (the best draft length up to k_max gains under MIN_DRAFT_GAIN over plain decoding), or None."""
-    gain = best_speedup(cost, TYPICAL_DRAFT_ACCEPTANCE, k_max)[1]
-    if gain >= MIN_DRAFT_GAIN:
-        return None
-    return (f"{name} would gain at most {gain:.2f}x over plain decoding here even at {TYPICAL_DRAFT_ACCEPTANCE:.0%} "
-            f"acceptance (a draft token costs {_draft_token_share(cost):.0%} of a target step, measured)")
-
-
-def _ngram_only_notice(why: str, draft_path: Path) -> Wording:
-    return Wording(f"drafting with n-grams only: {why}; ", Setting("draft", str(draft_path)), " uses it anyway")
+def _ngram_only_notice(why: str, draft: Path | str) -> Wording:
+    """draft: the file, or the catalog name of one not fetched."""
+    return Wording(f"drafting with n-grams only: {why}; ", Setting("draft", str(draft)), " uses it anyway")
 
 
 def _draft_choice_notice(engine: Engine) -> str:
@@ -256,35 +285,7 @@ def _draft_choice_notice(engine: Engine) -> str:
     if engine.cost is None:
         return f"drafting with n-grams and {name}, chosen per step by expected speed"
     return (f"drafting with n-grams and {name}, chosen per step by expected speed "
-            f"(a draft token costs {_draft_token_share(engine.cost):.0%} of a target step here)")
-
-
-def _draft_token_share(cost: CostModel) -> float:
-    """The draft model's time per token as a fraction of a one-token target pass."""
-    return cost.draft_seconds_per_token / cost.target(1)
-
-
-def kv_cache_notice(kv_type: str, draft_kv_type: str, flash_attn: bool, bit_exact: bool) -> str | None:
-    """What the KV cache choice trades away, in one line (None for the default f16 cache);
-    EdgespecError for a choice that cannot be kept."""
-    for name, value in (("kv_type", kv_type), ("draft_kv_type", draft_kv_type)):
-        try:
-            checked_kv_type(value)
-        except SettingError:
-            raise EdgespecError(Setting(name), f" must be one of {', '.join(KV_TYPES)}, not {value!r}") from None
-    if flash_attn and bit_exact:
-        raise EdgespecError(Setting("flash_attn", True), " and ", Setting("bit_exact", True), " cannot go together: "
-                            "with flash attention a token's logits depend on how many tokens share its pass (drop one "
-                            "of the two)")
-    if flash_attn:
-        return Wording("flash attention on: the KV cache types apply to keys and values, and verification is exact "
-                       "in distribution but no longer bit for bit plain decoding's (", Setting("bit_exact", True),
-                       " needs it off)")
-    if {kv_type, draft_kv_type} != {"f16"}:
-        return Wording("the KV cache types apply to the keys only: llama.cpp quantises values only with flash "
-                       "attention, which stays off so verification can be bit-exact; ", Setting("flash_attn", True),
-                       " quantises both, without ", Setting("bit_exact", True))
-    return None
+            f"(a draft token costs {draft_token_share(engine.cost):.0%} of a target step here)")
 
 
 def _why_narrower(engine: Engine) -> str:
@@ -301,14 +302,19 @@ def _resolve_draft(target, draft, fetching: dict) -> Path | None:
         return None
     if draft == "auto":
         names = _catalog_drafts_for(target)
-        catalog = load_catalog()
-        present = next((name for name in names if local_path(catalog.get(name)) is not None), None)
+        present = _present_draft(names)
         for name in ([present] if present else names):
             path = resolve_draft(name, **fetching)
             if path is not None:
                 return path
         return None
     return resolve_model(draft, **fetching)
+
+
+def _present_draft(names: Sequence[str]) -> str | None:
+    """The first of these catalog drafts already on disk, or None."""
+    catalog = load_catalog()
+    return next((name for name in names if local_path(catalog.get(name)) is not None), None)
 
 
 def _catalog_drafts_for(target) -> tuple[str, ...]:

@@ -619,7 +619,7 @@ def test_the_plan_leaves_out_a_draft_model_known_not_to_pay_and_a_stale_curve_kn
     assert remembered_profile(cache, key, draft_key).cost.draft_seconds_per_token == pytest.approx(0.4)
     assert remembered_profile(cache, key, "another draft") is None
     notices = []
-    _, draft_path, plan = plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1, notice=notices.append)
+    _, draft_path, plan, _ = plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1, notice=notices.append)
     assert draft_path == auto_draft["draft"] and plan.mode == "ngram" and [p.role for p in plan.parts] == ["target"]
     assert plan.reason.startswith("n-grams only:") and sum("n-grams only" in line for line in notices) == 1
     for planned in (plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=2, notice=notices.append),
@@ -628,3 +628,109 @@ def test_the_plan_leaves_out_a_draft_model_known_not_to_pay_and_a_stale_curve_kn
     cache.mark_stale(key)
     assert remembered_profile(cache, key, draft_key) is None, "a curve worth measuring again decides nothing"
     assert plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1)[2].mode == "draft-model"
+
+
+# -- --draft auto fetches and reads a draft model only where the target's curve leaves it room to pay -------
+
+def test_a_curve_that_no_draft_model_can_beat_leaves_the_draft_unread(auto_draft, model_loads, draft_share_timings,
+                                                                      monkeypatch):
+    import edgespec.planner
+    from edgespec.loading import plan_load
+
+    remember_curve_and_draft_share(auto_draft, SLOW_CPU)  # passes as dear as their tokens: nothing to win
+    headers = []
+    read_header = edgespec.planner.read_gguf_info
+    monkeypatch.setattr(edgespec.planner, "read_gguf_info",
+                        lambda path, *args, **kwargs: headers.append(str(path)) or read_header(path, *args, **kwargs))
+    notices = []
+    engine = load_engine(auto_draft["target"], "auto", n_threads=1, notice=notices.append)
+    try:
+        assert model_loads == [str(auto_draft["target"])] and draft_share_timings == []
+        assert str(auto_draft["draft"]) not in headers, "not even the draft's header is read"
+        assert engine.draft_model is None and engine.mode == "ngram" and engine.plan.mode == "ngram"
+        said = [line for line in notices if "n-grams only" in line]
+        assert len(said) == 1 and "even if its tokens cost nothing" in said[0]
+        assert f"--draft {auto_draft['draft']}" in flag_worded(said[0]), "the draft on disk, to use it anyway"
+        assert engine.plan.reason.startswith("n-grams only: a draft model would gain at most")
+    finally:
+        engine.close()
+    planned = plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1, notice=lambda line: None)
+    assert planned.draft_path is None and planned.draft_to_fetch is None and planned.plan.mode == "ngram"
+    assert plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=2).plan.mode == "draft-model", \
+        "a curve of other threads says nothing about these"
+
+
+@pytest.fixture
+def unfetched_draft(tiny_models, tmp_path, monkeypatch):
+    """The tiny target in the catalog, paired with a draft that is not on disk and that a local Hub serves;
+    yields the Hub (its requests say whether the draft was fetched)."""
+    import json
+
+    import huggingface_hub
+    from edgespec.catalog import import_model
+    from models_helpers import HubServer
+
+    store = tmp_path / "store"
+    monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(store))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    import_model(tiny_models["target"], name="tiny-target")
+    user = json.loads((store / "models.json").read_text())
+    user["models"].append({"name": "tiny-draft", "sources": [
+        {"kind": "hf", "repo": "test-org/tiny-GGUF", "file": "tiny-draft.gguf", "revision": "main"}]})
+    user["pairs"] = [{"name": "tiny-target with tiny-draft", "target": "tiny-target", "draft": ["tiny-draft"]}]
+    (store / "models.json").write_text(json.dumps(user))
+    with HubServer({"test-org/tiny-GGUF/tiny-draft.gguf": tiny_models["draft"].read_bytes()}) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        yield hub
+
+
+def curve_measured_as(monkeypatch, curve):
+    """Calibration measures this curve, whatever this machine's speed (curve_timing.measure_curve times it)."""
+    import edgespec.cost_profile
+
+    monkeypatch.setattr(edgespec.cost_profile, "measure_curve", lambda measure, max_width, **_: curve[:max_width])
+
+
+def test_a_first_run_measures_the_target_before_fetching_a_draft_model_that_cannot_pay(
+        unfetched_draft, tiny_models, model_loads, draft_share_timings, monkeypatch):
+    curve_measured_as(monkeypatch, SLOW_CPU)
+    notices = []
+    for run in range(2):  # the first measures the curve; the second reads it
+        engine = load_engine("tiny-target", "auto", n_threads=1, notice=notices.append)
+        try:
+            assert engine.draft_model is None and engine.mode == "ngram" and engine.plan.mode == "ngram"
+            assert engine.generate("def f(x):", SamplingParams(temperature=0.0, max_tokens=4), raw=True).token_ids
+        finally:
+            engine.close()
+        said = [line for line in notices if "n-grams only" in line]
+        assert len(said) == run + 1 and "even if its tokens cost nothing" in said[-1]
+        assert "--draft tiny-draft" in flag_worded(said[-1]), "named by its catalog name, which fetches it"
+    assert unfetched_draft.requests == [], "the draft was never fetched"
+    assert model_loads == [str(tiny_models["target"])] * 2 and draft_share_timings == []
+
+
+def test_a_first_run_fetches_the_draft_model_once_the_measured_curve_leaves_it_room(
+        unfetched_draft, tiny_models, model_loads, draft_share_timings, monkeypatch):
+    curve_measured_as(monkeypatch, CHEAP_WIDE_PASSES)
+    engine = load_engine("tiny-target", "auto", n_threads=1, notice=lambda line: None)
+    engine.close()
+    assert ("GET", "/test-org/tiny-GGUF/resolve/main/tiny-draft.gguf") in unfetched_draft.requests
+    fetched = model_loads[-1]
+    assert model_loads[:2] == [str(tiny_models["target"])] * 2 and fetched.endswith("tiny-draft.gguf")
+    assert draft_share_timings == [fetched], "loaded beside the target and its share timed, as on any first load"
+
+
+def test_without_pulling_nothing_is_fetched_and_a_given_cost_curve_fetches_as_before(unfetched_draft, tiny_models,
+                                                                                    model_loads):
+    from edgespec.costs import CostModel
+
+    load_engine("tiny-target", "auto", n_threads=1, notice=lambda line: None, pull=False).close()
+    assert model_loads == [str(tiny_models["target"])] and unfetched_draft.requests == []
+    engine = load_engine("tiny-target", "auto", n_threads=1, notice=lambda line: None,
+                         cost_curve=CostModel(CHEAP_WIDE_PASSES, draft_seconds_per_token=0.05))
+    try:  # nothing measured: the given curve decides after loading, as it did before
+        assert engine.draft_model is not None and model_loads[-1].endswith("tiny-draft.gguf")
+    finally:
+        engine.close()

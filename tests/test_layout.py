@@ -22,10 +22,10 @@ MAX_FUNCTION_LINES = 60
 # The core: the decoding loop and what it stands on.  None of it may reach up.
 CORE = {f"edgespec.{name}" for name in (
     "errors", "limits", "units", "files", "sysinfo", "backend", "sampling", "verify", "drafters", "controller", "costs",
-    "calibration", "pass_prices", "curve_timing", "cost_profile", "draft_cost", "chat_template", "stats", "engine", "session", "template_sandbox", "notices", "text",
+    "calibration", "pass_prices", "exactness", "curve_timing", "cost_profile", "draft_cost", "chat_template", "stats", "engine", "session", "template_sandbox", "notices", "text",
     "phases", "scheduler", "prefix_cache", "generation", "drafting", "decoder", "sequence_cache", "heads",
 )}
-ABOVE_THE_CORE = ("edgespec.loading", "edgespec.catalog", "edgespec.fetch", "edgespec.planner",
+ABOVE_THE_CORE = ("edgespec.loading", "edgespec.draft_payoff", "edgespec.catalog", "edgespec.fetch", "edgespec.planner",
                   "edgespec.commands", "tui")
 
 def module_name(path: Path) -> str:

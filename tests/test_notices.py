@@ -70,7 +70,7 @@ def test_flash_attention_s_notice_names_bit_exact_in_each_reader_s_words(tiny_mo
 
 
 def test_the_plan_names_a_given_budget_as_the_parameter_and_the_command_line_as_its_flag(tiny_models, capsys):
-    _, _, plan = plan_load(tiny_models["target"], "none", n_ctx=256, memory_budget="64MiB", pull=False)
+    plan = plan_load(tiny_models["target"], "none", n_ctx=256, memory_budget="64MiB", pull=False).plan
     assert plan.budget_source == "memory_budget" and flag_worded(plan.budget_source) == "--memory-budget"
     assert cli_main(["plan", "--model", str(tiny_models["target"]), "--draft", "none", "--n-ctx", "256",
                      "--memory-budget", "64MiB", "--json"]) == 0

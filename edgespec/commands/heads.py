@@ -78,8 +78,8 @@ def train_command(args: argparse.Namespace) -> int:
 
     if args.output is not None and args.output.is_dir():  # else found out when writing, after all the training
         raise UsageError(f"--output {args.output} is a directory; give a file path, e.g. {args.output / 'heads.npz'}")
-    path, _, plan = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False,
-                              notice=print_notice)
+    path, _, plan, _ = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False,
+                                 notice=print_notice)
     heads_path = args.output or default_heads_path(path)
     if args.restart:
         resume_path_for(heads_path).unlink(missing_ok=True)

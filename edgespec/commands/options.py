@@ -215,7 +215,8 @@ def engine_from_args(args: argparse.Namespace, notice: Callable[[str], None] = p
     """The Engine the flags of add_engine_options describe; what loading and the prompt cache say goes to notice
     (by default printed on stderr, naming flags), and a download shows its progress.  overrides: load_engine's
     other keywords."""
-    from ..loading import kv_cache_notice, load_engine, use_learning, use_prompt_cache
+    from ..exactness import kv_cache_notice
+    from ..loading import load_engine, use_learning, use_prompt_cache
 
     try:  # flags that cannot go together are a usage error, found before anything loads
         kv_cache_notice(args.kv_type, args.draft_kv_type or args.kv_type, args.flash_attn, args.bit_exact)
