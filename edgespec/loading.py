@@ -35,13 +35,13 @@ from .units import parse_size
 
 
 class LoadPlan(NamedTuple):
-    """What load_engine will load: the model files and their memory plan.  draft_to_fetch names a catalog draft
-    that plan_load(measure_before_fetching=True) left unfetched, as this machine's costs were not measured yet:
-    load_engine fetches it once they say a draft model can pay."""
+    """What load_engine will load: the model files and their memory plan.  deferred_draft is the catalog draft
+    (its file, or its name when not on disk) that plan_load(measure_first=True) left out, neither fetched nor
+    read, as this machine's costs were not measured yet: load_engine loads it once they say one can pay."""
     target_path: Path
     draft_path: Path | None
     plan: Plan
-    draft_to_fetch: str | None = None
+    deferred_draft: Path | str | None = None
 
 
 def plan_load(
@@ -49,7 +49,7 @@ def plan_load(
     memory_budget=None, pull: bool = True, notice: Callable[[str], None] = log_notice, progress: bool = False,
     kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False, parallel: int = 1,
     prompt_cache_ram: int = 0, n_threads: int | None = None, remembered_costs: bool = True,
-    measure_before_fetching: bool = False,
+    measure_first: bool = False,
 ) -> LoadPlan:
     """Resolve the model names to files and plan their memory: what load_engine will do.
 
@@ -61,8 +61,8 @@ def plan_load(
     prompt snapshots (the plan grants what the models leave).  Under draft "auto" with remembered_costs, the
     costs this machine measured before decide first (draft_payoff.py): where the target's curve says no draft
     model could pay, the catalog's draft is neither fetched nor read, and one whose remembered share cannot
-    pay is planned out, so it is not loaded only to be dropped.  measure_before_fetching: with no curve
-    measured yet, a catalog draft not on disk is left unfetched too (LoadPlan.draft_to_fetch).
+    pay is planned out, so it is not loaded only to be dropped.  measure_first: with no curve measured yet,
+    the catalog's draft is left out too, to be judged once the target is measured (LoadPlan.deferred_draft).
     """
     _check_sizes(target, n_ctx=n_ctx or None, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
                  parallel=parallel)
@@ -75,10 +75,10 @@ def plan_load(
         prompt_cache_ram=prompt_cache_ram,
     )
     if draft == "auto" and remembered_costs:
-        unfetched = _plan_without_fetching(target_path, planned(None, force_mode="ngram"), n_threads,
-                                           measure_before_fetching and pull, notice)
-        if unfetched is not None:
-            return unfetched
+        draft_left_out = _plan_without_the_draft(target_path, planned(None, force_mode="ngram"), n_threads,
+                                                 measure_first, pull, notice)
+        if draft_left_out is not None:
+            return draft_left_out
     draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, fetching)
     # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
     forced_mode = "ngram" if draft == "heads" else (draft or "none") if draft in (None, "none", "ngram") else None
@@ -95,25 +95,25 @@ def plan_load(
     return LoadPlan(target_path, draft_path, plan)
 
 
-def _plan_without_fetching(target_path: Path, ngram_plan: Plan, n_threads: int | None, measure_first: bool,
-                           notice) -> LoadPlan | None:
+def _plan_without_the_draft(target_path: Path, ngram_plan: Plan, n_threads: int | None, measure_first: bool,
+                            pull: bool, notice) -> LoadPlan | None:
     """The plan of n-grams alone when `--draft auto` need not fetch or read the catalog's draft for target_path:
     the target's remembered curve says no draft model could pay, or (measure_first) none is remembered and the
-    draft is not on disk.  None otherwise (no draft in the catalog for it, or one may pay)."""
+    draft is on disk or may be fetched (pull).  None otherwise (no draft in the catalog for it, or one may pay)."""
     names = _catalog_drafts_for(target_path)
     if not names:
         return None
     present = _present_draft(names)
+    draft = local_path(load_catalog().get(present)) if present else names[0]  # what `--draft` would take
     remembered = cached_profile(target_path, None, ngram_plan, n_threads)
-    if remembered is None and measure_first and present is None:
-        reason = f"n-grams only: {names[0]} is fetched once this machine's costs say a draft model can pay"
+    if remembered is None and measure_first and (present or pull):
+        reason = f"n-grams only: {names[0]} is used once this machine's costs say a draft model can pay"
         return LoadPlan(target_path, None, _say_warnings(dataclasses.replace(ngram_plan, reason=reason), notice),
-                        draft_to_fetch=names[0])
+                        deferred_draft=draft)
     why = None if remembered is None else why_none_can_pay(remembered.cost, remembered.widest - 1)
     if why is None:
         return None
-    hint = local_path(load_catalog().get(present)) if present else names[0]
-    return LoadPlan(target_path, None, _ngram_only_plan(ngram_plan, why, hint, notice))
+    return LoadPlan(target_path, None, _ngram_only_plan(ngram_plan, why, draft, notice))
 
 
 def _ngram_only_plan(ngram_plan: Plan, why: str, draft: Path | str, notice) -> Plan:
@@ -182,24 +182,24 @@ def load_engine(
     loading = functools.partial(_loaded_engine, draft=draft, n_ctx=n_ctx, n_threads=n_threads,
                                 draft_tokens=draft_tokens, bit_exact=bit_exact, heads_path=heads_path,
                                 calibration=(cost_curve, measure_stale_curve), notice=notice)
-    return _measured_before_fetching(planning, loading, exactness, notice)
+    return _measured_first(planning, loading, exactness, notice)
 
 
-def _measured_before_fetching(planning, loading, exactness: list[str], notice) -> Engine:
-    """The engine planning and loading give, where the catalog's draft model (hundreds of MB) is fetched on a
-    first run only after the target's costs are measured, and only if they say a draft model can pay: on a
-    small CPU none can.  exactness: the notices that follow the plan's."""
-    planned = planning(measure_before_fetching=True)
+def _measured_first(planning, loading, exactness: list[str], notice) -> Engine:
+    """The engine planning and loading give, where the catalog's draft model (hundreds of MB) is fetched and
+    loaded on a first run only after the target's costs are measured, and only if they say a draft model can
+    pay: on a small CPU none can.  exactness: the notices that follow the plan's."""
+    planned = planning(measure_first=True)
     for line in exactness:
         notice(line)
     engine = loading(planned)
-    if planned.draft_to_fetch is None:
+    if planned.deferred_draft is None:
         return engine
     why = why_none_can_pay(engine.cost, engine.max_draft_tokens)
     if why is not None:
-        notice(_ngram_only_notice(why, planned.draft_to_fetch))
+        notice(_ngram_only_notice(why, planned.deferred_draft))
         return engine
-    engine.close()  # the plan again, fetching the draft model, with the target's curve measured now
+    engine.close()  # the plan again, with the draft model (fetched if need be) and the target's curve measured now
     return loading(planning())
 
 

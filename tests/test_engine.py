@@ -655,7 +655,7 @@ def test_a_curve_that_no_draft_model_can_beat_leaves_the_draft_unread(auto_draft
     finally:
         engine.close()
     planned = plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1, notice=lambda line: None)
-    assert planned.draft_path is None and planned.draft_to_fetch is None and planned.plan.mode == "ngram"
+    assert planned.draft_path is None and planned.deferred_draft is None and planned.plan.mode == "ngram"
     assert plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=2).plan.mode == "draft-model", \
         "a curve of other threads says nothing about these"
 
@@ -720,6 +720,20 @@ def test_a_first_run_fetches_the_draft_model_once_the_measured_curve_leaves_it_r
     fetched = model_loads[-1]
     assert model_loads[:2] == [str(tiny_models["target"])] * 2 and fetched.endswith("tiny-draft.gguf")
     assert draft_share_timings == [fetched], "loaded beside the target and its share timed, as on any first load"
+
+
+@pytest.mark.parametrize("curve, loads", [(SLOW_CPU, ["target"]), (CHEAP_WIDE_PASSES, ["target", "target", "draft"])])
+def test_a_first_run_measures_the_target_before_loading_a_draft_model_on_disk(auto_draft, model_loads,
+                                                                               draft_share_timings, monkeypatch,
+                                                                               curve, loads):
+    curve_measured_as(monkeypatch, curve)
+    notices = []
+    load_engine(auto_draft["target"], "auto", n_threads=1, notice=notices.append).close()
+    assert model_loads == [str(auto_draft[role]) for role in loads]
+    assert draft_share_timings == [str(auto_draft["draft"])] * ("draft" in loads)
+    if curve is SLOW_CPU:
+        said = [line for line in notices if "n-grams only" in line]
+        assert len(said) == 1 and f"--draft {auto_draft['draft']}" in flag_worded(said[0]), "named by its file"
 
 
 def test_without_pulling_nothing_is_fetched_and_a_given_cost_curve_fetches_as_before(unfetched_draft, tiny_models,
