@@ -1,7 +1,7 @@
 """Whether a draft model can pay on this machine, judged from costs measured here.
 
-`--draft auto` asks this three times, each before spending more: before fetching a draft model (could any
-draft, even one whose tokens cost nothing, beat plain decoding on the target's curve?), before loading one
+`--draft auto` asks this three times, each before spending more: before fetching a draft model (could a
+draft of its size, at the least its token can cost, beat plain decoding on the target's curve?), before loading one
 (does this draft's share of a target step, remembered with the curve, leave room to pay?), and after
 loading and timing it.  Each answer is a reason why not, or None.
 """
@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from .backend import RUNTIME, default_threads
+from .catalog import load_catalog
 from .calibration import CalibrationCache, CalibrationKey, draft_model_key
 from .cost_profile import CostProfile, remembered_profile
 from .costs import CostModel, best_speedup
@@ -36,16 +37,36 @@ def why_it_cannot_pay(cost: CostModel, k_max: int, name: str) -> str | None:
             f"acceptance (a draft token costs {draft_token_share(cost):.0%} of a target step, measured)")
 
 
-def why_none_can_pay(cost: CostModel, k_max: int) -> str | None:
-    """Why no draft model would pay on cost's target curve, even one whose tokens cost nothing, at the typical
-    acceptance; or None.  Decided from the target alone: where wide passes cost nearly as many one-token ones,
-    as on a small CPU, the draft model need not be fetched or read to know."""
-    free = dataclasses.replace(cost, draft_seconds_per_token=0.0)
-    gain = best_speedup(free, TYPICAL_DRAFT_ACCEPTANCE, k_max)[1]
+# A draft token reads the draft's weights as a target step reads the target's, so on a CPU it costs at least
+# about the draft's share of the two models' bytes: the 0.5B beside the 1.5B, 44% of the bytes, cost 45-69%
+# of a target step on the CPUs measured.  Half that share is the floor used to rule a draft model out before
+# it is fetched or read; a GPU's small kernels make no such promise, so there the floor is nothing.
+CPU_SHARE_FLOOR_OF_BYTES = 0.5
+
+
+def catalog_draft_share_floor(plan: Plan, target_path: Path, draft: Path | str) -> float:
+    """The least a token of a catalog draft (its file, or its name when not on disk) can cost, as a share of a
+    target step under plan, before it is timed: on a CPU plan CPU_SHARE_FLOOR_OF_BYTES of its share of the two
+    models' bytes; on a GPU, or with its size unknown, 0."""
+    draft_bytes = draft.stat().st_size if isinstance(draft, Path) else load_catalog().get(draft).size
+    target_bytes = target_path.stat().st_size
+    if plan.device != "cpu" or not draft_bytes or target_bytes <= 0:
+        return 0.0
+    return CPU_SHARE_FLOOR_OF_BYTES * draft_bytes / target_bytes
+
+
+def why_none_can_pay(cost: CostModel, k_max: int, name: str, floor: float = 0.0) -> str | None:
+    """Why the draft model name would not pay on cost's target curve even at the typical acceptance and a
+    token costing only floor of a target step (catalog_draft_share_floor); or None.  Decided from the target alone: where
+    wide passes cost nearly as many one-token ones, as on a small CPU, the draft need not be fetched or read."""
+    cheapest = dataclasses.replace(cost, draft_seconds_per_token=floor * cost.target(1))
+    gain = best_speedup(cheapest, TYPICAL_DRAFT_ACCEPTANCE, k_max)[1]
     if gain >= MIN_DRAFT_GAIN:
         return None
-    return (f"a draft model would gain at most {gain:.2f}x over plain decoding here even if its tokens cost "
-            f"nothing, at {TYPICAL_DRAFT_ACCEPTANCE:.0%} acceptance (the target's passes, measured)")
+    price = ("nothing" if floor == 0 else
+             f"only {floor:.0%} of a target step, half its share of the two models' bytes")
+    return (f"{name} would gain at most {gain:.2f}x over plain decoding here even at "
+            f"{TYPICAL_DRAFT_ACCEPTANCE:.0%} acceptance and a token costing {price} (the target's passes, measured)")
 
 
 def draft_token_share(cost: CostModel) -> float:
@@ -53,17 +74,14 @@ def draft_token_share(cost: CostModel) -> float:
     return cost.draft_seconds_per_token / cost.target(1)
 
 
-def why_known_not_to_pay(target_path: Path, draft_path: Path | None, plan: Plan,
-                         n_threads: int | None) -> str | None:
-    """Why a draft model cannot pay under plan, by the target's cached curve and (draft_path given) the draft's
-    share timed with it, both keyed as the loaded models will be (cost_profile.Calibrator); with draft_path
-    None, why no draft model could (why_none_can_pay).  None when what it needs is not cached, or when it may
-    pay.  Judged at the curve's widest draft: under bit_exact a narrower one may still drop it once loaded."""
+def why_known_not_to_pay(target_path: Path, draft_path: Path, plan: Plan, n_threads: int | None) -> str | None:
+    """Why the plan's draft model cannot pay here, by the target's cached curve and the draft's share timed with
+    it, both keyed as the loaded models will be (cost_profile.Calibrator); None when either is not cached, or
+    when it may pay.  Judged at the curve's widest draft: under bit_exact a narrower one may still drop it
+    once loaded."""
     profile = cached_profile(target_path, draft_path, plan, n_threads)
     if profile is None:
         return None
-    if draft_path is None:
-        return why_none_can_pay(profile.cost, profile.widest - 1)
     return why_it_cannot_pay(profile.cost, profile.widest - 1, draft_path.name)
 
 

@@ -16,7 +16,8 @@ from typing import Callable, NamedTuple, Sequence
 from .backend import LlamaModel, supports_gpu_offload
 from .backend.hidden import HiddenStateModel
 from .costs import CostModel
-from .draft_payoff import cached_profile, draft_token_share, why_it_cannot_pay, why_known_not_to_pay, why_none_can_pay
+from .draft_payoff import (cached_profile, catalog_draft_share_floor, draft_token_share, why_it_cannot_pay,
+                           why_known_not_to_pay, why_none_can_pay)
 from .drafters import check_vocab_compatible
 from .learned import LearnedAcceptance
 from .ngram_pool import NgramPool
@@ -98,19 +99,23 @@ def plan_load(
 def _plan_without_the_draft(target_path: Path, ngram_plan: Plan, n_threads: int | None, measure_first: bool,
                             pull: bool, notice) -> LoadPlan | None:
     """The plan of n-grams alone when `--draft auto` need not fetch or read the catalog's draft for target_path:
-    the target's remembered curve says no draft model could pay, or (measure_first) none is remembered and the
-    draft is on disk or may be fetched (pull).  None otherwise (no draft in the catalog for it, or one may pay)."""
+    the target's remembered curve says it could not pay even at the least its token can cost, or (measure_first)
+    none is remembered and the draft is on disk or may be fetched (pull).  None otherwise (no draft in the
+    catalog for it, or it may pay)."""
     names = _catalog_drafts_for(target_path)
     if not names:
         return None
     present = _present_draft(names)
     draft = local_path(load_catalog().get(present)) if present else names[0]  # what `--draft` would take
     remembered = cached_profile(target_path, None, ngram_plan, n_threads)
-    if remembered is None and measure_first and (present or pull):
-        reason = f"n-grams only: {names[0]} is used once this machine's costs say a draft model can pay"
+    if remembered is None:
+        if not (measure_first and (present or pull)):
+            return None
+        reason = f"n-grams only: {Path(draft).name} is used once this machine's costs say a draft model can pay"
         return LoadPlan(target_path, None, _say_warnings(dataclasses.replace(ngram_plan, reason=reason), notice),
                         deferred_draft=draft)
-    why = None if remembered is None else why_none_can_pay(remembered.cost, remembered.widest - 1)
+    why = why_none_can_pay(remembered.cost, remembered.widest - 1, Path(draft).name,
+                           catalog_draft_share_floor(ngram_plan, target_path, draft))
     if why is None:
         return None
     return LoadPlan(target_path, None, _ngram_only_plan(ngram_plan, why, draft, notice))
@@ -195,7 +200,9 @@ def _measured_first(planning, loading, exactness: list[str], notice) -> Engine:
     engine = loading(planned)
     if planned.deferred_draft is None:
         return engine
-    why = why_none_can_pay(engine.cost, engine.max_draft_tokens)
+    target_path, _, plan, draft = planned
+    why = why_none_can_pay(engine.cost, engine.max_draft_tokens, Path(draft).name,
+                           catalog_draft_share_floor(plan, target_path, draft))
     if why is not None:
         notice(_ngram_only_notice(why, planned.deferred_draft))
         return engine

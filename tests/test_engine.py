@@ -560,14 +560,14 @@ def model_loads(monkeypatch):
 
 @pytest.fixture
 def draft_share_timings(monkeypatch):
-    """Every timing of a draft token's share, each answering 0.4 of a target step (draft_cost.py times it)."""
+    """Every timing of a draft token's share, each answering 0.9 of a target step (draft_cost.py times it)."""
     import edgespec.cost_profile
 
     timed = []
 
     def share(target, draft, notice=None):
         timed.append(str(draft.path))
-        return 0.4
+        return 0.9
 
     monkeypatch.setattr(edgespec.cost_profile, "draft_token_share", share)
     return timed
@@ -575,15 +575,15 @@ def draft_share_timings(monkeypatch):
 
 def test_draft_auto_does_not_load_a_draft_model_that_its_remembered_share_says_cannot_pay(auto_draft, model_loads,
                                                                                           draft_share_timings):
-    remember_curve_and_draft_share(auto_draft, CHEAP_WIDE_PASSES, share=0.4)
+    remember_curve_and_draft_share(auto_draft, GPU_LIKE, share=0.9)
     notices = []
     engine = load_engine(auto_draft["target"], "auto", n_threads=1, notice=notices.append)
     try:
         assert model_loads == [str(auto_draft["target"])] and draft_share_timings == []
         assert engine.draft_model is None and engine.mode == "ngram" and engine.plan.mode == "ngram"
-        assert engine.plan.reason.startswith("n-grams only:") and "40%" in engine.plan.reason
+        assert engine.plan.reason.startswith("n-grams only:") and "90%" in engine.plan.reason
         said = [line for line in notices if "n-grams only" in line]
-        assert len(said) == 1 and "40%" in said[0] and f"--draft {auto_draft['draft']}" in flag_worded(said[0])
+        assert len(said) == 1 and "90%" in said[0] and f"--draft {auto_draft['draft']}" in flag_worded(said[0])
         assert engine.generate("def f(x):", SamplingParams(temperature=0.0, max_tokens=8), raw=True).token_ids
     finally:
         engine.close()
@@ -591,20 +591,20 @@ def test_draft_auto_does_not_load_a_draft_model_that_its_remembered_share_says_c
 
 def test_a_draft_models_share_is_timed_once_per_curve_and_a_draft_that_pays_is_loaded(auto_draft, model_loads,
                                                                                       draft_share_timings):
-    cache, key = remember_curve_and_draft_share(auto_draft, CHEAP_WIDE_PASSES)
+    cache, key = remember_curve_and_draft_share(auto_draft, GPU_LIKE)
     for _ in range(2):  # timed at the first load, which drops it; not loaded at the second
         load_engine(auto_draft["target"], "auto", n_threads=1, notice=lambda line: None).close()
     assert model_loads == [str(auto_draft["target"]), str(auto_draft["draft"]), str(auto_draft["target"])]
     assert draft_share_timings == [str(auto_draft["draft"])]
-    assert list(cache.read(key).draft_shares.values()) == [0.4]
+    assert list(cache.read(key).draft_shares.values()) == [0.9]
 
-    cache.store(key, len(CHEAP_WIDE_PASSES), CHEAP_WIDE_PASSES)  # the curve measured again: its shares go with it
+    cache.store(key, len(GPU_LIKE), GPU_LIKE)  # the curve measured again: its shares go with it
     assert cache.read(key).draft_shares == {}
-    remember_curve_and_draft_share(auto_draft, CHEAP_WIDE_PASSES, share=0.05)
+    remember_curve_and_draft_share(auto_draft, GPU_LIKE, share=0.05)
     engine = load_engine(auto_draft["target"], "auto", n_threads=1, notice=lambda line: None)
     try:
         assert engine.draft_model is not None and engine.mode == "combined"
-        assert engine.cost.draft_seconds_per_token == pytest.approx(0.05 * CHEAP_WIDE_PASSES[0])
+        assert engine.cost.draft_seconds_per_token == pytest.approx(0.05 * GPU_LIKE[0])
         assert draft_share_timings == [str(auto_draft["draft"])], "the remembered share, not timed again"
     finally:
         engine.close()
@@ -614,9 +614,9 @@ def test_the_plan_leaves_out_a_draft_model_known_not_to_pay_and_a_stale_curve_kn
     from edgespec.cost_profile import remembered_profile
     from edgespec.loading import plan_load
 
-    cache, key = remember_curve_and_draft_share(auto_draft, CHEAP_WIDE_PASSES, share=0.4)
+    cache, key = remember_curve_and_draft_share(auto_draft, GPU_LIKE, share=0.9)
     draft_key = next(iter(cache.read(key).draft_shares))
-    assert remembered_profile(cache, key, draft_key).cost.draft_seconds_per_token == pytest.approx(0.4)
+    assert remembered_profile(cache, key, draft_key).cost.draft_seconds_per_token == pytest.approx(0.9)
     assert remembered_profile(cache, key, "another draft") is None
     notices = []
     _, draft_path, plan, _ = plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1, notice=notices.append)
@@ -632,7 +632,7 @@ def test_the_plan_leaves_out_a_draft_model_known_not_to_pay_and_a_stale_curve_kn
 
 # -- --draft auto fetches and reads a draft model only where the target's curve leaves it room to pay -------
 
-def test_a_curve_that_no_draft_model_can_beat_leaves_the_draft_unread(auto_draft, model_loads, draft_share_timings,
+def test_a_curve_that_no_draft_model_of_its_size_can_beat_leaves_the_draft_unread(auto_draft, model_loads, draft_share_timings,
                                                                       monkeypatch):
     import edgespec.planner
     from edgespec.loading import plan_load
@@ -649,15 +649,33 @@ def test_a_curve_that_no_draft_model_can_beat_leaves_the_draft_unread(auto_draft
         assert str(auto_draft["draft"]) not in headers, "not even the draft's header is read"
         assert engine.draft_model is None and engine.mode == "ngram" and engine.plan.mode == "ngram"
         said = [line for line in notices if "n-grams only" in line]
-        assert len(said) == 1 and "even if its tokens cost nothing" in said[0]
+        assert len(said) == 1 and "half its share of the two models' bytes" in said[0]
         assert f"--draft {auto_draft['draft']}" in flag_worded(said[0]), "the draft on disk, to use it anyway"
-        assert engine.plan.reason.startswith("n-grams only: a draft model would gain at most")
+        assert engine.plan.reason.startswith("n-grams only: draft.gguf would gain at most 1.00x")
     finally:
         engine.close()
     planned = plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1, notice=lambda line: None)
     assert planned.draft_path is None and planned.deferred_draft is None and planned.plan.mode == "ngram"
     assert plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=2).plan.mode == "draft-model", \
         "a curve of other threads says nothing about these"
+
+
+def test_a_draft_model_is_ruled_out_at_the_least_its_size_lets_its_token_cost_on_a_cpu(auto_draft, model_loads):
+    import dataclasses
+
+    from edgespec.draft_payoff import catalog_draft_share_floor
+    from edgespec.loading import plan_load
+
+    remember_curve_and_draft_share(auto_draft, CHEAP_WIDE_PASSES)  # a free draft would gain 1.34x on it
+    notices = []
+    planned = plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1, notice=notices.append)
+    floor = 0.5 * auto_draft["draft"].stat().st_size / auto_draft["target"].stat().st_size
+    assert catalog_draft_share_floor(planned.plan, auto_draft["target"], auto_draft["draft"]) == pytest.approx(floor)
+    assert planned.draft_path is None and planned.plan.mode == "ngram" and 0.25 < floor < 0.5
+    assert f"a token costing only {floor:.0%} of a target step" in planned.plan.reason
+    on_a_gpu = dataclasses.replace(planned.plan, device="cuda")
+    assert catalog_draft_share_floor(on_a_gpu, auto_draft["target"], auto_draft["draft"]) == 0, \
+        "a GPU's small kernels promise no floor"
 
 
 @pytest.fixture
@@ -677,7 +695,7 @@ def unfetched_draft(tiny_models, tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     import_model(tiny_models["target"], name="tiny-target")
     user = json.loads((store / "models.json").read_text())
-    user["models"].append({"name": "tiny-draft", "sources": [
+    user["models"].append({"name": "tiny-draft", "size": tiny_models["draft"].stat().st_size, "sources": [
         {"kind": "hf", "repo": "test-org/tiny-GGUF", "file": "tiny-draft.gguf", "revision": "main"}]})
     user["pairs"] = [{"name": "tiny-target with tiny-draft", "target": "tiny-target", "draft": ["tiny-draft"]}]
     (store / "models.json").write_text(json.dumps(user))
@@ -705,7 +723,7 @@ def test_a_first_run_measures_the_target_before_fetching_a_draft_model_that_cann
         finally:
             engine.close()
         said = [line for line in notices if "n-grams only" in line]
-        assert len(said) == run + 1 and "even if its tokens cost nothing" in said[-1]
+        assert len(said) == run + 1 and "half its share of the two models' bytes" in said[-1]
         assert "--draft tiny-draft" in flag_worded(said[-1]), "named by its catalog name, which fetches it"
     assert unfetched_draft.requests == [], "the draft was never fetched"
     assert model_loads == [str(tiny_models["target"])] * 2 and draft_share_timings == []
@@ -713,7 +731,7 @@ def test_a_first_run_measures_the_target_before_fetching_a_draft_model_that_cann
 
 def test_a_first_run_fetches_the_draft_model_once_the_measured_curve_leaves_it_room(
         unfetched_draft, tiny_models, model_loads, draft_share_timings, monkeypatch):
-    curve_measured_as(monkeypatch, CHEAP_WIDE_PASSES)
+    curve_measured_as(monkeypatch, GPU_LIKE)
     engine = load_engine("tiny-target", "auto", n_threads=1, notice=lambda line: None)
     engine.close()
     assert ("GET", "/test-org/tiny-GGUF/resolve/main/tiny-draft.gguf") in unfetched_draft.requests
@@ -722,7 +740,7 @@ def test_a_first_run_fetches_the_draft_model_once_the_measured_curve_leaves_it_r
     assert draft_share_timings == [fetched], "loaded beside the target and its share timed, as on any first load"
 
 
-@pytest.mark.parametrize("curve, loads", [(SLOW_CPU, ["target"]), (CHEAP_WIDE_PASSES, ["target", "target", "draft"])])
+@pytest.mark.parametrize("curve, loads", [(SLOW_CPU, ["target"]), (GPU_LIKE, ["target", "target", "draft"])])
 def test_a_first_run_measures_the_target_before_loading_a_draft_model_on_disk(auto_draft, model_loads,
                                                                                draft_share_timings, monkeypatch,
                                                                                curve, loads):
@@ -743,7 +761,7 @@ def test_without_pulling_nothing_is_fetched_and_a_given_cost_curve_fetches_as_be
     load_engine("tiny-target", "auto", n_threads=1, notice=lambda line: None, pull=False).close()
     assert model_loads == [str(tiny_models["target"])] and unfetched_draft.requests == []
     engine = load_engine("tiny-target", "auto", n_threads=1, notice=lambda line: None,
-                         cost_curve=CostModel(CHEAP_WIDE_PASSES, draft_seconds_per_token=0.05))
+                         cost_curve=CostModel(GPU_LIKE, draft_seconds_per_token=0.05))
     try:  # nothing measured: the given curve decides after loading, as it did before
         assert engine.draft_model is not None and model_loads[-1].endswith("tiny-draft.gguf")
     finally:
