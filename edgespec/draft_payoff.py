@@ -1,9 +1,9 @@
 """Whether a draft model can pay on this machine, judged from costs measured here.
 
-`--draft auto` asks this three times, each before spending more: before fetching a draft model (could a
-draft of its size, at the least its token can cost, beat plain decoding on the target's curve?), before loading one
-(does this draft's share of a target step, remembered with the curve, leave room to pay?), and after
-loading and timing it.  Each answer is a reason why not, or None.
+`--draft auto` asks this three times, each before spending more: before fetching or reading a draft model
+(could a draft of its size, at the least its token can cost, beat plain decoding on the target's measured
+curve?), before loading one (does its share of a target step, remembered with the curve, leave room to
+pay?), and after loading and timing it.  Each answer is a reason why not, or None.
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ def catalog_draft_share_floor(plan: Plan, target_path: Path, draft: Path | str) 
 
 def why_none_can_pay(cost: CostModel, k_max: int, name: str, floor: float = 0.0) -> str | None:
     """Why the draft model name would not pay on cost's target curve even at the typical acceptance and a
-    token costing only floor of a target step (catalog_draft_share_floor); or None.  Decided from the target alone: where
-    wide passes cost nearly as many one-token ones, as on a small CPU, the draft need not be fetched or read."""
+    token costing only floor of a target step (catalog_draft_share_floor); or None.  Decided from the target
+    alone: where wide passes cost nearly as many one-token ones, as on a small CPU, the draft need not be
+    fetched or read."""
     cheapest = dataclasses.replace(cost, draft_seconds_per_token=floor * cost.target(1))
     gain = best_speedup(cheapest, TYPICAL_DRAFT_ACCEPTANCE, k_max)[1]
     if gain >= MIN_DRAFT_GAIN:

@@ -632,8 +632,8 @@ def test_the_plan_leaves_out_a_draft_model_known_not_to_pay_and_a_stale_curve_kn
 
 # -- --draft auto fetches and reads a draft model only where the target's curve leaves it room to pay -------
 
-def test_a_curve_that_no_draft_model_of_its_size_can_beat_leaves_the_draft_unread(auto_draft, model_loads, draft_share_timings,
-                                                                      monkeypatch):
+def test_a_curve_that_no_draft_model_of_its_size_can_beat_leaves_the_draft_unread(auto_draft, model_loads,
+                                                                                  draft_share_timings, monkeypatch):
     import edgespec.planner
     from edgespec.loading import plan_load
 
@@ -646,7 +646,8 @@ def test_a_curve_that_no_draft_model_of_its_size_can_beat_leaves_the_draft_unrea
     engine = load_engine(auto_draft["target"], "auto", n_threads=1, notice=notices.append)
     try:
         assert model_loads == [str(auto_draft["target"])] and draft_share_timings == []
-        assert str(auto_draft["draft"]) not in headers, "not even the draft's header is read"
+        assert str(auto_draft["target"]) in headers and str(auto_draft["draft"]) not in headers, \
+            "not even the draft's header is read"
         assert engine.draft_model is None and engine.mode == "ngram" and engine.plan.mode == "ngram"
         said = [line for line in notices if "n-grams only" in line]
         assert len(said) == 1 and "half its share of the two models' bytes" in said[0]
