@@ -75,15 +75,21 @@ def draft_token_share(cost: CostModel) -> float:
     return cost.draft_seconds_per_token / cost.target(1)
 
 
-def why_known_not_to_pay(target_path: Path, draft_path: Path, plan: Plan, n_threads: int | None) -> str | None:
+def why_known_not_to_pay(target_path: Path, draft_path: Path, plan: Plan, n_threads: int | None,
+                         bit_exact: bool = False) -> str | None:
     """Why the plan's draft model cannot pay here, by the target's cached curve and the draft's share timed with
-    it, both keyed as the loaded models will be (cost_profile.Calibrator); None when either is not cached, or
-    when it may pay.  Judged at the curve's widest draft: under bit_exact a narrower one may still drop it
-    once loaded."""
+    it, both keyed as the loaded models will be (cost_profile.Calibrator), at the longest draft the loaded
+    engine will verify; None when either is not cached, or when it may pay."""
     profile = cached_profile(target_path, draft_path, plan, n_threads)
     if profile is None:
         return None
-    return why_it_cannot_pay(profile.cost, profile.widest - 1, draft_path.name)
+    return why_it_cannot_pay(profile.cost, longest_draft(profile, bit_exact), draft_path.name)
+
+
+def longest_draft(profile: CostProfile, bit_exact: bool) -> int:
+    """The longest draft a step may verify on profile, as the engine loaded on it will (drafting.Planner's
+    max_draft_tokens): under bit_exact, no wider than the passes that are bit-identical to one-token ones."""
+    return (min(profile.exact_width, profile.widest) if bit_exact else profile.widest) - 1
 
 
 def cached_profile(target_path: Path, draft_path: Path | None, plan: Plan, n_threads: int | None) -> CostProfile | None:

@@ -16,8 +16,8 @@ from typing import Callable, NamedTuple, Sequence
 from .backend import LlamaModel, supports_gpu_offload
 from .backend.hidden import HiddenStateModel
 from .costs import CostModel
-from .draft_payoff import (cached_profile, catalog_draft_share_floor, draft_token_share, why_it_cannot_pay,
-                           why_known_not_to_pay, why_none_can_pay)
+from .draft_payoff import (cached_profile, catalog_draft_share_floor, draft_token_share, longest_draft,
+                           why_it_cannot_pay, why_known_not_to_pay, why_none_can_pay)
 from .drafters import check_vocab_compatible
 from .learned import LearnedAcceptance
 from .ngram_pool import NgramPool
@@ -49,7 +49,7 @@ def plan_load(
     target, draft="auto", *, n_ctx: int, n_gpu_layers=None, draft_gpu_layers=None,
     memory_budget=None, pull: bool = True, notice: Callable[[str], None] = log_notice, progress: bool = False,
     kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False, parallel: int = 1,
-    prompt_cache_ram: int = 0, n_threads: int | None = None, remembered_costs: bool = True,
+    prompt_cache_ram: int = 0, n_threads: int | None = None, bit_exact: bool = False, remembered_costs: bool = True,
     measure_first: bool = False,
 ) -> LoadPlan:
     """Resolve the model names to files and plan their memory: what load_engine will do.
@@ -57,7 +57,7 @@ def plan_load(
     n_ctx 0 is the model's trained context.  A size out of range is refused here, before anything loads.
     pull=False never downloads: a missing target is an error, a missing draft means n-grams.
     A download is announced through notice; progress also shows a progress bar on stderr (the command line's).
-    kv_type, draft_kv_type, flash_attn and n_threads are load_engine's; parallel counts a target KV cache
+    kv_type, draft_kv_type, flash_attn, n_threads and bit_exact are load_engine's; parallel counts a target KV cache
     per sequence decoded together (batch --parallel); prompt_cache_ram, the RAM a server asks for
     prompt snapshots (the plan grants what the models leave).  Under draft "auto" with remembered_costs, the
     costs this machine measured before decide first (draft_payoff.py): where the target's curve says no draft
@@ -76,8 +76,9 @@ def plan_load(
         prompt_cache_ram=prompt_cache_ram,
     )
     if draft == "auto" and remembered_costs:
-        draft_left_out = _plan_without_the_draft(target_path, planned(None, force_mode="ngram"), n_threads,
-                                                 measure_first, pull, notice)
+        draft_left_out = _plan_without_the_draft(target_path, planned(None, force_mode="ngram"), n_threads=n_threads,
+                                                 bit_exact=bit_exact, measure_first=measure_first, pull=pull,
+                                                 notice=notice)
         if draft_left_out is not None:
             return draft_left_out
     draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, fetching)
@@ -86,7 +87,7 @@ def plan_load(
     plan = planned(draft_path, force_mode=forced_mode)
     why = None
     if draft == "auto" and plan.mode == "draft-model" and remembered_costs:
-        why = why_known_not_to_pay(target_path, draft_path, plan, n_threads)
+        why = why_known_not_to_pay(target_path, draft_path, plan, n_threads, bit_exact)
     if why is not None:
         plan = _ngram_only_plan(planned(None, force_mode="ngram"), why, draft_path, notice)
     else:
@@ -96,8 +97,8 @@ def plan_load(
     return LoadPlan(target_path, draft_path, plan)
 
 
-def _plan_without_the_draft(target_path: Path, ngram_plan: Plan, n_threads: int | None, measure_first: bool,
-                            pull: bool, notice) -> LoadPlan | None:
+def _plan_without_the_draft(target_path: Path, ngram_plan: Plan, *, n_threads: int | None, bit_exact: bool,
+                            measure_first: bool, pull: bool, notice) -> LoadPlan | None:
     """The plan of n-grams alone when `--draft auto` need not fetch or read the catalog's draft for target_path:
     the target's remembered curve says it could not pay even at the least its token can cost, or (measure_first)
     none is remembered and the draft is on disk or may be fetched (pull).  None otherwise (no draft in the
@@ -114,7 +115,7 @@ def _plan_without_the_draft(target_path: Path, ngram_plan: Plan, n_threads: int 
         reason = f"n-grams only: {Path(draft).name} is used once this machine's costs say a draft model can pay"
         return LoadPlan(target_path, None, _say_warnings(dataclasses.replace(ngram_plan, reason=reason), notice),
                         deferred_draft=draft)
-    why = why_none_can_pay(remembered.cost, remembered.widest - 1, Path(draft).name,
+    why = why_none_can_pay(remembered.cost, longest_draft(remembered, bit_exact), Path(draft).name,
                            catalog_draft_share_floor(ngram_plan, target_path, draft))
     if why is None:
         return None
@@ -182,7 +183,7 @@ def load_engine(
         plan_load, target, draft, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
         memory_budget=memory_budget, pull=pull, notice=notice, progress=progress, kv_type=kv_type,
         draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel, prompt_cache_ram=prompt_cache_ram,
-        n_threads=n_threads, remembered_costs=cost_curve is None,
+        n_threads=n_threads, bit_exact=bit_exact, remembered_costs=cost_curve is None,
     )
     loading = functools.partial(_loaded_engine, draft=draft, n_ctx=n_ctx, n_threads=n_threads,
                                 draft_tokens=draft_tokens, bit_exact=bit_exact, heads_path=heads_path,

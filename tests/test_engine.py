@@ -767,3 +767,16 @@ def test_without_pulling_nothing_is_fetched_and_a_given_cost_curve_fetches_as_be
         assert engine.draft_model is not None and model_loads[-1].endswith("tiny-draft.gguf")
     finally:
         engine.close()
+
+
+def test_under_bit_exact_the_plan_judges_a_remembered_draft_at_the_widest_exact_pass(auto_draft):
+    from edgespec.calibration import draft_model_key
+    from edgespec.loading import plan_load
+
+    cache, key = remember_curve_and_draft_share(auto_draft, GPU_LIKE)
+    cache.store(key, 1, GPU_LIKE)  # no pass wider than one token is bit-identical to one-token passes here
+    cache.store_draft_share(key, draft_model_key(auto_draft["draft"], 0), 0.05)  # a draft that pays at any length
+    assert plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1).plan.mode == "draft-model"
+    planned = plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1, bit_exact=True, notice=lambda line: None)
+    assert planned.plan.mode == "ngram" and planned.draft_path is None, "a bit-exact step verifies no draft at all"
+    assert planned.plan.reason.startswith("n-grams only:")

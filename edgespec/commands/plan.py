@@ -33,7 +33,8 @@ def plan(args: argparse.Namespace) -> int:
                             draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget,
                             kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn,
                             parallel=args.parallel, prompt_cache_ram=args.prompt_cache_ram, notice=print_notice,
-                            progress=True, n_threads=args.threads, measure_first=True).plan
+                            progress=True, n_threads=args.threads, bit_exact=args.bit_exact,
+                            measure_first=True).plan
     if args.json:
         worded = {"budget_source": flag_worded(memory_plan.budget_source),
                   "warnings": [flag_worded(warning) for warning in memory_plan.warnings]}
