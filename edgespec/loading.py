@@ -205,7 +205,7 @@ def _measured_first(planning, loading, exactness: list[str], notice) -> Engine:
     why = why_none_can_pay(engine.cost, engine.max_draft_tokens, Path(draft).name,
                            catalog_draft_share_floor(plan, target_path, draft))
     if why is not None:
-        notice(_ngram_only_notice(why, planned.deferred_draft))
+        notice(_ngram_only_notice(why, draft))
         return engine
     engine.close()  # the plan again, with the draft model (fetched if need be) and the target's curve measured now
     return loading(planning())
