@@ -55,7 +55,7 @@ def catalog_draft_share_floor(plan: Plan, target_path: Path, draft: Path | str) 
     return CPU_SHARE_FLOOR_OF_BYTES * draft_bytes / target_bytes
 
 
-def why_none_can_pay(cost: CostModel, k_max: int, name: str, floor: float = 0.0) -> str | None:
+def why_it_cannot_pay_at_floor(cost: CostModel, k_max: int, name: str, floor: float = 0.0) -> str | None:
     """Why the draft model name would not pay on cost's target curve even at the typical acceptance and a
     token costing only floor of a target step (catalog_draft_share_floor); or None.  Decided from the target
     alone: where wide passes cost nearly as many one-token ones, as on a small CPU, the draft need not be

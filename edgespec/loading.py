@@ -17,7 +17,7 @@ from .backend import LlamaModel, supports_gpu_offload
 from .backend.hidden import HiddenStateModel
 from .costs import CostModel
 from .draft_payoff import (cached_profile, catalog_draft_share_floor, draft_token_share, longest_draft,
-                           why_it_cannot_pay, why_known_not_to_pay, why_none_can_pay)
+                           why_it_cannot_pay, why_it_cannot_pay_at_floor, why_known_not_to_pay)
 from .drafters import check_vocab_compatible
 from .learned import LearnedAcceptance
 from .ngram_pool import NgramPool
@@ -115,8 +115,8 @@ def _plan_without_the_draft(target_path: Path, ngram_plan: Plan, *, n_threads: i
         reason = f"n-grams only: {Path(draft).name} is used once this machine's costs say a draft model can pay"
         return LoadPlan(target_path, None, _say_warnings(dataclasses.replace(ngram_plan, reason=reason), notice),
                         deferred_draft=draft)
-    why = why_none_can_pay(remembered.cost, longest_draft(remembered, bit_exact), Path(draft).name,
-                           catalog_draft_share_floor(ngram_plan, target_path, draft))
+    why = why_it_cannot_pay_at_floor(remembered.cost, longest_draft(remembered, bit_exact), Path(draft).name,
+                                     catalog_draft_share_floor(ngram_plan, target_path, draft))
     if why is None:
         return None
     return LoadPlan(target_path, None, _ngram_only_plan(ngram_plan, why, draft, notice))
@@ -202,8 +202,8 @@ def _measured_first(planning, loading, exactness: list[str], notice) -> Engine:
     if planned.deferred_draft is None:
         return engine
     target_path, _, plan, draft = planned
-    why = why_none_can_pay(engine.cost, engine.max_draft_tokens, Path(draft).name,
-                           catalog_draft_share_floor(plan, target_path, draft))
+    why = why_it_cannot_pay_at_floor(engine.cost, engine.max_draft_tokens, Path(draft).name,
+                                     catalog_draft_share_floor(plan, target_path, draft))
     if why is not None:
         notice(_ngram_only_notice(why, draft))
         return engine
