@@ -34,6 +34,17 @@ def test_a_plain_bench_records_no_phases(tiny_models):
     assert "overhead" not in results and all("phase_ns" not in run for run in results["runs"])
 
 
+def test_the_sampling_microbenchmark_samples_rows_as_peaked_as_a_models():
+    """A model's rows put top-p's 95% in their 1024 heaviest tokens, so top-k off costs no whole-vocabulary sort there;
+    rows flatter than that timed a path generation does not take (10 ms a row against 0.5)."""
+    import numpy as np
+
+    rows = microbench.model_like_rows(8, microbench.SAMPLING_VOCAB, np.random.default_rng(0))
+    for row in rows.astype(np.float64):
+        weights = np.sort(np.exp((row - row.max()) / 0.8))[::-1]
+        assert weights[:1024].sum() / weights.sum() > 0.95
+
+
 def test_the_sampling_microbenchmark_times_each_case():
     results = microbench.run_sampling_microbench(n_vocab=4096, rows=3, repeats=1)
     assert set(results["ms_per_row"]) == {"T=0.8 (top-k 40, top-p 0.95, min-p 0.05)", "T=0.8, top-k off", "T=0",
