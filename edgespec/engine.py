@@ -178,11 +178,12 @@ class Engine:
         self.planner.use_cost(profile.cost, profile.widest, profile.exact_width)
 
     def drop_draft_model(self, reason: str) -> None:
-        """Close the draft model and draft with n-grams alone from now on; reason says why (the plan shows it)."""
-        self.draft_model.close()
-        self.draft_model = None
-        self.decoder.draft_cache = None
-        self.planner.drop_draft_model()
+        """Draft with n-grams alone from now on, closing any draft model loaded; reason says why (the plan shows it)."""
+        if self.draft_model is not None:
+            self.draft_model.close()
+            self.draft_model = None
+            self.decoder.draft_cache = None
+            self.planner.drop_draft_model()
         if self.plan is not None:
             self.plan = dataclasses.replace(self.plan, mode="ngram", reason=reason)
             self.decoder.plan_reason = reason

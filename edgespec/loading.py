@@ -206,6 +206,7 @@ def _measured_first(planning, loading, exactness: list[str], notice) -> Engine:
                                      catalog_draft_share_floor(plan, target_path, draft))
     if why is not None:
         notice(_ngram_only_notice(why, draft))
+        engine.drop_draft_model(f"n-grams only: {why}")  # not the plan's reason, that it would be judged later
         return engine
     engine.close()  # the plan again, with the draft model (fetched if need be) and the target's curve measured now
     return loading(planning())

@@ -685,7 +685,7 @@ def unfetched_draft(tiny_models, tmp_path, monkeypatch):
     yields the Hub (its requests say whether the draft was fetched)."""
     import json
 
-    import huggingface_hub
+    import huggingface_hub.constants
     from edgespec.catalog import import_model
     from models_helpers import HubServer
 
@@ -720,11 +720,15 @@ def test_a_first_run_measures_the_target_before_fetching_a_draft_model_that_cann
         engine = load_engine("tiny-target", "auto", n_threads=1, notice=notices.append)
         try:
             assert engine.draft_model is None and engine.mode == "ngram" and engine.plan.mode == "ngram"
-            assert engine.generate("def f(x):", SamplingParams(temperature=0.0, max_tokens=4), raw=True).token_ids
+            result = engine.generate("def f(x):", SamplingParams(temperature=0.0, max_tokens=4), raw=True)
+            assert result.token_ids
         finally:
             engine.close()
         said = [line for line in notices if "n-grams only" in line]
         assert len(said) == run + 1 and "half its share of the two models' bytes" in said[-1]
+        why = "n-grams only: tiny-draft would gain at most"
+        assert engine.plan.reason.startswith(why) and result.stats.plan_reason == engine.plan.reason, \
+            "the stats say why the draft model was left out, on the run that measured the curve too"
         assert "--draft tiny-draft" in flag_worded(said[-1]), "named by its catalog name, which fetches it"
     assert unfetched_draft.requests == [], "the draft was never fetched"
     assert model_loads == [str(tiny_models["target"])] * 2 and draft_share_timings == []
