@@ -218,15 +218,20 @@ def _min_p_candidates(logits: np.ndarray, best: float, params: SamplingParams) -
 def _covers_top_p(logits: np.ndarray, best: float, head_weights: np.ndarray, params: SamplingParams) -> bool:
     """Whether the head holds top_p of the whole distribution's mass.
 
-    That needs the partition function over the whole vocabulary: float32
-    exponentials are cheap and accurate to ~1e-6, float64 ones only run where
-    the answer is that close.
+    No token outside the head outweighs the head's lightest, so where even a
+    tail of nothing but such tokens leaves the head top_p, it does: a model's
+    peaked row is answered without an exponential over the whole vocabulary.
+    Otherwise that needs the partition function: float32 exponentials are
+    cheap and accurate to ~1e-6, float64 ones only run where the answer is that close.
     """
+    head_mass, heaviest_tail = head_weights.sum(), (logits.size - head_weights.size) * head_weights.min()
+    if head_mass / (head_mass + heaviest_tail) >= params.top_p + _COVER_MARGIN:
+        return True
     scaled = (logits - np.float32(best)) / np.float32(params.temperature)
-    mass = head_weights.sum() / np.exp(scaled).sum(dtype=np.float64)
+    mass = head_mass / np.exp(scaled).sum(dtype=np.float64)
     if abs(mass - params.top_p) > _COVER_MARGIN:
         return mass >= params.top_p
-    return head_weights.sum() / _weights(logits, best, params.temperature).sum() >= params.top_p
+    return head_mass / _weights(logits, best, params.temperature).sum() >= params.top_p
 
 
 def _nucleus(weights: np.ndarray, top_p: float) -> np.ndarray:

@@ -146,6 +146,23 @@ def test_a_full_vocabulary_row_with_the_default_filters():
             assert_same_row(to_probs(logits, params), reference_to_probs(logits, params))
 
 
+def test_top_k_off_answers_a_models_peaked_row_without_an_exponential_over_the_vocabulary(monkeypatch):
+    """The tail outside the head weighs at most the head's lightest token each; on rows as peaked as a model's
+    that bound alone shows the head holds top_p, and the row is still the reference's."""
+    from edgespec.commands.bench.microbench import model_like_rows
+
+    rows = model_like_rows(4, 151_936, np.random.default_rng(11))
+    cases = [SamplingParams(temperature=0.8, top_k=0), SamplingParams(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0)]
+    exp, widest = np.exp, []
+    monkeypatch.setattr(np, "exp", lambda x, *args, **kwargs: widest.append(np.size(x)) or exp(x, *args, **kwargs))
+    answered = [to_probs(logits, params) for logits in rows for params in cases]
+    monkeypatch.undo()
+    assert max(widest) <= 1024, "only the head's weights were computed"
+    expected = [reference_to_probs(logits, params) for logits in rows for params in cases]
+    for row, dense in zip(answered, expected):
+        assert_same_row(row, dense)
+
+
 def test_top_k_keeps_the_lower_ids_among_equal_logits():
     logits = np.zeros(50, dtype=np.float32)
     logits[[7, 30]] = 2.0
