@@ -14,6 +14,16 @@ Smoke test (tiny):
     .venv/bin/python benchmarks/learned_first_tenth.py --model smollm2-135m-instruct --kinds extract --runs 2 --max-tokens 16
 What it should show: each prompt's later runs at least its first (the priors learned this kind's
 acceptance; `by_prompt` in the summary, as run 1 and run 10 are different prompts), and never below 0.98.
+
+--held-out N --repeats R compares the same prompts as the first and the tenth run: the kind's last N
+prompts are kept out of the RUNS learning runs (RUNS 9 makes the next run the tenth), then each is run
+R times in rotation as plain decoding, as the kind's first run (no learned priors) and as its next run
+(the priors the learning runs left), every one in a copy of its cache dir so that none of them learns.
+Each reports the median of its rounds' ratios to plain, and the passes per token, acceptance and drafted
+tokens its rounds gave (at T = 0 these still move a little between rounds: the step-time guard reads wall
+time, and near-ties of the target's two best tokens resolve by pass width):
+    .venv/bin/python benchmarks/learned_first_tenth.py --workloads benchmarks/workloads-code-edit-12 \
+        --kinds code-edit --runs 9 --held-out 3 --repeats 5
 """
 
 from __future__ import annotations
@@ -49,27 +59,69 @@ def run_once(prompt: str, draft: str, cache: Path, args) -> dict:
     return json.loads(done.stdout)
 
 
-def one_kind(kind: str, args) -> list[dict]:
-    """RUNS drafted runs of this kind from no learned priors, each with its plain partner."""
+def new_cache(directory: Path) -> Path:
+    """An empty cache dir with this machine's calibration in it: no run in it measures the curve again."""
+    directory.mkdir()
+    calibration = cache_dir() / "calibration.json"
+    if calibration.is_file():
+        shutil.copy(calibration, directory / "calibration.json")
+    return directory
+
+
+def one_kind(kind: str, args) -> tuple[list[dict], list[dict]]:
+    """RUNS drafted runs of this kind from no learned priors, each with its plain partner; then, with
+    --held-out, the held-out prompts as the kind's first run and as its next one (held_out_rounds)."""
     prompts = load_workloads([kind], directory=args.workloads)
+    learning, held_out = (prompts[: -args.held_out], prompts[-args.held_out:]) if args.held_out else (prompts, [])
+    if not learning:
+        raise SystemExit(f"--held-out {args.held_out} leaves none of the {len(prompts)} {kind} prompts to learn from")
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgespec-first-tenth-") as directory:
-        cache = Path(directory)
-        calibration = cache_dir() / "calibration.json"
-        if calibration.is_file():
-            shutil.copy(calibration, cache / "calibration.json")
+        cache = new_cache(Path(directory) / "learned")
+        cold = new_cache(Path(directory) / "cold")
         for i in range(args.runs):
-            prompt = prompts[i % len(prompts)]
+            prompt = learning[i % len(learning)]
             order = ("ngram", "none") if i % 2 == 0 else ("none", "ngram")
             result = {draft: run_once(prompt.prompt, draft, cache, args) for draft in order}
             drafted, plain = result["ngram"], result["none"]
             tps, base = drafted["stats"]["decode_tokens_per_second"], plain["stats"]["decode_tokens_per_second"]
             rows.append({"kind": kind, "run": i + 1, "prompt_id": prompt.id, "tok_s": tps, "plain_tok_s": base,
                          "ratio": tps / base if base else None, "acceptance": drafted["stats"]["acceptance_rate"],
+                         "passes_per_token": drafted["stats"]["target_passes_per_token"],
                          "same_tokens": drafted["token_ids"] == plain["token_ids"]})
             print(f"{kind} run {i + 1} ({prompt.id}): {tps:.1f} tok/s, plain {base:.1f}, "
                   f"x{rows[-1]['ratio']:.2f}", file=sys.stderr)
-    return rows
+        checks = [held_out_rounds(kind, prompt, cold, cache, args) for prompt in held_out]
+    return rows, checks
+
+
+RUN_KINDS = ("plain", "first", "next")  # plain decoding; the kind's first run (no learned priors); the next
+
+
+def held_out_rounds(kind: str, prompt, cold: Path, learned: Path, args) -> dict:
+    """One held-out prompt, REPEATS rounds of a plain run, a first run (cold's dir) and a next run (learned's),
+    in rotating order, each in a throwaway copy of its dir; the rounds' figures and what they share."""
+    runs = {name: [] for name in RUN_KINDS}
+    for round_ in range(args.repeats):
+        for name in RUN_KINDS[round_ % 3:] + RUN_KINDS[: round_ % 3]:
+            with tempfile.TemporaryDirectory(prefix="edgespec-held-out-") as directory:
+                copy = Path(directory) / "cache"
+                shutil.copytree(learned if name == "next" else cold, copy)
+                runs[name].append(run_once(prompt.prompt, "none" if name == "plain" else "ngram", copy, args))
+    plain_tps = [run["stats"]["decode_tokens_per_second"] for run in runs["plain"]]
+    check = {"kind": kind, "prompt_id": prompt.id, "rounds": args.repeats, "plain_tok_s": plain_tps,
+             "same_tokens": all(run["token_ids"] == runs["plain"][0]["token_ids"] for name in RUN_KINDS
+                                for run in runs[name])}
+    for name in ("first", "next"):
+        stats = [run["stats"] for run in runs[name]]
+        ratios = [s["decode_tokens_per_second"] / base for s, base in zip(stats, plain_tps)]
+        check[name] = {"tok_s": [s["decode_tokens_per_second"] for s in stats], "ratio_median": statistics.median(ratios),
+                       "ratios": ratios, "passes_per_token": sorted({s["target_passes_per_token"] for s in stats}),
+                       "acceptance": sorted({s["acceptance_rate"] for s in stats}),
+                       "drafted": sorted({s["draft_tokens_proposed"] for s in stats})}
+        print(f"{prompt.id} {name}: x{check[name]['ratio_median']:.2f} of plain, passes/token "
+              f"{check[name]['passes_per_token']}, acceptance {check[name]['acceptance']}", file=sys.stderr)
+    return check
 
 
 def main() -> int:
@@ -81,11 +133,17 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
+    parser.add_argument("--held-out", type=int, default=0, metavar="N",
+                        help="keep each kind's last N prompts out of the learning runs and time them as its first "
+                             "and its next run (see above)")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds per held-out prompt")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    rows = [row for kind in args.kinds.split(",") for row in one_kind(kind, args)]
+    if args.runs < 1 or args.held_out < 0 or args.repeats < 1:
+        parser.error("--runs and --repeats must be at least 1, --held-out at least 0")
+    by_kind = [one_kind(kind, args) for kind in args.kinds.split(",")]
+    rows = [row for kind_rows, _ in by_kind for row in kind_rows]
+    held_out = [check for _, checks in by_kind for check in checks]
     summary = {}
     for kind in dict.fromkeys(row["kind"] for row in rows):
         mine = [row for row in rows if row["kind"] == kind]
@@ -99,10 +157,11 @@ def main() -> int:
         print(f"{kind:14s} first x{mine[0]['ratio']:.2f}  run {len(mine)} x{mine[-1]['ratio']:.2f}", file=sys.stderr)
         for pid, ratios in by_prompt.items():
             print(f"  {pid:14s} " + ", ".join(f"x{r:.2f}" for r in ratios), file=sys.stderr)
-    exact = all(row["same_tokens"] for row in rows)
+    exact = all(row["same_tokens"] for row in rows + held_out)
     print(json.dumps({"summary": summary, "same_tokens": exact}, indent=1))
     if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "same_tokens": exact, "runs": rows}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"summary": summary, "same_tokens": exact, "runs": rows,
+                                         "held_out": held_out}, indent=1) + "\n")
     return 0
 
 
