@@ -56,6 +56,17 @@ def test_nothing_counted_gives_zero_ratios_not_a_division_error():
             empty.decode_tokens_per_second) == (0.0, 0.0, 0.0, 0.0)
 
 
+def test_the_run_summary_says_nothing_was_drafted_rather_than_that_every_draft_was_rejected():
+    from edgespec.commands.run import generation_summary_line
+
+    counts = dict(mode="ngram", plan_reason=None, prompt_tokens=10, prompt_tokens_reused=0, tokens_generated=20,
+                  target_forward_passes=20, draft_forward_passes=0, steps=20, k0_steps=20, prefill_seconds=0.5,
+                  decode_seconds=2.0, finish_reason="stop")
+    nothing = generation_summary_line(Stats.from_counts(draft_tokens_proposed=0, draft_tokens_accepted=0, **counts))
+    rejected = generation_summary_line(Stats.from_counts(draft_tokens_proposed=4, draft_tokens_accepted=0, **counts))
+    assert "acceptance - (nothing drafted)," in nothing and "acceptance 0% (0/4)," in rejected
+
+
 def test_a_snapshot_keeps_its_counts_while_the_generation_goes_on():
     counters = Counters(mode="ngram")
     counters.pass_widths[1] = 3

@@ -108,11 +108,14 @@ def utf8_text(data: bytes, where: str) -> str:
 
 
 def generation_summary_line(stats: Stats) -> str:
-    """The one line `edgespec run` prints on stderr after the reply."""
+    """The one line `edgespec run` prints on stderr after the reply (acceptance "-" where nothing was drafted,
+    as in the chat app and batch's summary: 0% would read as every draft rejected)."""
+    acceptance = (f"{stats.acceptance_rate:.0%} ({stats.draft_tokens_accepted}/{stats.draft_tokens_proposed})"
+                  if stats.draft_tokens_proposed else "- (nothing drafted)")
     return (
         f"[{stats.mode}] {stats.tokens_generated} tokens, "
         f"{stats.decode_tokens_per_second:.1f} tok/s decode, "
-        f"acceptance {stats.acceptance_rate:.0%} ({stats.draft_tokens_accepted}/{stats.draft_tokens_proposed}), "
+        f"acceptance {acceptance}, "
         f"{stats.target_passes_per_token:.2f} target passes/token, "
         f"prefill {stats.prefill_seconds:.2f}s, stop: {stats.finish_reason}"
     )
