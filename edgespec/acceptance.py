@@ -27,6 +27,7 @@ prior store (learned.py) keeps it per model, and a new learner can start from it
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -49,6 +50,14 @@ DEPTH_SHRINK = 0.98
 LEARNED_WEIGHT = 2.0
 # Standard errors taken off a mean before the controller plans with it (hindsight learners).
 CAUTION = 0.75
+# The most times one text position counts for one copy class.  Every step foresees the copy ahead, so
+# with one-token steps each token of a long copy was scored by up to k_max proposals, all at the same
+# copy length: one copy read as dozens of observations, caution all but vanished, and a 16-wide pass
+# was planned on a single earlier copy (a CSV extraction kept none of 15 tokens, in 3 of 6 runs).
+# Once per position would be the count of distinct evidence, but CAUTION and the priors were chosen
+# on the repeated counts; 3 kept the copies' wins and lifted the worst prompts of the five reply sets
+# (benchmarks/ngram_sim.py, docs/benchmarks.md).
+MAX_COUNTS_PER_POSITION = 3
 # A hindsight learner observes every step, so it can afford a shorter memory than one that learns
 # from verification only: it notices within a few dozen tokens that copies have become longer or shorter.
 HINDSIGHT_DECAY = 0.97
@@ -328,14 +337,18 @@ class HindsightAcceptance:
             hits[copy_class] += accepted
 
     def _observer(self) -> Callable[[int, tuple[int, int], int, bool], None]:
-        """What one settle() counts a scored token with: its copy class always, its pair once per text
-        position (all the proposals that foresaw a position are settled together) and inside copies only."""
-        counted: set[tuple[int, tuple[int, int]]] = set()
+        """What one settle() counts a scored token with: its copy class up to MAX_COUNTS_PER_POSITION times
+        per text position, its pair once per position and inside copies only (all the proposals that foresaw
+        a position are settled together)."""
+        class_counts: Counter[tuple[int, int]] = Counter()
+        counted_pairs: set[tuple[int, tuple[int, int]]] = set()
 
         def observe(copy_class: int, pair: tuple[int, int], position: int, accepted: bool) -> None:
-            self._observe(copy_class, accepted)
-            if copy_class % len(COPY_BUCKETS) >= self._pair_min_class and (position, pair) not in counted:
-                counted.add((position, pair))
+            class_counts[position, copy_class] += 1
+            if class_counts[position, copy_class] <= MAX_COUNTS_PER_POSITION:
+                self._observe(copy_class, accepted)
+            if copy_class % len(COPY_BUCKETS) >= self._pair_min_class and (position, pair) not in counted_pairs:
+                counted_pairs.add((position, pair))
                 self._pairs.observe(pair, accepted)
         return observe
 
