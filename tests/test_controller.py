@@ -3,7 +3,8 @@ import itertools
 import numpy as np
 import pytest
 
-from edgespec.acceptance import COPY_BUCKETS, PAIR_WEIGHT, HindsightAcceptance, PairRecord, VerifiedAcceptance
+from edgespec.acceptance import (COPY_BUCKETS, MAX_COUNTS_PER_POSITION, PAIR_WEIGHT, HindsightAcceptance, PairRecord,
+                                 VerifiedAcceptance)
 from edgespec.calibration import CalibrationCache, CalibrationKey, StepTimeWatch
 from edgespec.pass_prices import priced_curve
 from edgespec.controller import DraftLengthController, SpeedGuard, controller_for
@@ -424,6 +425,20 @@ def hindsight_run(ctl, text, guess, start=1):
         context.extend(truth[: accepted + 1])
         ks.append(k)
     return ks
+
+
+def test_a_copys_token_counts_at_most_a_few_times_however_many_steps_foresaw_it():
+    # one-token steps through a long copy, each foreseeing the whole copy ahead at the copy's length so far
+    # (as the n-gram drafter signals it): every token is foreseen by K_MAX steps, all in one copy class
+    text = list(range(1000, 1200))
+    estimate, context = HindsightAcceptance(K_MAX, decay=1.0), text[:20]
+    while len(context) < 150:
+        signal = ngram_signal("prompt", len(context))
+        estimate.watch(context, signal, lambda: text[len(context): len(context) + K_MAX])
+        context.append(text[len(context)])
+    counted = sum(tries[0] for _, tries in estimate.export().values())
+    scored = len(context) - 21  # the positions after the first step's, each foreseen by min(K_MAX, steps) proposals
+    assert scored <= counted <= MAX_COUNTS_PER_POSITION * scored < K_MAX * scored
 
 
 def test_hindsight_learns_from_steps_that_drafted_nothing():
