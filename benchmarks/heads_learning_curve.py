@@ -37,8 +37,9 @@ from edgespec.heads.job import Budget
 from edgespec.heads.network import Adam, Heads
 from edgespec.heads.projection import LmHead
 from edgespec.heads.prompts import HELDOUT_PROMPTS, TRAINING_PROMPTS
-from edgespec.heads.teacher import Answering, ChatTokens, TeacherData, answer_prompts
+from edgespec.heads.teacher import Answering, TeacherData, answer_prompts
 from edgespec.heads.training import Trainer, TrainingPlan, reduced_vocabulary
+from edgespec.prompts import PromptBuilder
 
 
 class Clock:
@@ -86,7 +87,7 @@ def save(args, data: TeacherData, heldout: TeacherData) -> Path:
 
 def run(args) -> dict:
     model = HiddenStateModel(args.model_path, n_ctx=1024, n_threads=args.threads)
-    lm_head, chat, clock = LmHead(args.model_path), ChatTokens(model), Clock()
+    lm_head, chat, clock = LmHead(args.model_path), PromptBuilder(model).chat_tokens, Clock()
     heldout, data = TeacherData.empty(model.n_embd), TeacherData.empty(model.n_embd)
     quiet = lambda n: None  # noqa: E731
     clock.until("collect", float("inf"), lambda end: answer_prompts(

@@ -2,8 +2,8 @@
 
 Engine is the facade the commands, the chat app and library users hold: it
 owns the models (and closes them), the generation lock, the settings
-(configure), the calibration of the cost curve, and the prompt building
-(chat template, tokenizer).  generate/stream run the decoding loop
+(configure) and the calibration of the cost curve; it builds prompts with
+edgespec.prompts.  generate/stream run the decoding loop
 (edgespec.scheduler) with one job: a lone generation is a batch of one of
 the same decoder step that batch and serve run several at a time.
 """
@@ -19,7 +19,6 @@ from .backend import LlamaModel
 from .calibration import CalibrationCache
 from .cost_profile import Calibrator, CostProfile, given_profile
 from .costs import CostModel
-from .chat_template import ChatTemplate
 from .decoder import Decoder
 from .drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
 from .drafting import DraftPlanner
@@ -29,8 +28,8 @@ from .ngram_pool import NgramPool
 from .errors import EdgespecError, Setting
 from .notices import log_notice
 from .phases import PhaseClock
-from .prediction import prediction_text
 from .prefix_cache import PrefixStore
+from .prompts import PromptBuilder
 from .sampling import SamplingParams, sampling_params
 from .scheduler import Job, Scheduler
 from .sequence_cache import SequenceCache
@@ -61,11 +60,7 @@ class Engine:
         self.decoder = Decoder(self.planner, SequenceCache(target, self.prefix_caches),
                                SequenceCache(draft, self.prefix_caches) if draft is not None else None)
         self.decoder.plan_reason = plan.reason if plan else None
-        self.chat_template = ChatTemplate(
-            target.metadata("tokenizer.chat_template"),
-            bos_token=target.token_bytes(target.bos_id).decode("utf-8", "replace") if target.bos_id >= 0 else "",
-            eos_token=target.token_bytes(target.eos_id).decode("utf-8", "replace") if target.eos_id >= 0 else "",
-        )
+        self.prompts = PromptBuilder(target)
         self._lock = GenerationLock()  # also refuses every use once closed
 
     def close(self) -> None:
@@ -297,23 +292,22 @@ class Engine:
         return self.target.tokenize(text, add_special=add_special, parse_special=True)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return self.chat_template.render(messages, add_generation_prompt).text
+        return self.prompts.render(messages, add_generation_prompt)
 
     def prompt_tokens(self, prompt: str, raw: bool = False) -> list[int]:
-        check_text(prompt, "the prompt")
+        """prompt as a user message in the chat template (raw: as written, control tokens included)."""
         self._lock.check_open()
-        if raw:  # the user writes the control tokens on purpose
-            return self.target.tokenize(prompt, add_special=True, parse_special=True)
-        return self.chat_tokens([{"role": "user", "content": prompt}])
+        return self.prompts.user_prompt_tokens(prompt, raw)
 
     def chat_tokens(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """The conversation as the model's template writes it; message contents never become control tokens."""
-        rendered = self.chat_template.render(messages, add_generation_prompt)
         self._lock.check_open()
-        bos, spans = self.chat_template.bos_token, rendered.content_spans
-        # a template that writes the BOS token itself must not get a second one; a message that does, must
-        template_wrote_bos = bool(bos) and rendered.text.startswith(bos) and all(a >= len(bos) or a == b for a, b in spans)
-        return self.target.tokenize(rendered.text, add_special=not template_wrote_bos, parse_special=True, plain_spans=spans)
+        return self.prompts.chat_tokens(messages, add_generation_prompt)
+
+    def prediction_tokens(self, prediction: str | dict | None) -> list[int] | None:
+        """A predicted output as tokens (PromptBuilder.prediction_tokens); None for none."""
+        self._lock.check_open()
+        return self.prompts.prediction_tokens(prediction)
 
     # -- generation ----------------------------------------------------------
 
@@ -337,17 +331,6 @@ class Engine:
         the final Done carries the result."""
         return self.stream_tokens(self.prompt_tokens(prompt, raw), sampling_params(params, sampling), cancel=cancel,
                                   prediction=self.prediction_tokens(prediction))
-
-    def prediction_tokens(self, prediction: str | dict | None) -> list[int] | None:
-        """A predicted output as tokens, its text never read as control tokens; None for none.  prediction: the
-        text, or the request field as OpenAI writes it, {"type": "content", "content": ...} (prediction.py)."""
-        if prediction is not None and not isinstance(prediction, (str, dict)):
-            raise ValueError('prediction must be the expected text, or {"type": "content", "content": "..."}, '
-                             f"not {type(prediction).__name__}")
-        text = prediction if isinstance(prediction, str) else prediction_text(prediction)
-        check_text(text, "the prediction")
-        self._lock.check_open()
-        return self.target.tokenize(text, add_special=False) if text else None
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None,
              cancel: threading.Event | None = None, prediction: str | dict | None = None,

@@ -126,10 +126,10 @@ def _sources(model, args: argparse.Namespace):
     from ..heads.job import Sources
     from ..heads.prompts import HELDOUT_PROMPTS, TRAINING_PROMPTS
     from ..heads.store import default_heads_path
-    from ..heads.teacher import ChatTokens
     from ..heads.usage import read_usage, usage_dir
+    from ..prompts import PromptBuilder
 
-    chat_ids = ChatTokens(model)
+    chat_ids = PromptBuilder(model).chat_tokens  # as the engine builds the prompts the heads will draft for
 
     texts = [("files", model.tokenize(text, add_special=True)) for text in _text_files(args.paths)]
     if args.history:

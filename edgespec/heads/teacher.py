@@ -16,25 +16,6 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..chat_template import ChatTemplate
-
-class ChatTokens:
-    """A conversation as the model's chat template writes it, tokenized as the engine does: message contents
-    stay plain text, and a template that writes the BOS token gets no second one."""
-
-    def __init__(self, model):
-        self._model = model
-        bos, eos = (model.token_bytes(t).decode("utf-8", "replace") if t >= 0 else "" for t in (model.bos_id, model.eos_id))
-        self._bos = bos
-        self._template = ChatTemplate(model.metadata("tokenizer.chat_template"), bos_token=bos, eos_token=eos)
-
-    def __call__(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-        rendered = self._template.render(messages, add_generation_prompt=add_generation_prompt)
-        wrote_bos = bool(self._bos) and rendered.text.startswith(self._bos)
-        return self._model.tokenize(rendered.text, add_special=not wrote_bos, parse_special=True,
-                                    plain_spans=rendered.content_spans)
-
-
 WINDOW = 1024  # tokens of one text labelled in one cache: long enough for context, short enough to stop on time
 
 

@@ -1,0 +1,53 @@
+"""Prompts as a model reads them: a conversation through its chat template, a raw prompt, a predicted output.
+
+The engine builds every generation's prompt here, and `edgespec heads train`
+its teacher texts, so heads learn from exactly the tokens the engine feeds
+the target.  Untrusted text stays data: message contents and a prediction
+are tokenized as plain text, and only the template's own markers (or a raw
+prompt, written so on purpose) become control tokens.
+"""
+
+from __future__ import annotations
+
+from .chat_template import ChatTemplate
+from .prediction import prediction_text
+from .text import check_text
+
+
+class PromptBuilder:
+    """Tokens for a model (a LlamaModel or a HiddenStateModel): its template, its tokenizer, its BOS rule."""
+
+    def __init__(self, model):
+        self.model = model
+        bos, eos = (model.token_bytes(token).decode("utf-8", "replace") if token >= 0 else "" for token in (model.bos_id, model.eos_id))
+        self.chat_template = ChatTemplate(model.metadata("tokenizer.chat_template"), bos_token=bos, eos_token=eos)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The conversation as the template writes it, as text."""
+        return self.chat_template.render(messages, add_generation_prompt).text
+
+    def chat_tokens(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """The conversation as the template writes it; message contents never become control tokens."""
+        rendered = self.chat_template.render(messages, add_generation_prompt)
+        bos, spans = self.chat_template.bos_token, rendered.content_spans
+        # a template that writes the BOS token itself must not get a second one; a message that does, must
+        template_wrote_bos = bool(bos) and rendered.text.startswith(bos) and all(a >= len(bos) or a == b for a, b in spans)
+        return self.model.tokenize(rendered.text, add_special=not template_wrote_bos, parse_special=True,
+                                   plain_spans=spans)
+
+    def user_prompt_tokens(self, prompt: str, raw: bool = False) -> list[int]:
+        """prompt as one user message (raw: as written, its control-token spellings parsed on purpose)."""
+        check_text(prompt, "the prompt")
+        if raw:
+            return self.model.tokenize(prompt, add_special=True, parse_special=True)
+        return self.chat_tokens([{"role": "user", "content": prompt}])
+
+    def prediction_tokens(self, prediction: str | dict | None) -> list[int] | None:
+        """A predicted output as tokens, its text never read as control tokens; None for none.  prediction: the
+        text, or the request field as OpenAI writes it, {"type": "content", "content": ...} (prediction.py)."""
+        if prediction is not None and not isinstance(prediction, (str, dict)):
+            raise ValueError('prediction must be the expected text, or {"type": "content", "content": "..."}, '
+                             f"not {type(prediction).__name__}")
+        text = prediction if isinstance(prediction, str) else prediction_text(prediction)
+        check_text(text, "the prediction")
+        return self.model.tokenize(text, add_special=False) if text else None
