@@ -19,7 +19,8 @@ class PromptBuilder:
 
     def __init__(self, model):
         self.model = model
-        bos, eos = (model.token_bytes(token).decode("utf-8", "replace") if token >= 0 else "" for token in (model.bos_id, model.eos_id))
+        # their text, so that a template's turn ends ({{ eos_token }}) are the model's end token, not nothing
+        bos, eos = (model.token_spelling(token) if token >= 0 else "" for token in (model.bos_id, model.eos_id))
         self.chat_template = ChatTemplate(model.metadata("tokenizer.chat_template"), bos_token=bos, eos_token=eos)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:

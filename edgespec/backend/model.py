@@ -102,6 +102,10 @@ class LlamaModel:
     def token_text(self, token: int) -> bytes:
         return self.vocab.token_text(token)
 
+    def token_spelling(self, token: int) -> str:
+        """See Vocabulary.token_spelling."""
+        return self.vocab.token_spelling(token)
+
     def is_end_of_generation(self, token: int) -> bool:
         return self.vocab.is_end_of_generation(token)
 

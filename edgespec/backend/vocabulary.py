@@ -72,6 +72,11 @@ class Vocabulary:
         """The token's entry in the vocabulary, as stored (for comparing vocabularies)."""
         return token_text(self._vocab, self._checked(token))
 
+    def token_spelling(self, token: int) -> str:
+        """The token written as text, a control token as its text (``<s>``, ``<|im_end|>``): what a chat
+        template's bos_token and eos_token stand for, as llama.cpp renders templates."""
+        return token_piece(self._vocab, self._checked(token), special=True).decode("utf-8", "replace")
+
     def _checked(self, token: int) -> int:
         # llama.cpp looks a token up with std::vector::at: an id outside the vocabulary throws through the
         # C API and aborts the process, where a ValueError can be caught and named
@@ -109,13 +114,13 @@ def tokenize(vocab, text: str, add_special: bool, parse_special: bool) -> list[i
     return list(buf[:n])
 
 
-def token_piece(vocab, token: int) -> bytes:
-    """The raw bytes a token stands for (special tokens render as empty)."""
+def token_piece(vocab, token: int, special: bool = False) -> bytes:
+    """The raw bytes a token stands for; special tokens render as empty, or with special as their text."""
     buf = ctypes.create_string_buffer(64)
-    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
     if n < 0:
         buf = ctypes.create_string_buffer(-n)
-        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
     return buf.raw[:n]
 
 
