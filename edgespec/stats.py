@@ -44,6 +44,24 @@ def end_to_end_speedup(prefill_seconds: float, decode_seconds: float, plain_deco
     return _ratio(prefill_seconds + plain_decode_seconds, prefill_seconds + decode_seconds)
 
 
+# A speedup is told for a reply of at least this many tokens: fewer say more about the machine's mood
+# than about the model.
+MIN_REPLY_TOKENS = 16
+# A step costs at least one target pass, so a reply cannot beat plain decoding by more than its tokens
+# per target pass; a claim past that (with slack for noise) means the plain-speed estimate is off.
+SPEEDUP_SLACK = 1.25
+
+
+def plausible_speedup(stats: Stats, plain_speed: float) -> float | None:
+    """stats' decode speed over plain_speed (plain decoding's tok/s), or None when that is more than the
+    reply's target passes allow."""
+    passes_per_token = stats.target_passes_per_token
+    if not passes_per_token > 0 or not plain_speed > 0:
+        return None
+    ratio = stats.decode_tokens_per_second / plain_speed
+    return ratio if ratio <= SPEEDUP_SLACK / passes_per_token else None
+
+
 @dataclass(frozen=True)
 class Stats:
     mode: str

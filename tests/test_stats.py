@@ -67,6 +67,24 @@ def test_the_run_summary_says_nothing_was_drafted_rather_than_that_every_draft_w
     assert "acceptance - (nothing drafted)," in nothing and "acceptance 0% (0/4)," in rejected
 
 
+
+def test_the_run_summary_tells_the_speedup_against_the_replys_own_pace_where_it_can_be_told():
+    from edgespec.commands.run import generation_summary_line
+
+    def line(mode="ngram", tokens=40, plain_step_seconds=0.1):  # 40 tokens in 20 passes and 2 s after 1 s of prefill
+        return generation_summary_line(Stats.from_counts(
+            mode=mode, plan_reason=None, prompt_tokens=10, prompt_tokens_reused=0, tokens_generated=tokens,
+            draft_tokens_proposed=30, draft_tokens_accepted=20, target_forward_passes=20, draft_forward_passes=0,
+            steps=20, k0_steps=5, prefill_seconds=1.0, decode_seconds=2.0, finish_reason="stop",
+            plain_step_seconds=plain_step_seconds))
+
+    assert "20.0 tok/s decode (2.00x plain decoding, 1.67x end to end)," in line()  # plain: 4 s; (1 + 4) / (1 + 2)
+    assert "(speedup n/a: too few tokens to tell)" in line(tokens=10)
+    # 20x from 2 tokens a pass: the pace measured cannot be this reply's
+    assert "(speedup n/a: the plain pace measured does not fit this reply)" in line(plain_step_seconds=1.0)
+    assert "(speedup n/a: no plain pace with a given cost curve)" in line(plain_step_seconds=0.0)
+    assert "20.0 tok/s decode, " in line(mode="none")  # plain decoding is the pace itself
+
 def test_a_snapshot_keeps_its_counts_while_the_generation_goes_on():
     counters = Counters(mode="ngram")
     counters.pass_widths[1] = 3

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.text import Text
 
-from edgespec.stats import Stats, end_to_end_speedup
+from edgespec.stats import MIN_REPLY_TOKENS, Stats, end_to_end_speedup, plausible_speedup
 
 MODE_LABELS = {"combined": "n-gram + draft model", "draft-model": "draft model", "heads": "heads", "ngram": "n-gram", "none": "no drafting"}
 
@@ -80,13 +80,9 @@ def context_used(stats: Stats) -> int:
     return stats.prompt_tokens + stats.tokens_generated
 
 
-# A plain-speed estimate stands on at least this many one-token steps, a speedup on a reply of at
-# least this many tokens: fewer say more about the machine's mood than about the model.
+# A plain-speed estimate stands on at least this many one-token steps: fewer say more about the
+# machine's mood than about the model.
 MIN_PLAIN_STEPS = 32
-MIN_REPLY_TOKENS = 16
-# A step costs at least one target pass, so a reply cannot beat plain decoding by more than its
-# tokens per target pass; a claim past that (with slack for noise) means the estimate is off.
-SPEEDUP_SLACK = 1.25
 
 
 class PlainSpeedEstimate:
@@ -117,15 +113,6 @@ class PlainSpeedEstimate:
             if len(self._seconds) < self.min_steps:
                 return None
             return 1.0 / statistics.median(self._seconds)
-
-
-def _plausible_speedup(stats: Stats, plain_speed: float) -> float | None:
-    """This reply's speed over plain decoding's, or None when that is more than it can be."""
-    passes_per_token = stats.target_passes_per_token
-    if not passes_per_token > 0 or not plain_speed > 0:
-        return None
-    ratio = stats.decode_tokens_per_second / plain_speed
-    return ratio if ratio <= SPEEDUP_SLACK / passes_per_token else None
 
 
 def _accepted_detail(stats: Stats) -> list[str]:
@@ -184,7 +171,7 @@ def reply_footer(stats: Stats, plain: tuple[float, str] | None) -> str:
         parts.append("speedup n/a (too few tokens to tell)")
     else:
         plain_speed, source = plain
-        ratio = _plausible_speedup(stats, plain_speed)
+        ratio = plausible_speedup(stats, plain_speed)
         parts.append(f"{ratio:.2f}× vs plain {plain_speed:.1f} tok/s ({source})" if ratio is not None else
                      f"speedup n/a (plain {plain_speed:.1f} tok/s ({source}) does not fit this reply)")
         if ratio is not None and stats.decode_seconds > 0:  # the wait the user saw, prefill included, which drafting cannot shorten

@@ -9,7 +9,7 @@ import sys
 
 from ..control_chars import terminal_text
 from ..errors import EdgespecError
-from ..stats import Stats
+from ..stats import MIN_REPLY_TOKENS, Stats, plausible_speedup
 from ..units import format_size
 from .options import add_engine_options, add_sampling_options, engine_from_args, sampling_params
 
@@ -114,8 +114,22 @@ def generation_summary_line(stats: Stats) -> str:
                   if stats.draft_tokens_proposed else "- (nothing drafted)")
     return (
         f"[{stats.mode}] {stats.tokens_generated} tokens, "
-        f"{stats.decode_tokens_per_second:.1f} tok/s decode, "
+        f"{stats.decode_tokens_per_second:.1f} tok/s decode{_speedup(stats)}, "
         f"acceptance {acceptance}, "
         f"{stats.target_passes_per_token:.2f} target passes/token, "
         f"prefill {stats.prefill_seconds:.2f}s, stop: {stats.finish_reason}"
     )
+
+
+def _speedup(stats: Stats) -> str:
+    """Against the reply's own plain pace, as in its stats JSON and the chat footer, where it can be told."""
+    if stats.mode == "none":
+        return ""  # it is the pace
+    if not stats.plain_step_seconds > 0:
+        return " (speedup n/a: no plain pace with a given cost curve)"
+    if stats.tokens_generated < MIN_REPLY_TOKENS:
+        return " (speedup n/a: too few tokens to tell)"
+    ratio = plausible_speedup(stats, 1.0 / stats.plain_step_seconds)
+    if ratio is None:
+        return " (speedup n/a: the plain pace measured does not fit this reply)"
+    return f" ({ratio:.2f}x plain decoding, {stats.end_to_end_speedup:.2f}x end to end)"
