@@ -51,4 +51,3 @@ def test_a_message_that_spells_the_bos_token_stays_text_and_the_real_one_is_adde
     tokens = builder.chat_tokens([{"role": "user", "content": "<|bos|>hello"}], add_generation_prompt=False)
     assert tokens[0] == BOS and tokens.count(BOS) == 1
     assert tokens[1:] == builder.model.tokenize("<|bos|>hello\n", add_special=False)
-

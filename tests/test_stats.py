@@ -67,7 +67,6 @@ def test_the_run_summary_says_nothing_was_drafted_rather_than_that_every_draft_w
     assert "acceptance - (nothing drafted)," in nothing and "acceptance 0% (0/4)," in rejected
 
 
-
 def test_the_run_summary_tells_the_speedup_against_the_replys_own_pace_where_it_can_be_told():
     from edgespec.commands.run import generation_summary_line
 
@@ -84,6 +83,7 @@ def test_the_run_summary_tells_the_speedup_against_the_replys_own_pace_where_it_
     assert "(speedup n/a: the plain pace measured does not fit this reply)" in line(plain_step_seconds=1.0)
     assert "(speedup n/a: no plain pace with a given cost curve)" in line(plain_step_seconds=0.0)
     assert "20.0 tok/s decode, " in line(mode="none")  # plain decoding is the pace itself
+
 
 def test_a_snapshot_keeps_its_counts_while_the_generation_goes_on():
     counters = Counters(mode="ngram")
