@@ -179,6 +179,13 @@ def test_configurations_resolve_to_distinct_draft_lengths():
         configs.resolve_configs(["draft-model"], 4, has_draft=False, explicit=True)
 
 
+def test_flash_attention_is_refused_with_bit_exact_configurations_before_loading(tmp_path):
+    missing = tmp_path / "no-such-model.gguf"  # never loaded: the refusal comes first
+    for names in (["baseline", "ngram-exact"], None):  # None: the defaults, which hold ngram-exact
+        with pytest.raises(bench.BenchError, match="--flash-attn cannot go with ngram-exact"):
+            runner.run_bench(missing, None, configs=names, flash_attn=True)
+
+
 def test_rotation_moves_every_configuration_through_every_slot():
     plan = configs.resolve_configs(["baseline", "ngram-k2", "ngram-k4"], 4, False, True)
     orders = [[c.name for c in configs.rotated(plan, i)] for i in range(3)]

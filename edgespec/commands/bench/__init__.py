@@ -72,7 +72,11 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument("--n-ctx", type=setting("n_ctx"), default=DEFAULT_N_CTX, help=f"context length (default: {DEFAULT_N_CTX})")
     parser.add_argument("--threads", type=parse_threads, default=None, help="CPU threads for every configuration (default: as the engine)")
     parser.add_argument("--kv-type", type=parse_kv_type, default="f16",
-                        help="the KV cache type of the target and the draft, f16|q8_0|q4_0, keys only (default: f16); llama.cpp's peers keep f16")
+                        help="the KV cache type of the target and the draft, f16|q8_0|q4_0, keys only unless --flash-attn "
+                             "(default: f16); llama.cpp's peers keep f16")
+    parser.add_argument("--flash-attn", action="store_true",
+                        help="run edgespec's configurations with flash attention on, as llama.cpp's peers run by "
+                             "default (not with -exact configurations)")
     parser.add_argument("--learned-priors", action="store_true",
                         help="start every run from what this model's drafters learned here before (edgespec models "
                              "forget-learning resets it) instead of the neutral built-in priors; the results say which")
@@ -127,6 +131,7 @@ def _bench_command(args) -> int:
             overhead=args.overhead,
             llama_cpp_bin=args.llama_cpp_bin,
             kv_type=args.kv_type,
+            flash_attn=args.flash_attn,
             learned_priors=args.learned_priors,
         )
         print_tables(results)

@@ -20,7 +20,7 @@ from ...sampling import SamplingParams
 from ...backend import default_threads, plain_logits
 from ...loading import load_engine, use_learning
 from ...notices import print_notice
-from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, BenchConfig, resolve_configs, rotated
+from .configs import DEFAULT_CONFIGS, EXACT_SUFFIX, PEER_SPEC_TYPES, BenchConfig, resolve_configs, rotated
 from .exactness import check_exactness, mark_same_seed_matches
 from .microbench import DEFAULT_N_CTX, load_average, machine_description, package_version
 from .peers import LlamaCppPeer, find_binary
@@ -50,6 +50,7 @@ def run_bench(
     overhead: bool = False,
     llama_cpp_bin: str | Path | None = None,
     kv_type: str = "f16",
+    flash_attn: bool = False,
     learned_priors: bool = False,
 ) -> dict:
     """Run the bench and return everything as one JSON-ready dict (meta, configs, runs, summary).
@@ -60,7 +61,8 @@ def run_bench(
     llama-speculative-simple) adds llama.cpp's own speculation as peers.
     Raises ExactnessError at the first temperature-0 mismatch of an edgespec
     mode with the baseline.
-    kv_type is the models' KV cache type (keys only: the bench keeps flash attention off).
+    kv_type is the models' KV cache type (keys only, unless flash_attn).  flash_attn runs edgespec's models
+    with flash attention on, as llama.cpp's peers run by default; no -exact configuration can go with it.
     learned_priors: runs start from this model's learned priors (read only), not cold.
     """
     if repeats < 1:
@@ -69,9 +71,9 @@ def run_bench(
     prompts = [p if max_tokens is None else BenchPrompt(p.suite, p.id, p.prompt, max_tokens)
                for p in load_workloads(suites, prompts_per_suite, workloads_dir)]
     n_threads = n_threads or default_threads()
-    _check_before_loading(configs, llama_cpp_bin)
+    _check_before_loading(configs, llama_cpp_bin, flash_attn)
     started, load_at_start = time.time(), load_average()
-    engine = _bench_engine(model, draft, n_ctx, n_threads, kv_type, learned_priors)
+    engine = _bench_engine(model, draft, n_ctx, n_threads, kv_type, flash_attn, learned_priors)
     try:
         plan = _configs_for(engine, configs, llama_cpp_bin)
         peer = _peer(engine, llama_cpp_bin, n_threads) if any(c.is_peer for c in plan) else None
@@ -83,7 +85,7 @@ def run_bench(
     meta = _meta(engine.target_path, engine.draft_path, prompts, repeats, temperatures, seed, n_ctx, n_threads, started,
                  runner.rss_scope, peer)
     # other work on the machine distorts every figure; a quiet machine shows ~0 next to its core count
-    meta.update(kv_type=kv_type, priors="learned" if learned_priors else "cold", load_average_start=load_at_start, load_average_end=load_average(),
+    meta.update(kv_type=kv_type, flash_attn=flash_attn, priors="learned" if learned_priors else "cold", load_average_start=load_at_start, load_average_end=load_average(),
                 **_kernel_facts(engine))
     return _results(meta, engine, plan, runs, runner, overhead)
 
@@ -102,11 +104,11 @@ def _results(meta: dict, engine, plan, runs: list[dict], runner, overhead: bool)
     return results
 
 
-def _bench_engine(model, draft, n_ctx: int, n_threads: int, kv_type: str, learned_priors: bool):
+def _bench_engine(model, draft, n_ctx: int, n_threads: int, kv_type: str, flash_attn: bool, learned_priors: bool):
     """The engine every configuration runs on: cold unless learned_priors (then read, never added to), and
     without the cross-request pool, so that no run drafts from another's text."""
     engine = load_engine(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type,
-                         notice=print_notice, progress=True)
+                         flash_attn=flash_attn, notice=print_notice, progress=True)
     use_learning(engine, "read" if learned_priors else "cold", pool=False)
     return engine
 
@@ -120,10 +122,15 @@ def _configs_for(engine, configs: Iterable[str] | None, llama_cpp_bin) -> list:
                            configs is not None, has_peer=llama_cpp_bin is not None, has_heads="heads" in engine.modes)
 
 
-def _check_before_loading(configs: Iterable[str] | None, llama_cpp_bin) -> None:
-    """Refuse unknown configurations and missing peer binaries before the model loads (draft lengths need it)."""
-    resolve_configs(configs or DEFAULT_CONFIGS, "auto", True, configs is not None, has_peer=llama_cpp_bin is not None,
-                    has_heads=True)
+def _check_before_loading(configs: Iterable[str] | None, llama_cpp_bin, flash_attn: bool) -> None:
+    """Refuse unknown configurations, missing peer binaries and bit-exact runs with flash attention before the
+    model loads (draft lengths need it)."""
+    names = tuple(configs or DEFAULT_CONFIGS)
+    resolve_configs(names, "auto", True, configs is not None, has_peer=llama_cpp_bin is not None, has_heads=True)
+    exact = [name for name in names if name.endswith(EXACT_SUFFIX) and not name.startswith("llamacpp-")]
+    if flash_attn and exact:
+        raise BenchError(f"--flash-attn cannot go with {', '.join(exact)}: bit-exact verification needs flash "
+                         "attention off (leave them out with --configs, or drop --flash-attn)")
     if llama_cpp_bin is not None:
         find_binary(llama_cpp_bin)
 
