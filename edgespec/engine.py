@@ -225,6 +225,11 @@ class Engine:
         return self.planner.cost
 
     @property
+    def flash_attn(self) -> bool:
+        """Whether the target runs flash attention, which bit_exact cannot go with."""
+        return self.target.flash_attn
+
+    @property
     def exact_width(self) -> int:
         """The widest bit-identical pass, once calibrated."""
         return self.planner.exact_width
@@ -237,9 +242,9 @@ class Engine:
     def configure(self, *, mode: str | None = None, draft_tokens: int | str | None = None,
                   bit_exact: bool | None = None) -> None:
         """Switch the drafting mode, the draft length and/or the exactness guarantee; what is left None stays."""
-        if bit_exact and self.target.flash_attn:
-            raise EdgespecError("bit-exact verification needs flash attention off; load the model without ",
-                                Setting("flash_attn", True))
+        if bit_exact and self.flash_attn:
+            raise EdgespecError("bit-exact verification needs flash attention off: load the model with ",
+                                Setting("flash_attn", "off"))
         if hasattr(self, "planner"):
             self.planner.configure(mode=mode, draft_tokens=draft_tokens, bit_exact=bit_exact)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .backend import width_independent_kernels
 from .errors import EdgespecError, Setting, Wording
-from .limits import KV_TYPES, SettingError, checked_kv_type
+from .limits import FLASH_ATTN_CHOICES, KV_TYPES, SettingError, checked_flash_attn, checked_kv_type, flash_attention_on
 
 
 def exactness_notices(kv_type: str, draft_kv_type: str | None, flash_attn: bool, bit_exact: bool) -> list[str]:
@@ -30,16 +30,20 @@ def kv_cache_notice(kv_type: str, draft_kv_type: str, flash_attn: bool, bit_exac
             checked_kv_type(value)
         except SettingError:
             raise EdgespecError(Setting(name), f" must be one of {', '.join(KV_TYPES)}, not {value!r}") from None
-    if flash_attn and bit_exact:
-        raise EdgespecError(Setting("flash_attn", True), " and ", Setting("bit_exact", True), " cannot go together: "
+    try:
+        choice = checked_flash_attn(flash_attn)
+    except SettingError:
+        raise EdgespecError(Setting("flash_attn"), f" must be one of {', '.join(FLASH_ATTN_CHOICES)}, "
+                            f"not {flash_attn!r}") from None
+    if choice == "on" and bit_exact:
+        raise EdgespecError(Setting("flash_attn", "on"), " and ", Setting("bit_exact", True), " cannot go together: "
                             "with flash attention a token's logits depend on how many tokens share its pass (drop one "
                             "of the two)")
-    if flash_attn:
-        return Wording("flash attention on: the KV cache types apply to keys and values, and verification is exact "
-                       "in distribution but no longer bit for bit plain decoding's (", Setting("bit_exact", True),
-                       " needs it off)")
-    if {kv_type, draft_kv_type} != {"f16"}:
+    quantised = {kv_type, draft_kv_type} != {"f16"}
+    if flash_attention_on(choice, bit_exact) and quantised:
+        return Wording("flash attention is on, so the KV cache types apply to keys and values")
+    if quantised:
+        kept_off_by = Setting("bit_exact", True) if choice == "auto" else Setting("flash_attn", "off")
         return Wording("the KV cache types apply to the keys only: llama.cpp quantises values only with flash "
-                       "attention, which stays off so verification can be bit-exact; ", Setting("flash_attn", True),
-                       " quantises both, without ", Setting("bit_exact", True))
+                       "attention, which ", kept_off_by, " keeps off")
     return None

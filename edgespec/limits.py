@@ -72,12 +72,35 @@ def checked_kv_type(value) -> str:
     return value
 
 
+# --flash-attn: "auto" is on unless --bit-exact, as llama.cpp's own "auto" is on wherever the device runs it
+# (every CPU): it was 3% faster at every pass width on a 2-core Xeon, about level on a 2-core EPYC (one-token
+# steps 1% slower, passes of 2-16 tokens 1% slower to 8% faster), and with it a row's logits depend on the width of its pass,
+# which only --bit-exact cannot take (docs/benchmarks.md, "The Xeon again").  True and False read as on, off.
+FLASH_ATTN_CHOICES = ("auto", "on", "off")
+
+
+def checked_flash_attn(value) -> str:
+    """value as one of FLASH_ATTN_CHOICES (True and False as "on" and "off"); else SettingError."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value not in FLASH_ATTN_CHOICES:
+        raise SettingError(f"flash attention must be one of {', '.join(FLASH_ATTN_CHOICES)}, not {value!r}")
+    return value
+
+
+def flash_attention_on(flash_attn, bit_exact: bool) -> bool:
+    """Whether a load with these settings runs flash attention: "auto" runs it unless bit_exact.
+    ("on" with bit_exact is refused where the settings are checked: exactness.kv_cache_notice.)"""
+    choice = checked_flash_attn(flash_attn)
+    return choice == "on" or (choice == "auto" and not bit_exact)
+
+
 def kv_cache_types(kv_type: str, flash_attn: bool) -> tuple[str, str]:
     """The (K, V) cache types a --kv-type gives.
 
-    llama.cpp quantises the V cache only with flash attention, which the
-    backend keeps off unless asked (it makes a row's logits depend on the
-    width of its pass); without it only the keys are quantised.
+    llama.cpp quantises the V cache only with flash attention (flash_attn
+    is whether it runs, as flash_attention_on says); without it only the
+    keys are quantised.
     """
     kv_type = checked_kv_type(kv_type)
     return kv_type, (kv_type if flash_attn else "f16")

@@ -24,7 +24,7 @@ from .ngram_pool import NgramPool
 from .engine import Engine
 from .errors import EdgespecError, Setting, Wording
 from .heads.attach import heads_drafter, trained_heads
-from .limits import checked_setting
+from .limits import checked_setting, flash_attention_on
 from .exactness import exactness_notices
 from .fetch import resolve_draft, resolve_model
 from .catalog import load_catalog, local_path
@@ -48,7 +48,7 @@ class LoadPlan(NamedTuple):
 def plan_load(
     target, draft="auto", *, n_ctx: int, n_gpu_layers=None, draft_gpu_layers=None,
     memory_budget=None, pull: bool = True, notice: Callable[[str], None] = log_notice, progress: bool = False,
-    kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool = False, parallel: int = 1,
+    kv_type: str = "f16", draft_kv_type: str | None = None, flash_attn: bool | str = False, parallel: int = 1,
     prompt_cache_ram: int = 0, n_threads: int | None = None, bit_exact: bool = False, remembered_costs: bool = True,
     measure_first: bool = False,
 ) -> LoadPlan:
@@ -67,6 +67,7 @@ def plan_load(
     """
     _check_sizes(target, n_ctx=n_ctx or None, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
                  parallel=parallel)
+    flash_attn = flash_attention_on(flash_attn, bit_exact)
     fetching = {"pull": pull, "notice": notice, "progress": progress}
     target_path = resolve_model(target, **fetching)
     planned = functools.partial(
@@ -152,7 +153,7 @@ def load_engine(
     bit_exact: bool = False,
     kv_type: str = "f16",
     draft_kv_type: str | None = None,
-    flash_attn: bool = False,
+    flash_attn: bool | str = False,
     parallel: int = 1,
     prompt_cache_ram: int = 0,
     heads_path: str | Path | None = None,
@@ -172,8 +173,10 @@ def load_engine(
     With a draft model loaded, each step picks n-grams, the draft model or no
     draft by expected speed (mode "combined").
     kv_type and draft_kv_type (default: kv_type) are the KV cache types of the
-    target and the draft (f16, q8_0, q4_0); without flash_attn only the keys
-    take them (see exactness.kv_cache_notice).  flash_attn cannot go with bit_exact.
+    target and the draft (f16, q8_0, q4_0); without flash attention only the keys
+    take them (see exactness.kv_cache_notice).  flash_attn is "on" (True), "off"
+    (False, the default) or "auto" (on unless bit_exact, as the commands load): "on" cannot go with
+    bit_exact, and with flash attention on configure() cannot switch bit_exact on.
     parallel (target KV caches a Scheduler fills) and prompt_cache_ram (a server's snapshots) only plan memory.
     draft "heads" drafts with trained heads alone (heads_path, default: the model's own); "auto" adds them if trained.
     What loading decides or measures goes to notice (by default the "edgespec" logger); pull and progress: plan_load's.

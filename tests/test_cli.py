@@ -80,11 +80,12 @@ def test_plan_shows_the_kv_cache_types(tiny_models):
                    "--ctx", "512", "--memory-budget", "64MiB", "--kv-type", "q8_0", "--draft-kv-type", "q4_0", "--json")
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
-    assert (plan["kv_type"], plan["draft_kv_type"], plan["flash_attn"]) == ("q8_0", "q4_0", False)
-    assert plan["kv_cache_types"] == {"target": "K q8_0, V f16", "draft": "K q4_0, V f16"}
-    table = run_cli("plan", "--model", str(tiny_models["target"]), "--ctx", "512", "--memory-budget", "64MiB",
-                    "--kv-type", "q4_0", "--flash-attn")
-    assert table.returncode == 0 and "K q4_0, V q4_0" in table.stdout, table.stderr
+    assert (plan["kv_type"], plan["draft_kv_type"], plan["flash_attn"]) == ("q8_0", "q4_0", True)  # auto
+    assert plan["kv_cache_types"] == {"target": "K q8_0, V q8_0", "draft": "K q4_0, V q4_0"}
+    for off in (["--flash-attn", "off"], ["--bit-exact"]):
+        table = run_cli("plan", "--model", str(tiny_models["target"]), "--ctx", "512", "--memory-budget", "64MiB",
+                        "--kv-type", "q4_0", *off)
+        assert table.returncode == 0 and "K q4_0, V f16" in table.stdout, table.stderr
 
 
 @pytest.mark.parametrize("flag", [["--seed", "3"], ["--stop", "END"]])

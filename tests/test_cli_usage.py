@@ -31,6 +31,7 @@ ENGINE_FLAGS = [
     ("--draft-gpu-layers", "-2", "--draft-gpu-layers"), ("--memory-budget", "lots", "--memory-budget"),
     ("--threads", "100000", "--threads"), ("--prompt-cache-size", "0", "--prompt-cache-size"),
     ("--kv-type", "q5", "--kv-type"), ("--draft-kv-type", "q5", "--draft-kv-type"),
+    ("--flash-attn", "sometimes", "--flash-attn"),
 ]
 SAMPLING_FLAGS = [
     ("--max-tokens", "0", "--max-tokens"), ("--temperature", "-1", "--temperature"), ("-t", "nan", "--temperature"),

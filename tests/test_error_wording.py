@@ -32,6 +32,7 @@ def test_str_names_the_parameter_and_the_command_line_its_flag():
     flags = [as_flag(Setting(name)) for name in ("n_threads", "n_gpu_layers", "kv_type", "memory_budget")]
     assert flags == ["--threads", "--gpu-layers", "--kv-type", "--memory-budget"]
     assert as_flag(Setting("flash_attn", True)) == "--flash-attn"
+    assert as_flag(Setting("flash_attn", "off")) == "--flash-attn off"
 
 
 def test_a_request_reads_the_server_flag_and_a_raw_prompt_as_a_completions_request():
@@ -57,7 +58,7 @@ def test_the_library_names_parameters_not_flags(engine, tiny_models):
         engine.configure(mode="draft-model")
     assert str(unavailable.value).endswith("draft-model needs a draft model: give its GGUF file as draft)")
     target = str(tiny_models["target"])
-    with pytest.raises(EdgespecError, match=r"^flash_attn=True and bit_exact=True cannot go together"):
+    with pytest.raises(EdgespecError, match=r"^flash_attn='on' and bit_exact=True cannot go together"):
         edgespec.load(target, "ngram", pull=False, flash_attn=True, bit_exact=True)
     with pytest.raises(EdgespecError, match=r"^draft_kv_type must be one of f16, q8_0, q4_0, not 'q5_0'"):
         edgespec.load(target, "ngram", pull=False, draft_kv_type="q5_0")
@@ -75,7 +76,7 @@ def test_the_command_line_still_names_its_flags(tiny_models, tmp_path):
     line = cli_error(["run", TOO_LONG, "--raw", "--max-tokens", "4", *model])
     assert line.startswith("edgespec: the prompt has ") and line.endswith("(raise --n-ctx or shorten the prompt)")
     assert cli_error(
-        ["run", "x", *model, "--flash-attn", "--bit-exact"]).startswith("edgespec: --flash-attn and --bit-exact cannot go")
+        ["run", "x", *model, "--flash-attn", "--bit-exact"]).startswith("edgespec: --flash-attn on and --bit-exact cannot go")
 
     batch_in, batch_out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     batch_in.write_text(json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/completions",

@@ -16,14 +16,29 @@ def load(path, **choices):
 
 
 def test_a_quantised_kv_type_without_flash_attention_quantises_the_keys_only_and_says_so(smollm2_path):
-    engine, notices = load(smollm2_path, kv_type="q8_0")
+    engine, notices = load(smollm2_path, kv_type="q8_0", flash_attn="off")
     try:
         assert (engine.target.type_k, engine.target.type_v, engine.target.flash_attn) == ("q8_0", "f16", False)
         # the library names parameters; the command line words the same notice with its flags (test_notices.py)
-        assert any("keys only" in notice and "flash_attn=True quantises both, without bit_exact=True" in notice
-                   for notice in notices), notices
+        assert any("keys only" in notice and "flash_attn='off' keeps off" in notice for notice in notices), notices
         assert engine.plan.kv_type == "q8_0"
         assert engine.generate("Say hello.", SamplingParams(temperature=0.0, max_tokens=8)).token_ids
+    finally:
+        engine.close()
+
+
+def test_flash_attention_s_auto_is_on_and_off_under_bit_exact(smollm2_path):
+    engine, notices = load(smollm2_path, flash_attn="auto")
+    try:
+        assert engine.flash_attn and engine.target.kv_cache_label == "K f16, V f16, flash attention on"
+        assert notices == []  # the commands' default says nothing
+    finally:
+        engine.close()
+    engine, notices = load(smollm2_path, kv_type="q8_0", bit_exact=True, flash_attn="auto")
+    try:
+        assert (engine.target.type_k, engine.target.type_v, engine.flash_attn) == ("q8_0", "f16", False)
+        assert engine.bit_exact
+        assert any("keys only" in notice and "bit_exact=True keeps off" in notice for notice in notices), notices
     finally:
         engine.close()
 
@@ -32,14 +47,16 @@ def test_flash_attention_quantises_the_values_too_and_lifts_the_bit_exact_guaran
     engine, notices = load(smollm2_path, kv_type="q4_0", flash_attn=True)
     try:
         assert (engine.target.type_k, engine.target.type_v) == ("q4_0", "q4_0")
-        assert any("no longer bit for bit" in notice for notice in notices), notices
+        assert any("apply to keys and values" in notice for notice in notices), notices
         with pytest.raises(EdgespecError, match="flash attention off"):
             engine.configure(bit_exact=True)
         assert not engine.bit_exact
     finally:
         engine.close()
-    with pytest.raises(EdgespecError, match="flash_attn=True and bit_exact=True"):  # the library names parameters
+    with pytest.raises(EdgespecError, match="flash_attn='on' and bit_exact=True"):  # the library names parameters
         load(smollm2_path, flash_attn=True, bit_exact=True)
+    with pytest.raises(EdgespecError, match="flash_attn must be one of auto, on, off, not 'yes'"):
+        load(smollm2_path, flash_attn="yes")
 
 
 class RecordingCache:
@@ -57,13 +74,14 @@ class RecordingCache:
 
 def test_each_kv_cache_setup_is_calibrated_on_its_own(smollm2_path):
     cache = RecordingCache()
-    for choices in ({}, {"kv_type": "q8_0"}, {"kv_type": "q8_0", "flash_attn": True}):
+    for choices in ({}, {"kv_type": "q8_0"}, {"kv_type": "q8_0", "flash_attn": "auto"}, {"flash_attn": True}):
         engine, _ = load(smollm2_path, **choices)
         engine.calibrate(cache)
         engine.close()
     labels = [key.kv_cache for key in cache.keys]
-    assert labels == ["", "K q8_0, V f16, flash attention off", "K q8_0, V q8_0, flash attention on"]
-    assert len({key.digest() for key in cache.keys}) == 3
+    assert labels == ["", "K q8_0, V f16, flash attention off", "K q8_0, V q8_0, flash attention on",
+                      "K f16, V f16, flash attention on"]
+    assert len({key.digest() for key in cache.keys}) == 4
 
 
 def test_the_default_cache_keeps_the_calibration_key_it_had_before_kv_types(smollm2_path):
@@ -84,7 +102,7 @@ def test_sequences_decoded_together_on_a_quantised_key_cache_run_with_flash_atte
     from edgespec.generation import Done
     from edgespec.scheduler import Job
 
-    engine, _ = load(smollm2_path, kv_type="q8_0")
+    engine, _ = load(smollm2_path, kv_type="q8_0", flash_attn="off")
     try:
         params = SamplingParams(temperature=0.0, max_tokens=12)
         jobs = iter([Job(i, engine.prompt_tokens(p), params) for i, p in enumerate(["Say hello.", "Count to five."])])

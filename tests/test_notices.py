@@ -55,17 +55,18 @@ def test_library_use_logs_the_draft_model_notice_naming_the_parameter(tiny_model
     assert flag_worded(kept[0]).endswith("; --draft ngram may be faster")
 
 
-def test_flash_attention_s_notice_names_bit_exact_in_each_reader_s_words(tiny_models, capfd, caplog):
-    notices = library_load(capfd, caplog, tiny_models["target"], "none", cost_curve=FIXED_COST, flash_attn=True)
-    assert [n for n in notices if n.startswith("flash attention on:")] == [
-        "flash attention on: the KV cache types apply to keys and values, and verification is exact in distribution "
-        "but no longer bit for bit plain decoding's (bit_exact=True needs it off)"]
+def test_the_keys_only_notice_names_bit_exact_in_each_reader_s_words(tiny_models, capfd, caplog):
+    notices = library_load(capfd, caplog, tiny_models["target"], "none", cost_curve=FIXED_COST, kv_type="q8_0",
+                           bit_exact=True, flash_attn="auto")  # as the commands load
+    assert [n for n in notices if "keys only" in n] == [
+        "the KV cache types apply to the keys only: llama.cpp quantises values only with flash attention, which "
+        "bit_exact=True keeps off"]
 
     code = cli_main(["run", "one two three", "--raw", "--max-tokens", "2", "--model", str(tiny_models["target"]),
-                     "--draft", "none", "--flash-attn", "--threads", "1", "--n-ctx", "256"])
+                     "--draft", "none", "--kv-type", "q8_0", "--bit-exact", "--threads", "1", "--n-ctx", "256"])
     out, err = capfd.readouterr()
     assert code == 0 and out, err
-    assert "no longer bit for bit plain decoding's (--bit-exact needs it off)\n" in err
+    assert "values only with flash attention, which --bit-exact keeps off\n" in err
     assert "bit_exact" not in err
 
 
@@ -93,9 +94,9 @@ def test_ignored_gpu_layers_are_named_as_each_reader_gives_them(tiny_models, mon
 def test_a_server_logs_its_notices_for_its_operator_naming_flags(tiny_models, tmp_path):
     from test_serve import ServerProcess, server_env
 
-    server = ServerProcess(["--model", str(tiny_models["target"]), "--draft", "none", "--flash-attn",
-                            "--threads", "1", "--n-ctx", "256"], server_env(tmp_path))
+    server = ServerProcess(["--model", str(tiny_models["target"]), "--draft", "none", "--kv-type", "q8_0",
+                            "--flash-attn", "off", "--threads", "1", "--n-ctx", "256"], server_env(tmp_path))
     server.stop()
-    notice = [line for line in server.lines if "flash attention on" in line]
-    assert len(notice) == 1 and notice[0].startswith("edgespec: flash attention on: "), server.lines  # its log
-    assert notice[0].endswith("(--bit-exact needs it off)")
+    notice = [line for line in server.lines if "keys only" in line]
+    assert len(notice) == 1 and notice[0].startswith("edgespec: the KV cache types apply"), server.lines  # its log
+    assert notice[0].endswith("which --flash-attn off keeps off")

@@ -9,7 +9,8 @@ from typing import Callable
 
 from ..errors import EdgespecError, UsageError
 from ..notices import print_notice
-from ..limits import KV_TYPES, MAX_DRAFT_TOKENS, MIN_N_CTX, SettingError, checked_kv_type, checked_setting, checked_threads
+from ..limits import (KV_TYPES, MAX_DRAFT_TOKENS, MIN_N_CTX, SettingError, checked_flash_attn, checked_kv_type,
+                      checked_setting, checked_threads)
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 # The flags whose value is a byte size (their type is _size_text or _size_or_zero), for joined_negative_sizes.
@@ -48,12 +49,15 @@ def add_kv_cache_options(group) -> None:
     choices = "|".join(KV_TYPES)
     group.add_argument("--kv-type", type=parse_kv_type, default="f16",
                        help=f"the target's KV cache type, {choices} (default: f16); quantised, it takes less "
-                            "memory, but only the keys are quantised unless --flash-attn")
+                            "memory, but only the keys are quantised without flash attention")
     group.add_argument("--draft-kv-type", type=parse_kv_type, default=None,
                        help=f"the draft model's KV cache type, {choices} (default: the --kv-type)")
-    group.add_argument("--flash-attn", action="store_true",
-                       help="use flash attention, which lets the values be quantised too; a token's logits then "
-                            "depend on its pass's width, so it cannot go with --bit-exact")
+    group.add_argument("--flash-attn", nargs="?", const="on", default="auto", type=parse_flash_attn,
+                       metavar="auto|on|off",
+                       help="flash attention, which llama.cpp's kernels run faster on most machines and which lets "
+                            "the values be quantised too; a token's logits then depend on its pass's width, so "
+                            "auto (the default) turns it on unless --bit-exact, and on cannot go with --bit-exact "
+                            "(--flash-attn alone: on)")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256, per_request: bool = True) -> None:
@@ -129,6 +133,14 @@ def parse_kv_type(text: str) -> str:
     """An argparse type for --kv-type and its kin: one of edgespec.limits.KV_TYPES."""
     try:
         return checked_kv_type(text)
+    except SettingError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def parse_flash_attn(text: str) -> str:
+    """An argparse type for --flash-attn: one of edgespec.limits.FLASH_ATTN_CHOICES."""
+    try:
+        return checked_flash_attn(text)
     except SettingError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 

@@ -75,8 +75,9 @@ def add_bench_parser(subparsers) -> None:
                         help="the KV cache type of the target and the draft, f16|q8_0|q4_0, keys only unless --flash-attn "
                              "(default: f16); llama.cpp's peers keep f16")
     parser.add_argument("--flash-attn", action="store_true",
-                        help="run edgespec's configurations with flash attention on, as llama.cpp's peers run by "
-                             "default (not with -exact configurations)")
+                        help="run edgespec's configurations with flash attention on, as llama.cpp's peers and "
+                             "edgespec's other commands run by default; off without it, so that the -exact "
+                             "configurations run in the same process (not with -exact configurations)")
     parser.add_argument("--learned-priors", action="store_true",
                         help="start every run from what this model's drafters learned here before (edgespec models "
                              "forget-learning resets it) instead of the neutral built-in priors; the results say which")
