@@ -338,10 +338,14 @@ async def test_settings_edit_min_p_seed_stop_strings_and_bit_exact_and_refuse_ba
         app.screen.query_one("#seed").value = "1234"
         app.screen.query_one("#stop").load_text("cat\\nsat\nEND")
         app.screen.query_one("#bit-exact").value = True
+        flash_attention_engine = app.chat.engine
+        assert flash_attention_engine.flash_attn  # flash_attn "auto": on until bit-exact is asked for
         app.screen.query_one("#apply").press()
         await pilot.pause()
         sampling = app.chat.settings.sampling
         assert (sampling.min_p, sampling.seed, sampling.stop) == (0.1, 1234, ("cat\nsat", "END"))
+        await wait_for(pilot, lambda: app.chat.engine is not flash_attention_engine)  # the models load again
+        assert not app.chat.engine.flash_attn
         assert app.chat.engine.bit_exact and app.chat.settings.bit_exact
         await send(pilot, "Hello world")
         assert app.chat.shown_stats.bit_exact
@@ -427,7 +431,7 @@ async def test_a_full_context_drops_the_oldest_turns_with_a_note(models):
 
 @pilot_test
 async def test_the_kv_cache_settings_load_the_models_with_them_and_say_what_they_trade(models):
-    app = make_app(models, kv_type="q8_0", draft_kv_type="f16")
+    app = make_app(models, kv_type="q8_0", draft_kv_type="f16", flash_attn="off")
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         engine = app.chat.engine
@@ -489,7 +493,7 @@ async def test_a_stale_speed_measurement_is_redone_between_replies_not_at_start(
     cache.store(key, 3, (1000.0, 1001.0, 1002.0))
     cache.mark_stale(key)
 
-    app = make_app(models, cost_curve=None)
+    app = make_app(models, cost_curve=None, flash_attn="off")  # the probe's KV cache setup
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         assert app.chat.engine.exact_width == 3, "the chat started on the old measurement"

@@ -351,3 +351,23 @@ async def test_a_model_path_that_looks_like_markup_loads_with_its_name_shown_as_
         await pilot.press("f2")  # the model info names it too
         await pilot.pause()
         assert "a[/]b.gguf" in "".join(str(static.render()) for static in app.screen.query("Static"))
+
+
+@pilot_test
+async def test_a_bit_exact_chat_reopened_under_flash_attention_loads_the_models_again_without_it(models):
+    app = make_app(models)  # flash_attn "auto": on, as bit-exact is off
+    session = {"format": SESSION_FORMAT, "system_prompt": None, "context_policy": "drop-oldest",
+               "messages": [{"role": "user", "content": "Sum some numbers"}, {"role": "assistant", "content": REPLY}],
+               "first_visible": 0, "turn_stats": [], "params": None, "mode": "ngram"}
+    app.store.save_chat(None, "Exact sums", "/models/elsewhere.gguf", {"bit_exact": True}, session,
+                        {"drafted": {}, "pending_prompt": None})
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        flash_attention_engine = app.chat.engine
+        assert flash_attention_engine.flash_attn and not flash_attention_engine.bit_exact
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: app.chat.engine is not flash_attention_engine)
+        assert app.chat.engine.bit_exact and not app.chat.engine.flash_attn and app.chat.settings.bit_exact
+        assert [m["content"] for m in app.chat.session.messages] == ["Sum some numbers", REPLY]
+        await send(pilot, "and the cat")
+        assert len(app.chat.session.messages) == 4

@@ -176,11 +176,17 @@ def test_the_kv_cache_settings_come_from_the_file_and_the_chat_flags(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text('kv_type = "q8_0"\nflash_attn = true\n')
     config = load_config(path)
-    assert (config.kv_type, config.draft_kv_type, config.flash_attn) == ("q8_0", None, True)
+    assert (config.kv_type, config.draft_kv_type, config.flash_attn) == ("q8_0", None, "on")  # as before "auto"
     args = build_parser().parse_args(["chat", "--kv-type", "q4_0", "--draft-kv-type", "f16"])
     flagged = config.with_overrides(**{name: getattr(args, name) for name in FLAG_SETTINGS})
-    assert (flagged.kv_type, flagged.draft_kv_type, flagged.flash_attn) == ("q4_0", "f16", True)
+    assert (flagged.kv_type, flagged.draft_kv_type, flagged.flash_attn) == ("q4_0", "f16", "on")
     assert load_config(save_defaults(flagged, tmp_path / "saved.toml")) == flagged
+    args = build_parser().parse_args(["chat", "--flash-attn", "off"])
+    assert config.with_overrides(**{name: getattr(args, name) for name in FLAG_SETTINGS}).flash_attn == "off"
+    assert ChatConfig().flash_attn == "auto"
+    path.write_text('flash_attn = "sometimes"\n')
+    with pytest.raises(ConfigError, match="flash_attn: flash attention must be one of auto, on, off"):
+        load_config(path)
 
 
 @pytest.mark.parametrize("text, problem", [

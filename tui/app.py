@@ -268,13 +268,21 @@ class ChatApp(ChatActions, App):
             self.prompt_input.load_text(pending)
             self.conversation.add_note("The last prompt got no reply before edgespec stopped; "
                                        "it is back in the input.", "note")
-        self.show_models()
+        self.apply_settings(self.chat.settings)  # which shows the models' figures, or loads them again
         self.show_reply_figures()
 
     def apply_settings(self, settings: ChatSettings) -> None:
+        engine = self.chat.engine
+        if self.config.flash_attn == "auto" and engine is not None and engine.flash_attn == settings.bit_exact:
+            # flash attention's auto is on unless bit-exact, and a context keeps what it was made with: the
+            # models load again, and the chat goes on with them (the load reads bit-exact from the chat's settings)
+            self.chat.apply_settings(replace(settings, bit_exact=engine.bit_exact))
+            self.chat.settings = settings
+            self.load_models(*self.model_spec)
+            return
         try:
             self.chat.apply_settings(settings)
-        except EdgespecError as error:  # bit-exact over a flash-attention cache: the rest still applies
+        except EdgespecError as error:  # bit-exact over flash attention that was asked for: the rest still applies
             self.notify(error.worded(as_flag), severity="error", markup=False)
             self.chat.apply_settings(replace(settings, bit_exact=False))
         self.show_models()

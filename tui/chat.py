@@ -203,7 +203,9 @@ class ChatController:
                                             settings, self.session.to_dict(), extras)
 
     def open(self, chat_id: int) -> StoredChat:
-        """Continue a saved chat with the loaded engine; raises EdgespecError for a damaged one."""
+        """Continue a saved chat with the loaded engine; raises EdgespecError for a damaged one.  Its settings
+        become the chat's, and the caller applies them to the engine (apply_settings), which bit-exact under
+        flash attention's auto cannot take without loading the models again."""
         stored = self.store.load_chat(chat_id)
         # All read and checked before any is applied: a damaged chat must leave the open one as it was, or its
         # next save would write the open chat's id over with half of the damaged one.
@@ -214,7 +216,7 @@ class ChatController:
         except _DAMAGE as error:
             raise self._damaged(chat_id, error) from None
         self.session, self.chat_id, self.drafted_marks = session, stored.id, marks
-        self.apply_settings(settings)
+        self.settings = settings
         if stored.settings.get("mode") in self.available_modes():
             self.engine.configure(mode=stored.settings["mode"])
         self.shown_stats = None

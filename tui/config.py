@@ -10,9 +10,9 @@ $EDGESPEC_CONFIG_DIR).  Every key is optional:
     gpu_layers = -1                   # these three default to the memory plan
     draft_gpu_layers = -1
     memory_budget = "6GiB"
-    kv_type = "f16"                   # KV cache: f16, q8_0 or q4_0 (keys only without flash_attn)
+    kv_type = "f16"                   # KV cache: f16, q8_0 or q4_0 (keys only without flash attention)
     draft_kv_type = "f16"             # the draft's; default: kv_type
-    flash_attn = false                # true quantises values too; not with bit_exact
+    flash_attn = "auto"               # on unless bit_exact; "on" (not with bit_exact) or "off"
     system_prompt = "You are a concise assistant."
     draft_tint = "#24513a"            # background of characters the draft guessed
 
@@ -39,7 +39,7 @@ from textual.keys import REPLACED_KEYS, Keys, key_to_character
 
 from edgespec.errors import EdgespecError
 from edgespec.files import atomic_write, read_regular
-from edgespec.limits import RANGES, SettingError, checked_kv_type, checked_setting
+from edgespec.limits import RANGES, SettingError, checked_flash_attn, checked_kv_type, checked_setting
 from edgespec.units import InvalidSizeError, parse_size
 from edgespec.sampling import SamplingParams
 from tui.settings import KINDS, SAMPLING_SETTINGS, TOP_LEVEL_SETTINGS, ChatConfig
@@ -161,6 +161,8 @@ def _checked(name: str, value, path: Path):
             return checked_setting(name, value)
         except SettingError as error:
             raise ConfigError(f"{path}: {error}") from None
+    if name == "flash_attn" and isinstance(value, bool):  # before "auto", it was on or off
+        return checked_flash_attn(value)
     if name in _STRINGS and isinstance(value, str):
         _check_string(name, value, path)
         return value
@@ -190,9 +192,10 @@ def _check_string(name: str, value: str, path: Path) -> None:
         except ColorParseError:
             raise ConfigError(f'{path}: draft_tint must be a colour like "#24513a" or "dark_green", '
                               f"not {value!r}") from None
-    elif name in ("kv_type", "draft_kv_type"):
+    elif name in ("kv_type", "draft_kv_type", "flash_attn"):
+        check = checked_flash_attn if name == "flash_attn" else checked_kv_type
         try:
-            checked_kv_type(value)
+            check(value)
         except SettingError as error:
             raise ConfigError(f"{path}: {name}: {error}") from None
     elif name in ("memory_budget", "prompt_cache_size"):

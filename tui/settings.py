@@ -36,7 +36,7 @@ class ChatConfig:
     # they take effect when models are loaded, not from the settings screen
     kv_type: str = _setting("f16", "string", flag=True)
     draft_kv_type: str | None = _setting(None, "string", flag=True)  # None: the kv_type
-    flash_attn: bool = _setting(False, "boolean", flag=True)
+    flash_attn: str = _setting("auto", "string", flag=True)  # auto, on or off (edgespec.limits.FLASH_ATTN_CHOICES)
     system_prompt: str = _setting("", "string")
     draft_tint: str = _setting("#24513a", "string")
     temperature: float = _setting(0.7, "number", section="sampling", flag=True, label="Temperature")
