@@ -77,7 +77,8 @@ class Decoder:
         self.check_prompt(prompt_ids)
         planner = self.planner
         counters = Counters(drafter_set.mode or planner.mode, self.plan_reason, prompt_tokens=len(prompt_ids),
-                            bit_exact=planner.bit_exact, plain_step_seconds=self.plain_step_seconds or 0.0)
+                            bit_exact=planner.bit_exact, flash_attn=self.target.flash_attn,
+                            plain_step_seconds=self.plain_step_seconds or 0.0)
         pool = pool if pool is not None else self.pool
         ngram = drafter_set.drafters.get("ngram")
         if isinstance(ngram, NgramDrafter):

@@ -105,6 +105,9 @@ class Stats:
     """None while generating; then "stop", "length", "context" or "cancelled"."""
     bit_exact: bool = False
     """Verification kept to passes llama.cpp computes bit-identically to one token at a time."""
+    flash_attn: bool = False
+    """The target was loaded with flash attention (the commands' default unless bit_exact; a context of
+    several sequences runs it wherever llama.cpp does, whatever this says)."""
     widest_pass: int = 0
     """The most tokens one verification pass covered (k + 1 for the longest draft)."""
     accepted_by_drafter: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -14,8 +14,9 @@ JSON_KEYS = [
     "draft_tokens_proposed", "draft_tokens_accepted", "acceptance_rate", "target_forward_passes",
     "draft_forward_passes", "target_passes_per_token", "steps", "k0_steps", "mean_draft_tokens", "prefill_seconds",
     "decode_seconds", "decode_tokens_per_second", "finish_reason",
-    # added with wide verification and the combined drafter
-    "bit_exact", "widest_pass", "accepted_by_drafter", "pass_widths", "drafted_by_position", "accepted_by_position",
+    # added with wide verification and the combined drafter (flash_attn with its default, after them)
+    "bit_exact", "flash_attn", "widest_pass", "accepted_by_drafter", "pass_widths", "drafted_by_position",
+    "accepted_by_position",
     # added with predicted outputs and the end-to-end figure
     "accepted_prediction_tokens", "rejected_prediction_tokens", "plain_step_seconds", "decode_speedup",
     "end_to_end_speedup",
