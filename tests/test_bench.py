@@ -25,7 +25,7 @@ RUN_FIELDS = {
     "draft_forward_passes",
     "mode", "plan_reason", "prompt_tokens_reused",  # a run carries all of its Stats
     "accepted_prediction_tokens", "rejected_prediction_tokens", "plain_step_seconds", "decode_speedup",
-    "end_to_end_speedup",
+    "end_to_end_speedup", "flash_attn",
 }
 SUMMARY_FIELDS = {
     "temperature", "suite", "config", "drafter", "draft_tokens", "runs", "prompts", "decode_tps_median",
