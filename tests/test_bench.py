@@ -43,9 +43,11 @@ def models(tiny_models) -> dict[str, Path]:
 
 
 def quick_bench(models, **overrides) -> dict:
+    # flash attention off: without it the tiny models' passes give every row one-token passes' logits, so
+    # each configuration's text is the baseline's on every build (flash attention tiles by the pass's width)
     options = dict(
         suites=["code-edit", "chat"], configs=CONFIGS, prompts_per_suite=1, repeats=1,
-        temperatures=[0.0], max_tokens=24, n_ctx=2048, n_threads=1,
+        temperatures=[0.0], max_tokens=24, n_ctx=2048, n_threads=1, flash_attn="off",
     )
     options.update(overrides)
     return runner.run_bench(models["target"], models["draft"], **options)
@@ -81,6 +83,7 @@ def test_quick_bench_reports_every_field_and_passes_the_exactness_check(models):
 
     meta = results["meta"]
     assert meta["suites"] == {"code-edit": 1, "chat": 1} and meta["repeats"] == 1
+    assert meta["flash_attn"] is False and not any(run["flash_attn"] for run in runs)  # as asked
     assert meta["llama_cpp_bin"] is None  # no peer without --llama-cpp-bin
     assert meta["machine"]["cores"] >= 1
     json.dumps(results)  # everything is JSON-ready
@@ -184,6 +187,14 @@ def test_flash_attention_is_refused_with_bit_exact_configurations_before_loading
     for names in (["baseline", "ngram-exact"], None):  # None: the defaults, which hold ngram-exact
         with pytest.raises(bench.BenchError, match="--flash-attn cannot go with ngram-exact"):
             runner.run_bench(missing, None, configs=names, flash_attn=True)
+
+
+def test_flash_attention_s_auto_runs_it_unless_a_configuration_is_bit_exact():
+    assert runner._runs_flash_attention(["baseline", "ngram", "llamacpp-ngram-simple"], "auto") == (True, None)
+    off, why = runner._runs_flash_attention(None, "auto")  # the defaults hold ngram-exact
+    assert not off and why.startswith("flash attention off, as ngram-exact needs it off")
+    assert runner._runs_flash_attention(["baseline", "ngram"], "off") == (False, None)
+    assert runner._runs_flash_attention(["baseline", "ngram"], True) == (True, None)
 
 
 def test_rotation_moves_every_configuration_through_every_slot():

@@ -57,7 +57,7 @@ BAD_FLAGS = {
         ("--repeats", "0", "--repeats"), ("--prompts", "0", "--prompts"), ("--temperature", "-1", "--temperature"),
         ("--seed", "-1", "--seed"), ("--max-tokens", "0", "--max-tokens"), ("--n-ctx", "5", "--n-ctx"),
         ("--threads", "100000", "--threads"), ("--kv-type", "q5", "--kv-type"), ("--suites", "bogus", "bogus"),
-        ("--configs", "bogus", "bogus"),
+        ("--configs", "bogus", "bogus"), ("--flash-attn", "sometimes", "--flash-attn"),
     ],
     "heads train": [
         ("--minutes", "0", "--minutes"), ("--n-heads", "9", "--n-heads"), ("--vocab", "1", "--vocab"),

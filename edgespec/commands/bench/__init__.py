@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from ...errors import EdgespecError
-from ..options import DEFAULT_MODEL, parse_kv_type, parse_threads, sampling_value, setting, whole_number
+from ..options import DEFAULT_MODEL, parse_flash_attn, parse_kv_type, parse_threads, sampling_value, setting, whole_number
 from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, PLAIN_AGAIN
 from .exactness import ExactnessError
 from .microbench import COST_CURVE_MAX_TOKENS, DEFAULT_N_CTX, SAMPLING_VOCAB, run_cost_curve, run_sampling_microbench
@@ -72,12 +72,14 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument("--n-ctx", type=setting("n_ctx"), default=DEFAULT_N_CTX, help=f"context length (default: {DEFAULT_N_CTX})")
     parser.add_argument("--threads", type=parse_threads, default=None, help="CPU threads for every configuration (default: as the engine)")
     parser.add_argument("--kv-type", type=parse_kv_type, default="f16",
-                        help="the KV cache type of the target and the draft, f16|q8_0|q4_0, keys only unless --flash-attn "
+                        help="the KV cache type of the target and the draft, f16|q8_0|q4_0, keys only without flash attention "
                              "(default: f16); llama.cpp's peers keep f16")
-    parser.add_argument("--flash-attn", action="store_true",
-                        help="run edgespec's configurations with flash attention on, as llama.cpp's peers and "
-                             "edgespec's other commands run by default; off without it, so that the -exact "
-                             "configurations run in the same process (not with -exact configurations)")
+    parser.add_argument("--flash-attn", nargs="?", const="on", default="auto", type=parse_flash_attn,
+                        metavar="auto|on|off",
+                        help="flash attention for edgespec's configurations; auto (the default) runs it, as "
+                             "the other commands and llama.cpp's peers do, unless an -exact configuration is "
+                             "asked for (the defaults hold ngram-exact), which needs it off; on cannot go "
+                             "with those (--flash-attn alone: on)")
     parser.add_argument("--learned-priors", action="store_true",
                         help="start every run from what this model's drafters learned here before (edgespec models "
                              "forget-learning resets it) instead of the neutral built-in priors; the results say which")

@@ -65,6 +65,11 @@ def parse_config(name: str) -> tuple[str, int | str | None]:
     )
 
 
+def is_bit_exact(name: str) -> bool:
+    """Whether a configuration's name asks for edgespec's bit-exact verification (llama.cpp's peers have none)."""
+    return name.endswith(EXACT_SUFFIX) and not name.startswith("llamacpp-")
+
+
 def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_draft: bool, explicit: bool,
                     has_peer: bool = False, has_heads: bool = False) -> list[BenchConfig]:
     """Configurations with their draft lengths settled; duplicates dropped, keeping the first.
@@ -75,7 +80,7 @@ def resolve_configs(names: Iterable[str], default_draft_tokens: int | str, has_d
     """
     configs: dict[str, BenchConfig] = {}
     for name in names:
-        bit_exact = name.endswith(EXACT_SUFFIX) and not name.startswith("llamacpp-")
+        bit_exact = is_bit_exact(name)
         drafter, k = parse_config(name[: -len(EXACT_SUFFIX)] if bit_exact else name)
         missing = _missing_for(drafter, has_draft, has_peer, has_heads)
         if missing:

@@ -18,9 +18,10 @@ from typing import Callable, Iterable
 
 from ...sampling import SamplingParams
 from ...backend import default_threads, plain_logits
+from ...limits import SettingError, checked_flash_attn, flash_attention_on
 from ...loading import load_engine, use_learning
 from ...notices import print_notice
-from .configs import DEFAULT_CONFIGS, EXACT_SUFFIX, PEER_SPEC_TYPES, BenchConfig, resolve_configs, rotated
+from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, BenchConfig, is_bit_exact, resolve_configs, rotated
 from .exactness import check_exactness, mark_same_seed_matches
 from .microbench import DEFAULT_N_CTX, load_average, machine_description, package_version
 from .peers import LlamaCppPeer, find_binary
@@ -50,7 +51,7 @@ def run_bench(
     overhead: bool = False,
     llama_cpp_bin: str | Path | None = None,
     kv_type: str = "f16",
-    flash_attn: bool = False,
+    flash_attn: bool | str = "auto",
     learned_priors: bool = False,
 ) -> dict:
     """Run the bench and return everything as one JSON-ready dict (meta, configs, runs, summary).
@@ -61,8 +62,10 @@ def run_bench(
     llama-speculative-simple) adds llama.cpp's own speculation as peers.
     Raises ExactnessError at the first temperature-0 mismatch of an edgespec
     mode with the baseline.
-    kv_type is the models' KV cache type (keys only, unless flash_attn).  flash_attn runs edgespec's models
-    with flash attention on, as llama.cpp's peers run by default; no -exact configuration can go with it.
+    kv_type is the models' KV cache type (keys only without flash attention).  flash_attn is "auto" (on, as
+    the other commands and llama.cpp's peers run, unless an -exact configuration is asked for: bit-exact
+    verification needs it off, and every configuration runs in one process), "on" (True; refused with
+    -exact configurations) or "off" (False).
     learned_priors: runs start from this model's learned priors (read only), not cold.
     """
     if repeats < 1:
@@ -73,7 +76,8 @@ def run_bench(
     n_threads = n_threads or default_threads()
     _check_before_loading(configs, llama_cpp_bin, flash_attn)
     started, load_at_start = time.time(), load_average()
-    engine = _bench_engine(model, draft, n_ctx, n_threads, kv_type, flash_attn, learned_priors)
+    engine = _bench_engine(model, draft, n_ctx, n_threads, kv_type, _runs_flash_attention(configs, flash_attn),
+                           learned_priors)
     try:
         plan = _configs_for(engine, configs, llama_cpp_bin)
         peer = _peer(engine, llama_cpp_bin, n_threads) if any(c.is_peer for c in plan) else None
@@ -85,7 +89,7 @@ def run_bench(
     meta = _meta(engine.target_path, engine.draft_path, prompts, repeats, temperatures, seed, n_ctx, n_threads, started,
                  runner.rss_scope, peer)
     # other work on the machine distorts every figure; a quiet machine shows ~0 next to its core count
-    meta.update(kv_type=kv_type, flash_attn=flash_attn, priors="learned" if learned_priors else "cold", load_average_start=load_at_start, load_average_end=load_average(),
+    meta.update(kv_type=kv_type, flash_attn=engine.flash_attn, priors="learned" if learned_priors else "cold", load_average_start=load_at_start, load_average_end=load_average(),
                 **_kernel_facts(engine))
     return _results(meta, engine, plan, runs, runner, overhead)
 
@@ -104,11 +108,16 @@ def _results(meta: dict, engine, plan, runs: list[dict], runner, overhead: bool)
     return results
 
 
-def _bench_engine(model, draft, n_ctx: int, n_threads: int, kv_type: str, flash_attn: bool, learned_priors: bool):
+def _bench_engine(model, draft, n_ctx: int, n_threads: int, kv_type: str, flash_attn: tuple[bool, str | None],
+                  learned_priors: bool):
     """The engine every configuration runs on: cold unless learned_priors (then read, never added to), and
-    without the cross-request pool, so that no run drafts from another's text."""
+    without the cross-request pool, so that no run drafts from another's text.  flash_attn: whether it runs
+    flash attention, and the notice saying why not where auto left it off (_runs_flash_attention)."""
+    runs_flash_attn, why_off = flash_attn
     engine = load_engine(model, draft if draft else "ngram", n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type,
-                         flash_attn=flash_attn, notice=print_notice, progress=True)
+                         flash_attn=runs_flash_attn, notice=print_notice, progress=True)
+    if why_off:
+        print_notice(why_off)
     use_learning(engine, "read" if learned_priors else "cold", pool=False)
     return engine
 
@@ -122,17 +131,32 @@ def _configs_for(engine, configs: Iterable[str] | None, llama_cpp_bin) -> list:
                            configs is not None, has_peer=llama_cpp_bin is not None, has_heads="heads" in engine.modes)
 
 
-def _check_before_loading(configs: Iterable[str] | None, llama_cpp_bin, flash_attn: bool) -> None:
-    """Refuse unknown configurations, missing peer binaries and bit-exact runs with flash attention before the
-    model loads (draft lengths need it)."""
+def _check_before_loading(configs: Iterable[str] | None, llama_cpp_bin, flash_attn: bool | str) -> None:
+    """Refuse unknown configurations, missing peer binaries and bit-exact runs with flash attention asked for
+    before the model loads (draft lengths need it)."""
     names = tuple(configs or DEFAULT_CONFIGS)
     resolve_configs(names, "auto", True, configs is not None, has_peer=llama_cpp_bin is not None, has_heads=True)
-    exact = [name for name in names if name.endswith(EXACT_SUFFIX) and not name.startswith("llamacpp-")]
-    if flash_attn and exact:
+    exact = [name for name in names if is_bit_exact(name)]
+    try:
+        choice = checked_flash_attn(flash_attn)
+    except SettingError as error:
+        raise BenchError(f"--flash-attn: {error}") from None
+    if choice == "on" and exact:
         raise BenchError(f"--flash-attn cannot go with {', '.join(exact)}: bit-exact verification needs flash "
                          "attention off (leave them out with --configs, or drop --flash-attn)")
     if llama_cpp_bin is not None:
         find_binary(llama_cpp_bin)
+
+
+def _runs_flash_attention(configs: Iterable[str] | None, flash_attn: bool | str) -> tuple[bool, str | None]:
+    """Whether edgespec's configurations run with flash attention (auto: unless one is bit-exact), and when
+    auto leaves it off, a notice saying why: the other commands run it."""
+    exact = [name for name in (configs or DEFAULT_CONFIGS) if is_bit_exact(name)]
+    runs = flash_attention_on(flash_attn, bit_exact=bool(exact))
+    if runs or checked_flash_attn(flash_attn) != "auto":
+        return runs, None
+    return False, (f"flash attention off, as {', '.join(exact)} needs it off; the other commands run it "
+                   "(leave the -exact configurations out with --configs to time it)")
 
 
 def _peer(engine, llama_cpp_bin, n_threads: int) -> LlamaCppPeer:
