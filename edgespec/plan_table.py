@@ -32,6 +32,7 @@ def format_plan_table(plan: Plan) -> Table:
     sequences = f" x {plan.parallel}" if plan.parallel > 1 else ""
     table.add_row(f"KV cache ({plan.n_ctx} tokens{sequences})", *(format_size(p.kv_bytes) for p in plan.parts))
     table.add_row("KV cache types", *(plan.cache_types(part.role) for part in plan.parts))
+    table.add_row("flash attention", *("on" if plan.flash_attn else "off" for _ in plan.parts))
     table.add_row("compute buffers", *(format_size(part.compute_bytes) for part in plan.parts))
     if plan.device == "cpu":
         table.add_row("tokenizer and header", *(format_size(part.runtime_bytes) for part in plan.parts))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -86,6 +87,7 @@ def test_plan_shows_the_kv_cache_types(tiny_models):
         table = run_cli("plan", "--model", str(tiny_models["target"]), "--ctx", "512", "--memory-budget", "64MiB",
                         "--kv-type", "q4_0", *off)
         assert table.returncode == 0 and "K q4_0, V f16" in table.stdout, table.stderr
+        assert re.search(r"flash attention\W+off\b", table.stdout), table.stdout
 
 
 @pytest.mark.parametrize("flag", [["--seed", "3"], ["--stop", "END"]])
