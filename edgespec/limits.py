@@ -73,9 +73,9 @@ def checked_kv_type(value) -> str:
 
 
 # --flash-attn: "auto" is on unless --bit-exact, as llama.cpp's own "auto" is on wherever the device runs it
-# (every CPU): it was 3% faster at every pass width on a 2-core Xeon, about level on a 2-core EPYC (one-token
-# steps 1% slower, passes of 2-16 tokens 1% slower to 8% faster), and with it a row's logits depend on the width of its pass,
-# which only --bit-exact cannot take (docs/benchmarks.md, "The Xeon again").  True and False read as on, off.
+# (every CPU). It was 3% faster at every pass width on a 2-core Xeon and mixed on a 2-core EPYC (one-token
+# steps 1% slower, wider passes 3% slower to 8% faster); with it a row's logits depend on the width of its
+# pass, which only --bit-exact cannot take (docs/benchmarks.md).  True and False read as "on" and "off".
 FLASH_ATTN_CHOICES = ("auto", "on", "off")
 
 
