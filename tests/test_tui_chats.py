@@ -17,6 +17,7 @@ from tui.paste import PasteSafeParser
 from tui.history_screens import ConfirmScreen, ExportScreen, HistoryScreen, RenameScreen
 from tui.render import BlockRenderer
 from tui.reply import SEGMENT_LINES, BlockView, ReplyView
+from tui.screens import SettingsScreen
 from tui.widgets import Note, UserMessage
 
 CODE = "".join(f"    total += {i}\n" for i in range(20))
@@ -320,8 +321,6 @@ async def test_a_paste_is_plain_text_and_its_escape_bytes_drive_nothing(models):
 @pilot_test
 async def test_a_settings_value_that_looks_like_markup_is_refused_as_typed(models):
     # the error quoting it was read as markup: "[/]" ended the app with a MarkupError, "[bold]x" lost its brackets
-    from tui.screens import SettingsScreen
-
     app = make_app(models)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
@@ -371,3 +370,29 @@ async def test_a_bit_exact_chat_reopened_under_flash_attention_loads_the_models_
         assert [m["content"] for m in app.chat.session.messages] == ["Sum some numbers", REPLY]
         await send(pilot, "and the cat")
         assert len(app.chat.session.messages) == 4
+
+
+@pilot_test
+async def test_bit_exact_switched_on_during_a_reply_loads_the_models_again_once_it_ends(models):
+    app = make_app(models, max_tokens=3000, n_ctx=4096)  # flash_attn "auto": on, as bit-exact is off
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        flash_attention_engine = app.chat.engine
+        use_script(flash_attention_engine, ScriptedReply(REPLY, endless=True, pause_s=0.002))  # until Esc
+        app.prompt_input.load_text("Tell me everything")
+        app.prompt_input.action_submit()  # not pilot.press: a press waits for idle, which a streaming reply never is
+        await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
+        app.action_settings()
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        app.screen.query_one("#bit-exact").value = True
+        app.screen.query_one("#apply").press()
+        await wait_for(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        assert app.generation is not None and app.loading is None  # the reply goes on in its context
+        assert app.chat.engine is flash_attention_engine and app.chat.settings.bit_exact
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.chat.engine is not flash_attention_engine)
+        assert app.chat.engine.bit_exact and not app.chat.engine.flash_attn and app.chat.settings.bit_exact
+        last = app.chat.session.messages[-1]
+        assert last["role"] == "assistant" and last.get("cancelled") and last["content"]  # what arrived is kept
+        await send(pilot, "Go on")
+        assert app.chat.shown_stats.bit_exact and len(app.chat.session.messages) == 4

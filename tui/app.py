@@ -217,12 +217,14 @@ class ChatApp(ChatActions, App):
         stream = event.stream
         if stream.error is not None or stream.result is None:
             self._reply_failed(generation, stream.error or "the reply ended without a result")
+            self._load_models_if_settings_ask()
             return
         reply = event.message.reply
         reply.finish(stream.result.text)
         event.message.footer.update(self.chat.reply_finished(stream.result, reply.drafted_ranges()))
         self.show_reply_figures()
         self.chat.save()
+        self._load_models_if_settings_ask()
         self._recalibrate_if_due()
 
     def _reply_failed(self, generation: Generation, error: str) -> None:
@@ -273,12 +275,15 @@ class ChatApp(ChatActions, App):
 
     def apply_settings(self, settings: ChatSettings) -> None:
         engine = self.chat.engine
-        if self.config.flash_attn == "auto" and engine is not None and engine.flash_attn == settings.bit_exact:
-            # flash attention's auto is on unless bit-exact, and a context keeps what it was made with: the
-            # models load again, and the chat goes on with them (the load reads bit-exact from the chat's settings)
+        if self._needs_new_context(settings):
+            # the load reads bit-exact from the chat's settings; until it is done the engine keeps its own
             self.chat.apply_settings(replace(settings, bit_exact=engine.bit_exact))
             self.chat.settings = settings
-            self.load_models(*self.model_spec)
+            if self.generation is None:
+                self.load_models(*self.model_spec)
+            else:  # the reply keeps its context; the models load again when it ends (on_conversation_view_ended)
+                self.notify("The bit-exact setting takes effect from the next reply: the models load again once "
+                            "this one ends.", markup=False)
             return
         try:
             self.chat.apply_settings(settings)
@@ -286,6 +291,20 @@ class ChatApp(ChatActions, App):
             self.notify(error.worded(as_flag), severity="error", markup=False)
             self.chat.apply_settings(replace(settings, bit_exact=False))
         self.show_models()
+
+    def _needs_new_context(self, settings: ChatSettings) -> bool:
+        """Whether bit-exact asks for a context without flash attention, or frees one to have it.
+
+        flash_attn "auto" is on unless bit-exact, and a context keeps what it was made with: the models
+        load again, and the chat goes on with them.
+        """
+        engine = self.chat.engine
+        return self.config.flash_attn == "auto" and engine is not None and engine.flash_attn == settings.bit_exact
+
+    def _load_models_if_settings_ask(self) -> None:
+        """After a reply: a bit-exact switch made while it streamed loads the models again now."""
+        if self.loading is None and self._needs_new_context(self.chat.settings):
+            self.load_models(*self.model_spec)
 
 
 def run_chat(args=None, **overrides) -> int:
