@@ -292,10 +292,11 @@ class Decoder:
         n_drafted = len(new_tokens) - 1
         counters, text, generated = generation.counters, generation.text, generation.generated
         _count_step(counters, draft, n_drafted)
-        tokens = []
+        tokens, sampled_end_token = [], False
         for i, token in enumerate(new_tokens):
             if self.target.is_end_of_generation(token):
                 generation.finish("stop")
+                sampled_end_token = True
                 break
             generated.append(token)
             piece = text.feed(self.target.token_bytes(token))
@@ -315,8 +316,7 @@ class Decoder:
         decode_seconds = time.perf_counter() - generation.decode_start
         step_seconds, counters.decode_seconds = decode_seconds - counters.decode_seconds, decode_seconds
         if generation.pass_seconds is not None:  # a lone pass, timed: the step's whole time paces plain decoding
-            generation.pace.observe(len(draft.tokens) + 1, step_seconds)
-            counters.plain_step_seconds = generation.pace.seconds() or counters.plain_step_seconds
+            generation.pace_step(len(draft.tokens) + 1, step_seconds, sampled_end_token)
         return Step(tokens, counters.snapshot(), len(draft.tokens), n_drafted)
 
     def end(self, generation: Generation) -> Done:

@@ -8,7 +8,6 @@ Scheduler under batch and serve).
 from __future__ import annotations
 
 import bisect
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -91,8 +90,13 @@ class DrafterSet:
     mode: str | None = None  # the drafting mode, when not the planner's
 
 
-# A generation's plain pace is the median of its one-token steps once it has this many.
+# A generation's plain pace leans on its one-token steps' median once it has this many.
 PACE_MIN_PLAIN_PASSES = 8
+
+
+def _median(ordered: Sequence[float]) -> float:
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 class PlainPace:
@@ -100,32 +104,39 @@ class PlainPace:
 
     The calibrated one-token pass is of another hour: a cached curve is kept while only the machine's speed
     moves (StepTimeWatch reads its shape), and against it a plain run on the AVX2 EPYC read 1.55x.  So the
-    pace is the median of the generation's steps over one token (pass and all) once it has
-    PACE_MIN_PLAIN_PASSES; before, the geometric mean of all its steps, each over its width's share of the
-    curve (T(n) / T(1), `shape`); None before any step was observed.  The whole step, not the pass alone:
-    plain decoding pays the time around its passes too (1-2% of a step on a CPU, more on a GPU).
+    pace is the generation's own, from its whole steps (pass and all: plain decoding pays the time around
+    its passes too, 1-2% of a step on a CPU, more on a GPU):
+
+    - once it has PACE_MIN_PLAIN_PASSES one-token steps, their median, scaled by how far all its steps ran
+      over their own width's median.  The median is a step that nothing interfered with; the scale puts
+      back what did (a preempted step, a busy moment), which plain decoding would have paid as well, in
+      proportion to its time.  The median alone read plain generations at 0.94-1.01x themselves (their
+      steps' times lean right), where now a plain generation's pace is its mean step; and as the scale is
+      in plain decoding's time and the generation's alike, a preempted step counts at its width's median.
+    - before, the seconds of all its steps over their widths' shares of the curve (T(n) / T(1), `shape`).
+
+    None before any step was observed.
     """
 
     def __init__(self, shape: Sequence[float]) -> None:
         self.shape = shape
-        self._plain: list[float] = []  # the one-token steps' seconds, sorted
-        self._log_sum = 0.0  # of every step's seconds over its width's share
-        self._count = 0
+        self._by_width: dict[int, list[float]] = {}  # each width's steps' seconds, sorted
+        self._seconds = 0.0  # of every step observed
+        self._shares = 0.0  # their widths' shares of the curve, summed
 
     def observe(self, width: int, seconds: float) -> None:
         if not (seconds > 0 and 1 <= width <= len(self.shape)):
             return
-        if width == 1:
-            bisect.insort(self._plain, seconds)
-        self._log_sum += math.log(seconds / self.shape[width - 1])
-        self._count += 1
+        bisect.insort(self._by_width.setdefault(width, []), seconds)
+        self._seconds += seconds
+        self._shares += self.shape[width - 1]
 
     def seconds(self) -> float | None:
-        plain = self._plain
+        plain = self._by_width.get(1, ())
         if len(plain) >= PACE_MIN_PLAIN_PASSES:
-            middle = len(plain) // 2
-            return plain[middle] if len(plain) % 2 else (plain[middle - 1] + plain[middle]) / 2
-        return math.exp(self._log_sum / self._count) if self._count else None
+            undisturbed = sum(len(steps) * _median(steps) for steps in self._by_width.values())
+            return _median(plain) * self._seconds / undisturbed
+        return self._seconds / self._shares if self._shares else None
 
 
 @dataclass
@@ -159,6 +170,14 @@ class Generation:
     def finish(self, reason: str) -> None:
         """End the generation: "stop", "length", "context" or "cancelled"."""
         self.counters.finish_reason = reason
+
+    def pace_step(self, width: int, seconds: float, sampled_end_token: bool) -> None:
+        """Pace plain decoding by a timed step of this generation (PlainPace), per token told: plain decoding
+        would have made a step for the end-of-generation token too, which the tokens told leave out."""
+        self.pace.observe(width, seconds)
+        step_seconds, told = self.pace.seconds(), len(self.generated)
+        if step_seconds is not None and told:
+            self.counters.plain_step_seconds = step_seconds * (told + sampled_end_token) / told
 
     def done(self) -> Done:
         self.counters.decode_seconds = time.perf_counter() - self.decode_start

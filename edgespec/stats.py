@@ -124,8 +124,9 @@ class Stats:
     rejected_prediction_tokens: int = 0
     """The predicted output's tokens that did not appear in the completion; known when the generation ends."""
     plain_step_seconds: float = 0.0
-    """Plain decoding's pace: what a step over one token costs in this generation (generation.PlainPace, from
-    its own steps, pass and all), the calibrated one-token pass until a step is timed (steps whose pass serves
+    """Plain decoding's pace: its seconds per token told, by what a step over one token costs in this generation
+    (generation.PlainPace, from its own steps, pass and all), with the step plain decoding would have made for
+    an end-of-generation token; the calibrated one-token pass until a step is timed (steps whose pass serves
     several sequences are not), 0.0 with a given cost curve."""
     decode_speedup: float = field(default=0.0, metadata=RATIO)
     """Plain decoding's estimated time for these tokens (tokens_generated x plain_step_seconds) over

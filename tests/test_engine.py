@@ -447,6 +447,19 @@ def test_a_generations_speedup_is_against_its_own_plain_pace_not_the_calibrated_
     engine.close()
 
 
+def test_a_plain_generation_estimates_plain_decoding_at_exactly_its_own_time(tiny_models):
+    # Whatever its steps took: a plain generation is plain decoding, so it cannot read faster or slower
+    # than itself (the median step alone read 0.94-1.01x on Qwen).
+    engine = load_engine(tiny_models["target"], "none", n_ctx=256, n_threads=1)
+    steps = [e for e in engine.stream(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=20), raw=True)
+             if isinstance(e, Step)]
+    engine.close()
+    stats = steps[-1].stats
+    assert stats.tokens_generated >= 1 and stats.decode_seconds > 0
+    assert stats.tokens_generated * stats.plain_step_seconds == pytest.approx(stats.decode_seconds, rel=1e-9)
+    assert stats.decode_speedup == pytest.approx(1.0, rel=1e-9)
+
+
 # -- --draft auto keeps the draft model only where its measured cost pays ----------------------
 
 CHEAP_WIDE_PASSES = (1.0, 1.6, 2.1, 2.2, 3.2)  # the AVX2 EPYC's shape

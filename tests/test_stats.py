@@ -2,12 +2,14 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from edgespec import Done, SamplingParams, Step
-from edgespec.generation import PlainPace
+from edgespec.generation import DrafterSet, Generation, PlainPace
 from edgespec.loading import load_engine
 from edgespec.stats import Counters, Stats
+from edgespec.text import TextAssembler
 
 JSON_KEYS = [
     "mode", "plan_reason", "prompt_tokens", "prompt_tokens_reused", "prompt_tokens_evaluated", "tokens_generated",
@@ -118,15 +120,45 @@ def test_each_step_carries_its_own_drafted_and_accepted_counts(tiny_models):
     assert all(s.accepted == sum(t.drafted for t in s.tokens) or s is steps[-1] for s in steps)
 
 
-def test_a_plain_pace_is_the_median_one_token_pass_once_there_are_enough():
+def test_a_plain_pace_is_the_curve_share_of_all_steps_until_there_are_enough_one_token_steps():
     pace = PlainPace((1.0, 1.5, 2.0))
     assert pace.seconds() is None
     pace.observe(3, 0.4)  # a three-token pass at 0.4 s: a one-token pass at 0.2 s by the curve's shape
     assert pace.seconds() == pytest.approx(0.2)
     pace.observe(1, 0.1)
-    assert pace.seconds() == pytest.approx((0.2 * 0.1) ** 0.5), "before enough one-token passes: all of them"
+    assert pace.seconds() == pytest.approx(0.5 / 3.0), "all the steps' seconds over their shares of the curve"
     pace.observe(9, 5.0)  # wider than the curve: says nothing
     pace.observe(1, 0.0)
-    for seconds in (0.1, 0.1, 0.12, 0.1, 9.0, 0.1, 0.11):  # a preempted pass among them
+    assert pace.seconds() == pytest.approx(0.5 / 3.0)
+
+
+def test_a_plain_generation_is_paced_by_its_mean_step_so_it_reads_as_fast_as_itself():
+    pace = PlainPace((1.0, 1.5))
+    steps = (0.1, 0.1, 0.12, 0.1, 0.3, 0.1, 0.11, 0.1, 0.13)  # leaning right, as a busy machine's do
+    for seconds in steps:
         pace.observe(1, seconds)
-    assert pace.seconds() == pytest.approx(0.1)
+    assert pace.seconds() == pytest.approx(sum(steps) / len(steps))
+
+
+def test_plain_decodings_pace_per_token_told_pays_for_the_end_token_it_would_have_sampled():
+    generation = Generation([1], SamplingParams(), DrafterSet({}), Counters("none"), np.random.default_rng(0),
+                            TextAssembler(()), pace=PlainPace((1.0,)))
+    for token in (5, 6, 7):
+        generation.generated.append(token)
+        generation.pace_step(1, 0.1, sampled_end_token=False)
+    assert generation.counters.plain_step_seconds == pytest.approx(0.1)
+    generation.pace_step(1, 0.1, sampled_end_token=True)  # a fourth step, which sampled the end token
+    assert 3 * generation.counters.plain_step_seconds == pytest.approx(0.4), "plain decoding's four steps"
+
+
+def test_a_preempted_step_counts_at_its_widths_median_in_a_drafted_generation():
+    def speedup(preempted_width: int) -> float:
+        pace = PlainPace((1.0, 1.5, 2.0))
+        steps = [(1, 0.1)] * 8 + [(3, 0.2)] * 5  # 8 + 15 tokens
+        steps[2 if preempted_width == 1 else 10] = (preempted_width, 5.0)
+        for width, seconds in steps:
+            pace.observe(width, seconds)
+        return 23 * pace.seconds() / sum(seconds for _, seconds in steps)
+
+    undisturbed = 23 * 0.1 / (8 * 0.1 + 5 * 0.2)
+    assert speedup(1) == pytest.approx(undisturbed) and speedup(3) == pytest.approx(undisturbed)
