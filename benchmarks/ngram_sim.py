@@ -49,7 +49,7 @@ from edgespec.pass_prices import generation_prices, merge_prices, priced_curve  
 from edgespec.controller import controller_for  # noqa: E402
 from edgespec.costs import CostModel  # noqa: E402
 from edgespec.drafters import NgramDrafter  # noqa: E402
-from edgespec.learned import merge_counts  # noqa: E402
+from edgespec.learned import add_generation, prior_counts  # noqa: E402
 
 # T(n) / T(1) at the widths the issue quotes; the widths between are interpolated linearly.
 EPYC_CURVE_POINTS = {1: 1.0, 2: 1.58, 3: 2.23, 4: 2.67, 8: 4.4, 16: 5.2}
@@ -277,11 +277,11 @@ def learned_from_others(rows: list[dict], cost: CostModel, same_kind: bool = Fal
         exported[row["id"]] = controller.estimate.export()
 
     def learned(row):
-        merged = {}
+        stored = {}
         for other, counts in exported.items():
             if other != row["id"] and (not same_kind or other.rsplit("-", 1)[0] == row["id"].rsplit("-", 1)[0]):
-                merged = merge_counts(merged, counts)
-        return merged
+                stored = add_generation(stored, counts)
+        return prior_counts(stored)
     return learned
 
 

@@ -45,9 +45,10 @@ BORROW_WEIGHT = 1.0
 # A position with little data is assumed somewhat worse than the one before it, so long drafts are
 # earned by observed acceptance rather than extrapolated from a lucky streak at position 1.
 DEPTH_SHRINK = 0.98
-# A learned prior (from earlier runs of this model) counts as at most this many observations per
-# position: enough to skip the first steps of learning, never enough to outvote this text.
-LEARNED_WEIGHT = 2.0
+# A learned prior (from earlier runs of this model) counts as the observations the store weighs it at
+# (learned.py: 2 where the runs disagreed, more where they agreed), never more than this per position:
+# enough to start where runs of one kind of work ended, few enough that this text outvotes it in a few steps.
+LEARNED_WEIGHT_MAX = 8.0
 # Standard errors taken off a mean before the controller plans with it (hindsight learners).
 CAUTION = 0.75
 # The most times one text position counts for one copy class.  Every step foresees the copy ahead, so
@@ -181,7 +182,7 @@ class _Estimates:
     def _start_from(self, signal: int, hits: np.ndarray, tries: np.ndarray) -> None:
         n = min(len(hits), len(tries), self.k_max)
         counts = self._counts(signal)
-        scale = np.minimum(1.0, LEARNED_WEIGHT / np.maximum(tries[:n], 1e-9))
+        scale = np.minimum(1.0, LEARNED_WEIGHT_MAX / np.maximum(tries[:n], 1e-9))
         counts.hits[:n], counts.tries[:n] = hits[:n] * scale, tries[:n] * scale
 
     def _counts(self, signal: int) -> DecayedCounts:
@@ -286,7 +287,7 @@ class HindsightAcceptance:
         for copy_class, (hits, tries) in (learned or {}).items():
             copy_class = int(copy_class)
             if 0 <= copy_class < classes and len(tries) and float(tries[0]) > 0:
-                scale = min(1.0, LEARNED_WEIGHT / float(tries[0]))  # worth at most LEARNED_WEIGHT observations
+                scale = min(1.0, LEARNED_WEIGHT_MAX / float(tries[0]))  # worth at most LEARNED_WEIGHT_MAX observations
                 self._hits[copy_class], self._tries[copy_class] = float(hits[0]) * scale, float(tries[0]) * scale
         self._foreseen: list[_Foreseen] = []  # proposals waiting to be checked against the text
         self._context: list[int] | None = None  # the context they were made on

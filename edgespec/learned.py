@@ -4,11 +4,18 @@ Every finished generation of `run`, `chat`, `batch` and `serve` adds what its dr
 controllers observed (acceptance.py's export: accepted and tried counts per drafter, per signal
 class, per draft position) to one JSON file next to the calibration cache,
 `<cache dir>/learned-acceptance.json`, beside calibration.json (the cache dir is platformdirs'
-user cache dir for edgespec, e.g. ~/.cache/edgespec on Linux; EDGESPEC_CACHE_DIR moves it).  Older counts fade by STORE_KEEP per generation and are capped, so
-the file follows what the model does here lately.  A controller made afterwards, in this process or
-the next, starts from those counts (each position worth at most LEARNED_WEIGHT observations, so the
-text at hand still decides within a few steps); a model with no entry starts from the neutral
-built-in priors.
+user cache dir for edgespec, e.g. ~/.cache/edgespec on Linux; EDGESPEC_CACHE_DIR moves it).  Older
+counts fade by STORE_KEEP per generation and are capped, so the file follows what the model does here
+lately.  A controller made afterwards, in this process or the next, starts from those counts; a model
+with no entry starts from the neutral built-in priors.
+
+How much a learned rate is worth depends on how far the generations that saw it agreed.  Each position
+also keeps the spread of its generations' own rates (SPREAD_KEEP fades it), and a prior is worth
+what a Beta distribution of that spread is worth, the empirical Bayes weight p (1 - p) / var - 1,
+between MIN_PRIOR_WEIGHT and acceptance.LEARNED_WEIGHT_MAX observations.  Where one kind of work
+repeats (code edits all day), its copies go on alike from one reply to the next and the prior starts
+a reply where the last ones ended; where kinds mix, or fewer than SPREAD_MIN_GENERATIONS generations
+saw the position, it is worth the minimum, and the text at hand decides within a few steps either way.
 
 Reset: `edgespec models forget-learning [MODEL]`, or delete the file.  The file only saves learning:
 one that cannot be read or written is ignored, never an error.
@@ -23,38 +30,93 @@ import threading
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .acceptance import LEARNED_WEIGHT_MAX
 from .calibration import cache_dir
 from .files import atomic_write, parse_json, read_regular
 
 LEARNED_FILE = "learned-acceptance.json"
-FORMAT = 3  # 2: the n-gram drafter's counts are per copy class (acceptance.HindsightAcceptance); 3: the
-# prompt's copies are a class of their own (drafters.SOURCES), so a copy class of 2 held them both
+FORMAT = 4  # 2: the n-gram drafter's counts are per copy class (acceptance.HindsightAcceptance); 3: the
+# prompt's copies are a class of their own (drafters.SOURCES), so a copy class of 2 held them both;
+# 4: each position keeps its generations' spread, which weighs its prior
 # Each finished generation multiplies the stored counts by this before adding its own.
 STORE_KEEP = 0.8
 # The most observations a stored position keeps; older ones are scaled away beyond it.
 STORE_MAX_TRIES = 200.0
+# The spread of the generations' rates at a position: a generation counts towards it where it tried the
+# position at least SPREAD_MIN_TRIES times (fewer say more about chance than about the text), older
+# generations fade by SPREAD_KEEP (about the last ten count), and a spread is trusted from
+# SPREAD_MIN_GENERATIONS (faded) generations on.  Before that a prior is worth MIN_PRIOR_WEIGHT
+# observations, as every prior was before the spread was kept.  Replayed over the five reply sets
+# (benchmarks/ngram_sim.py), the tenth of a run of code edits started 1-10% faster than with a fixed
+# weight of 2, and no kind of a mixed run lost more than 2%.
+SPREAD_KEEP = 0.9
+SPREAD_MIN_TRIES = 3.0
+SPREAD_MIN_GENERATIONS = 5.0
+MIN_PRIOR_WEIGHT = 2.0
 # Far past what the counts of many models take; a larger file is not this store's, and is not read whole.
 MAX_FILE_BYTES = 16 << 20
 
 Counts = Mapping[int, tuple[Sequence[float], Sequence[float]]]  # signal -> (hits, tries) per position
+# What the store keeps per signal: for each field, one value per position.  hits and tries are the faded
+# counts; generations, rates, squares and inverse_tries the faded count of the generations that tried the
+# position SPREAD_MIN_TRIES times or more, and the sums of their rates, squared rates and 1 / tries.
+FIELDS = ("hits", "tries", "generations", "rates", "squares", "inverse_tries")
+Stored = dict[int, dict[str, list[float]]]
 
 
-def merge_counts(stored: Counts, new: Counts, keep: float = STORE_KEEP) -> dict[int, tuple[list[float], list[float]]]:
-    """stored * keep + new, per signal and position, each position capped at STORE_MAX_TRIES tries."""
-    merged = {}
+def add_generation(stored: Mapping[int, Mapping[str, Sequence[float]]], new: Counts) -> Stored:
+    """The store after one more generation's counts: the old ones faded, each position's tries capped at
+    STORE_MAX_TRIES, and the generation's rate added to the spread where it tried the position enough."""
+    merged: Stored = {}
     for signal in set(stored) | set(new):
-        old_hits, old_tries = stored.get(signal, ((), ()))
+        old = stored.get(signal, {})
         new_hits, new_tries = new.get(signal, ((), ()))
-        depth = max(len(old_tries), len(new_tries))
-        hits, tries = [], []
+        depth = max(len(old.get("tries", ())), len(new_tries))
+        entry: dict[str, list[float]] = {field: [] for field in FIELDS}
         for i in range(depth):
-            h = keep * _at(old_hits, i) + _at(new_hits, i)
-            t = keep * _at(old_tries, i) + _at(new_tries, i)
-            scale = min(1.0, STORE_MAX_TRIES / t) if t > 0 else 1.0
-            hits.append(h * scale)
-            tries.append(t * scale)
-        merged[int(signal)] = (hits, tries)
+            hits = STORE_KEEP * _at(old.get("hits", ()), i) + _at(new_hits, i)
+            tries = STORE_KEEP * _at(old.get("tries", ()), i) + _at(new_tries, i)
+            scale = min(1.0, STORE_MAX_TRIES / tries) if tries > 0 else 1.0
+            entry["hits"].append(hits * scale)
+            entry["tries"].append(tries * scale)
+            tried = _at(new_tries, i)
+            counted = tried >= SPREAD_MIN_TRIES
+            rate = _at(new_hits, i) / tried if counted else 0.0
+            for field, value in (("generations", float(counted)), ("rates", rate), ("squares", rate * rate),
+                                 ("inverse_tries", 1.0 / tried if counted else 0.0)):
+                entry[field].append(SPREAD_KEEP * _at(old.get(field, ()), i) + value)
+        merged[int(signal)] = entry
     return merged
+
+
+def prior_weight(hits: float, tries: float, generations: float, rates: float, squares: float,
+                 inverse_tries: float) -> float:
+    """How many observations a stored position's rate is worth to a new controller: what a Beta distribution
+    with the spread of the generations' own rates is worth, less the spread chance alone gives their counts;
+    MIN_PRIOR_WEIGHT until enough generations saw the position, never above LEARNED_WEIGHT_MAX or the tries."""
+    if tries <= 0.0:
+        return 0.0
+    if generations < SPREAD_MIN_GENERATIONS:
+        return min(MIN_PRIOR_WEIGHT, tries)
+    p = hits / tries
+    mean = rates / generations
+    spread = max(0.0, squares / generations - mean * mean) * generations / (generations - 1.0)
+    between = spread - p * (1.0 - p) * inverse_tries / generations  # less what each generation's few tries add
+    weight = LEARNED_WEIGHT_MAX if between <= 1e-9 else p * (1.0 - p) / between - 1.0
+    return min(max(MIN_PRIOR_WEIGHT, min(LEARNED_WEIGHT_MAX, weight)), tries)
+
+
+def prior_counts(stored: Mapping[int, Mapping[str, Sequence[float]]]) -> dict[int, tuple[list[float], list[float]]]:
+    """The counts a new controller starts from: each stored position's rate, worth prior_weight observations."""
+    counts = {}
+    for signal, entry in stored.items():
+        hits, tries = [], []
+        for i, tried in enumerate(entry["tries"]):
+            weight = prior_weight(*(float(entry[field][i]) for field in FIELDS))
+            hits.append(float(entry["hits"][i]) * weight / tried if tried > 0 else 0.0)
+            tries.append(weight)
+        counts[int(signal)] = (hits, tries)
+    return counts
 
 
 def forget_all(path: Path | None = None) -> Path:
@@ -64,20 +126,28 @@ def forget_all(path: Path | None = None) -> Path:
     return path
 
 
-def _stored_counts(model_entry, drafter: str) -> dict[int, tuple[list[float], list[float]]] | None:
-    """A drafter's counts as stored, or None when there are none or any is not a count (a hand-edited or damaged
-    file): NaN, infinite or negative counts, or more hits than tries, would steer the controllers wrong."""
+def _stored_entry(model_entry, drafter: str) -> Stored | None:
+    """A drafter's stored counts, or None when there are none or any is not a count (a hand-edited or damaged
+    file): a field missing or of another length, NaN, infinite or negative values, more hits than tries or
+    more rates than generations would steer the controllers wrong."""
     entry = model_entry.get(drafter) if isinstance(model_entry, dict) else None
     if not isinstance(entry, dict):
         return None
     try:
-        counts = {int(signal): ([float(h) for h in pair[0]], [float(t) for t in pair[1]])
-                  for signal, pair in entry.items()}
-    except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+        stored = {int(signal): {field: [float(v) for v in fields[field]] for field in FIELDS}
+                  for signal, fields in entry.items()}
+    except (TypeError, ValueError, KeyError, OverflowError):
         return None
-    if not all(0.0 <= h <= t and math.isfinite(t) for hits, tries in counts.values() for h, t in zip(hits, tries)):
-        return None  # NaN fails every comparison
-    return counts
+    for fields in stored.values():
+        columns = [fields[field] for field in FIELDS]
+        if len({len(column) for column in columns}) != 1:
+            return None
+        for hits, tries, generations, rates, squares, inverse_tries in zip(*columns):
+            # NaN fails every comparison
+            if not (0.0 <= hits <= tries and 0.0 <= rates <= generations and 0.0 <= squares <= rates
+                    and 0.0 <= inverse_tries and math.isfinite(tries + generations + inverse_tries)):
+                return None
+    return stored
 
 
 def _at(values: Sequence[float], i: int) -> float:
@@ -106,7 +176,8 @@ class LearnedAcceptance:
 
     def prior(self, drafter: str) -> dict[int, tuple[list[float], list[float]]] | None:
         """The counts a new controller of this drafter starts from, or None for the built-in priors."""
-        return _stored_counts(self._read().get(self.model), drafter)
+        stored = _stored_entry(self._read().get(self.model), drafter)
+        return prior_counts(stored) if stored is not None else None
 
     def learn(self, drafter: str, counts: Counts) -> None:
         """Add one generation's observed counts of this drafter to the store."""
@@ -116,8 +187,8 @@ class LearnedAcceptance:
             data = self._read()
             if not isinstance(data.get(self.model), dict):
                 data[self.model] = {}  # none yet, or a hand-edited entry of another shape: start it afresh
-            old = _stored_counts(data[self.model], drafter) or {}
-            data[self.model][drafter] = {str(s): pair for s, pair in sorted(merge_counts(old, counts).items())}
+            old = _stored_entry(data[self.model], drafter) or {}
+            data[self.model][drafter] = {str(s): entry for s, entry in sorted(add_generation(old, counts).items())}
             self._write(data)
 
     def forget(self) -> bool:

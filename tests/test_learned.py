@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from edgespec.acceptance import COPY_BUCKETS
+from edgespec.acceptance import COPY_BUCKETS, LEARNED_WEIGHT_MAX
 from edgespec.controller import controller_for
 from edgespec.costs import CostModel
-from edgespec.learned import STORE_MAX_TRIES, LearnedAcceptance, forget_all, merge_counts
+from edgespec.learned import (MIN_PRIOR_WEIGHT, SPREAD_KEEP, SPREAD_MIN_GENERATIONS, STORE_KEEP, STORE_MAX_TRIES,
+                              LearnedAcceptance, add_generation, forget_all, prior_counts)
 
 CURVE = CostModel([1.0, 1.58, 2.23, 2.67, 3.1, 3.54, 3.97, 4.4, 4.5, 4.6, 4.7, 4.8, 4.9, 5.0, 5.1, 5.2])
 
@@ -24,11 +25,61 @@ def copying_counts(tries=40.0):
     return {c: ([tries], [tries]) for c in range(COPY_BUCKETS.index(4), len(COPY_BUCKETS))}
 
 
-def test_merge_fades_the_old_counts_and_caps_them():
-    merged = merge_counts({1: ([10.0], [20.0])}, {1: ([5.0], [5.0]), 2: ([1.0], [2.0])}, keep=0.5)
-    assert merged == {1: ([10.0], [15.0]), 2: ([1.0], [2.0])}
-    big = merge_counts({}, {1: ([1000.0], [2000.0])})
-    assert big[1][1] == [STORE_MAX_TRIES] and big[1][0] == [STORE_MAX_TRIES / 2]
+def test_a_generation_fades_the_old_counts_and_caps_them():
+    stored = add_generation({}, {1: ([10.0], [20.0])})
+    stored = add_generation(stored, {1: ([5.0], [5.0]), 2: ([1.0], [2.0])})
+    assert stored[1]["hits"] == pytest.approx([10.0 * STORE_KEEP + 5.0])
+    assert stored[1]["tries"] == pytest.approx([20.0 * STORE_KEEP + 5.0])
+    assert stored[2]["hits"] == [1.0] and stored[2]["tries"] == [2.0]
+    big = add_generation({}, {1: ([1000.0], [2000.0])})
+    assert big[1]["tries"] == [STORE_MAX_TRIES] and big[1]["hits"] == [STORE_MAX_TRIES / 2]
+
+
+def test_the_spread_counts_the_generations_that_tried_a_position_enough():
+    stored = add_generation({}, {1: ([3.0, 1.0], [4.0, 1.0])})  # position 2 tried once: says little
+    assert stored[1]["generations"] == [1.0, 0.0]
+    assert stored[1]["rates"] == [0.75, 0.0] and stored[1]["squares"] == [0.5625, 0.0]
+    stored = add_generation(stored, {})  # a generation of another drafter or class fades it
+    assert stored[1]["generations"] == pytest.approx([SPREAD_KEEP, 0.0])
+
+
+def stored_after(rates, tries=40.0):
+    """The store after one generation per rate, each trying the one position `tries` times."""
+    stored = {}
+    for rate in rates:
+        stored = add_generation(stored, {7: ([rate * tries], [tries])})
+    return stored
+
+
+def weight_of(stored):
+    return prior_counts(stored)[7][1][0]
+
+
+def test_generations_that_agree_make_a_prior_worth_more_than_ones_that_disagree():
+    agreeing = stored_after([0.9] * 10)
+    disagreeing = stored_after([0.5, 1.0] * 5)
+    assert weight_of(agreeing) == LEARNED_WEIGHT_MAX
+    assert weight_of(disagreeing) == MIN_PRIOR_WEIGHT
+    hits, tries = prior_counts(agreeing)[7]
+    assert hits[0] / tries[0] == pytest.approx(0.9)  # the weight changes, not the rate
+
+
+def test_a_spread_no_wider_than_chance_gives_the_most_weight_and_a_wider_one_less():
+    # the same mean rate, 0.8: rates that part by what 40 tries give by chance, and rates that part by more
+    chance = stored_after([0.75, 0.85] * 5)
+    wider = stored_after([0.6, 1.0] * 5)
+    assert weight_of(chance) == LEARNED_WEIGHT_MAX
+    assert MIN_PRIOR_WEIGHT < weight_of(wider) < LEARNED_WEIGHT_MAX
+
+
+def test_few_generations_make_a_prior_worth_the_minimum():
+    generations = 0
+    stored = {}
+    while generations * SPREAD_KEEP + 1 < SPREAD_MIN_GENERATIONS:  # one generation short of trusting the spread
+        stored = add_generation(stored, {7: ([36.0], [40.0])})
+        generations = generations * SPREAD_KEEP + 1
+    assert weight_of(stored) == MIN_PRIOR_WEIGHT
+    assert weight_of(add_generation(stored, {7: ([36.0], [40.0])})) == LEARNED_WEIGHT_MAX
 
 
 def test_a_new_controller_starts_from_what_the_model_learned(model_file, tmp_path):
@@ -80,6 +131,27 @@ def test_an_unreadable_file_means_starting_cold(model_file, tmp_path, content):
     store = LearnedAcceptance(model_file, path)
     assert store.prior("ngram") is None
     store.learn("ngram", copying_counts())  # and is replaced by a good one
+    assert store.prior("ngram") is not None
+
+
+@pytest.mark.parametrize("entry", [
+    {"1": [[1.0], [2.0]]},  # format 3's (hits, tries) pair
+    {"1": {"hits": [1.0], "tries": [2.0], "generations": [1.0], "rates": [0.5], "squares": [0.25]}},  # a field missing
+    {"1": {"hits": [1.0], "tries": [2.0, 3.0], "generations": [1.0], "rates": [0.5], "squares": [0.25],
+           "inverse_tries": [0.5]}},  # fields of different lengths
+    {"1": {"hits": [1.0], "tries": [2.0], "generations": [1.0], "rates": [2.0], "squares": [0.25],
+           "inverse_tries": [0.5]}},  # more rates than generations
+    {"1": {"hits": [1.0], "tries": [2.0], "generations": [1.0], "rates": [0.5], "squares": [0.25],
+           "inverse_tries": [float("nan")]}},
+])
+def test_a_damaged_entry_is_ignored_and_replaced(model_file, tmp_path, entry):
+    from edgespec.learned import FORMAT, model_identity
+
+    path = tmp_path / "learned.json"
+    path.write_text(json.dumps({"format": FORMAT, "models": {model_identity(model_file): {"ngram": entry}}}))
+    store = LearnedAcceptance(model_file, path)
+    assert store.prior("ngram") is None
+    store.learn("ngram", copying_counts())
     assert store.prior("ngram") is not None
 
 
