@@ -15,6 +15,9 @@ Run:
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --split check   # prompts 3-4
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --learned       # each prompt starts from the
                                                                      # learned prior of all others
+    .venv/bin/python benchmarks/ngram_sim.py REPLIES --learned in-turn --shuffle 1
+                                         # each prompt starts from the store the prompts before it left, in a
+                                         # shuffled order (without --shuffle: the files' order, kind after kind)
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --policy llamacpp-simple   # llama.cpp's ngram-simple
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve issue   # the issue's 16-width curve
     .venv/bin/python benchmarks/ngram_sim.py REPLIES --curve benchmarks/results/avx512-output-rows-cost-1-34.json
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -285,6 +289,17 @@ def learned_from_others(rows: list[dict], cost: CostModel, same_kind: bool = Fal
     return learned
 
 
+def simulate_in_turn(rows: list[dict], cost: CostModel, max_tokens: int = 200) -> dict[str, Replay]:
+    """Each row replayed in turn by a new process that starts from the learned priors the rows before it left
+    (learned.py's store, which every finished `edgespec run` adds to), as a user's runs follow each other."""
+    results, stored = {}, {}
+    for row in rows:
+        controller = controller_for("ngram", cost, len(cost.forward_seconds) - 1, learned=prior_counts(stored) or None)
+        results[row["id"]] = replay(row["prompt_ids"], decoded(row), cost, controller, drafter_for(row), max_tokens)
+        stored = add_generation(stored, controller.estimate.export())
+    return results
+
+
 def report(rows: list[dict], results: dict[str, Replay], per_prompt: bool = False) -> dict:
     by_suite = defaultdict(list)
     for row in rows:
@@ -308,8 +323,11 @@ def main() -> int:
     parser.add_argument("replies", type=Path, nargs="+", help="JSONL files from record_replies.py")
     parser.add_argument("--split", choices=("all", "tune", "check"), default="all",
                         help="tune: the first two prompts of each kind; check: the others")
-    parser.add_argument("--learned", choices=("mixed", "kind"), nargs="?", const="mixed",
-                        help="start each prompt from the learned prior of the other prompts (kind: of its own kind only)")
+    parser.add_argument("--learned", choices=("mixed", "kind", "in-turn"), nargs="?", const="mixed",
+                        help="start each prompt from the learned prior of the other prompts (kind: of its own kind "
+                             "only; in-turn: of the prompts before it, as the store holds them after those runs)")
+    parser.add_argument("--shuffle", type=int, metavar="SEED",
+                        help="with --learned in-turn: replay the prompts in an order shuffled by SEED")
     parser.add_argument("--curve", default="bench",
                         help="cost curve: bench (the calibrated one of results/heldout-t0.json), issue, or a bench JSON")
     parser.add_argument("--plan-curve",
@@ -332,6 +350,11 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the per-kind figures here")
     parser.add_argument("--per-prompt", action="store_true", help="also show each prompt's figures")
     args = parser.parse_args()
+    if args.shuffle is not None and args.learned != "in-turn":
+        parser.error("--shuffle orders the prompts of --learned in-turn; add that, or drop --shuffle")
+    if args.learned == "in-turn" and (args.plan_curve or args.learned_prices or args.seconds_noise):
+        parser.error("--learned in-turn replays at one curve without noise; drop --plan-curve, --learned-prices "
+                     "and --seconds-noise")
     rows = [json.loads(line) for path in args.replies for line in path.read_text().splitlines() if line.strip()]
     if args.split != "all":
         rows = [row for row in rows if (int(row["id"].split("@")[0].rsplit("-", 1)[1]) <= 2) == (args.split == "tune")]
@@ -342,6 +365,10 @@ def main() -> int:
     elif args.policy == "oracle":
         results = {row["id"]: replay_oracle(row["prompt_ids"], decoded(row), cost, len(cost.forward_seconds) - 1, 200,
                                             drafter_for(row)) for row in rows}
+    elif args.learned == "in-turn":
+        if args.shuffle is not None:
+            random.Random(args.shuffle).shuffle(rows)
+        results = simulate_in_turn(rows, cost)
     else:
         plan_cost = CostModel(curve_named(args.plan_curve)) if args.plan_curve else cost
         results = simulate(rows, cost, learned_from_others(rows, cost, args.learned == "kind") if args.learned else None,
