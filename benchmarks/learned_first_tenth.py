@@ -24,6 +24,11 @@ tokens its rounds gave (at T = 0 these still move a little between rounds: the s
 time, and near-ties of the target's two best tokens resolve by pass width):
     .venv/bin/python benchmarks/learned_first_tenth.py --workloads benchmarks/workloads-code-edit-12 \
         --kinds code-edit --runs 9 --held-out 3 --repeats 5
+
+--learn-on KIND makes the learning runs another kind's, so the next run is a kind's first after a user's
+runs of another (learned priors are per model, not per kind): whether what one kind taught costs the next.
+    .venv/bin/python benchmarks/learned_first_tenth.py --kinds extract,explain --held-out 2 --runs 9 \
+        --learn-on code-edit --learn-workloads benchmarks/workloads-code-edit-12 --repeats 5
 """
 
 from __future__ import annotations
@@ -69,10 +74,12 @@ def new_cache(directory: Path) -> Path:
 
 
 def one_kind(kind: str, args) -> tuple[list[dict], list[dict]]:
-    """RUNS drafted runs of this kind from no learned priors, each with its plain partner; then, with
-    --held-out, the held-out prompts as the kind's first run and as its next one (held_out_rounds)."""
+    """RUNS drafted runs of this kind (or of --learn-on's) from no learned priors, each with its plain partner;
+    then, with --held-out, the held-out prompts as the kind's first run and as its next one (held_out_rounds)."""
     prompts = load_workloads([kind], directory=args.workloads)
     learning, held_out = (prompts[: -args.held_out], prompts[-args.held_out:]) if args.held_out else (prompts, [])
+    if args.learn_on:
+        learning = load_workloads([args.learn_on], directory=args.learn_workloads or args.workloads)
     if not learning:
         raise SystemExit(f"--held-out {args.held_out} leaves none of the {len(prompts)} {kind} prompts to learn from")
     rows = []
@@ -137,10 +144,16 @@ def main() -> int:
                         help="keep each kind's last N prompts out of the learning runs and time them as its first "
                              "and its next run (see above)")
     parser.add_argument("--repeats", type=int, default=5, help="rounds per held-out prompt")
+    parser.add_argument("--learn-on", metavar="KIND",
+                        help="learn on this other kind's prompts instead, so the held-out prompts' next run is their "
+                             "kind's first after RUNS runs of another kind (a user who switches kinds)")
+    parser.add_argument("--learn-workloads", type=Path, help="the workloads dir of --learn-on (default: --workloads)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.runs < 1 or args.held_out < 0 or args.repeats < 1:
         parser.error("--runs and --repeats must be at least 1, --held-out at least 0")
+    if args.learn_on and not args.held_out:
+        parser.error("--learn-on times held-out prompts after another kind's runs: add --held-out N")
     by_kind = [one_kind(kind, args) for kind in args.kinds.split(",")]
     rows = [row for kind_rows, _ in by_kind for row in kind_rows]
     held_out = [check for _, checks in by_kind for check in checks]
