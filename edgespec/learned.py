@@ -48,7 +48,7 @@ STORE_MAX_TRIES = 200.0
 # SPREAD_MIN_GENERATIONS (faded) generations on.  Before that a prior is worth MIN_PRIOR_WEIGHT
 # observations, as every prior was before the spread was kept.  Replayed over the five reply sets
 # (benchmarks/ngram_sim.py), the tenth of a run of code edits started 1-10% faster than with a fixed
-# weight of 2, and no kind of a mixed run lost more than 2%.
+# weight of 2, and no kind of a mixed run lost more than 3%.
 SPREAD_KEEP = 0.9
 SPREAD_MIN_TRIES = 3.0
 SPREAD_MIN_GENERATIONS = 5.0
