@@ -25,6 +25,15 @@ time, and near-ties of the target's two best tokens resolve by pass width):
     .venv/bin/python benchmarks/learned_first_tenth.py --workloads benchmarks/workloads-code-edit-12 \
         --kinds code-edit --runs 9 --held-out 3 --repeats 5
 
+--keep-learned DIR keeps the cache dir the learning runs left, so that another command can start from it:
+the held-out code edits against llama.cpp's peers with learned priors (a fold of the twelve's last six):
+    mkdir -p /tmp/ce-last6 && tail -n 6 benchmarks/workloads-code-edit-12/code-edit.jsonl > /tmp/ce-last6/code-edit.jsonl
+    .venv/bin/python benchmarks/learned_first_tenth.py --workloads benchmarks/workloads-code-edit-12 \
+        --kinds code-edit --runs 6 --held-out 6 --repeats 3 --keep-learned /tmp/ce-learned
+    EDGESPEC_CACHE_DIR=/tmp/ce-learned/code-edit .venv/bin/edgespec bench --learned-priors --workloads /tmp/ce-last6 \
+        --suites code-edit --configs baseline,ngram,llamacpp-ngram-simple,llamacpp-ngram-simple-n15,llamacpp-ngram-mod \
+        --llama-cpp-bin "$(benchmarks/build_llama_cpp_peer.sh)" --repeats 3 --temperature 0 --max-tokens 200
+
 --learn-on KIND makes the learning runs another kind's, so the next run is a kind's first after a user's
 runs of another (learned priors are per model, not per kind): whether what one kind taught costs the next.
     .venv/bin/python benchmarks/learned_first_tenth.py --kinds extract,explain --held-out 2 --runs 9 \
@@ -99,6 +108,8 @@ def one_kind(kind: str, args) -> tuple[list[dict], list[dict]]:
             print(f"{kind} run {i + 1} ({prompt.id}): {tps:.1f} tok/s, plain {base:.1f}, "
                   f"x{rows[-1]['ratio']:.2f}", file=sys.stderr)
         checks = [held_out_rounds(kind, prompt, cold, cache, args) for prompt in held_out]
+        if args.keep_learned:
+            shutil.copytree(cache, args.keep_learned / kind)
     return rows, checks
 
 
@@ -148,8 +159,13 @@ def main() -> int:
                         help="learn on this other kind's prompts instead, so the held-out prompts' next run is their "
                              "kind's first after RUNS runs of another kind (a user who switches kinds)")
     parser.add_argument("--learn-workloads", type=Path, help="the workloads dir of --learn-on (default: --workloads)")
+    parser.add_argument("--keep-learned", type=Path, metavar="DIR",
+                        help="keep each kind's cache dir as the learning runs left it, in DIR/KIND: point "
+                             "EDGESPEC_CACHE_DIR there to time other runs (a bench with --learned-priors) from it")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.keep_learned and args.keep_learned.exists():
+        parser.error(f"--keep-learned {args.keep_learned} exists: name a new directory")
     if args.runs < 1 or args.held_out < 0 or args.repeats < 1:
         parser.error("--runs and --repeats must be at least 1, --held-out at least 0")
     if args.learn_on and not args.held_out:
