@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from .against_peers import print_against_peers
 from .configs import BenchConfig
 from .workloads import BenchError
 
@@ -223,6 +224,7 @@ def print_tables(results: dict, console=None) -> None:
             f"(closer than {ties[0]['drift_bound']:.2f} logits, twice the drift measured between pass widths); "
             "every other run matched it token for token"
         )
+    print_against_peers(results.get("against_peers") or [], console)
 
 
 def print_overhead(results: dict, console=None) -> None:

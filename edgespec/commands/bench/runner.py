@@ -21,6 +21,7 @@ from ...backend import default_threads, plain_logits
 from ...limits import SettingError, checked_flash_attn, flash_attention_on
 from ...loading import load_engine, use_learning
 from ...notices import print_notice
+from .against_peers import against_ngram_peers
 from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, BenchConfig, is_bit_exact, resolve_configs, rotated
 from .exactness import check_exactness, mark_same_seed_matches
 from .microbench import DEFAULT_N_CTX, load_average, machine_description, package_version
@@ -102,6 +103,7 @@ def _results(meta: dict, engine, plan, runs: list[dict], runner, overhead: bool)
         "runs": runs,
         "near_ties": runner.near_ties,
         "summary": summarize(runs, plan),
+        "against_peers": against_ngram_peers(runs, plan),
     }
     if overhead:
         results["overhead"] = summarize_overhead(runs, plan, engine.plain_step_seconds)
