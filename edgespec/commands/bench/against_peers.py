@@ -7,8 +7,8 @@ ratios is the figure; per prompt, because which peer setting is best changes fro
 ratio of medians over all prompts would let the long copies outweigh the rest.
 
 At T = 0 a drafted run may leave the baseline's text where the target's two best tokens nearly tie
-(exactness.py): it then wrote another reply than the peers did, and its prompt's ratio compares two texts.
-Those prompts are named beside the figure.
+(exactness.py).  It then wrote another reply than plain decoding, which the peers may well have followed,
+so its prompt's ratio can compare two texts: those prompts are named beside the figure.
 """
 
 from __future__ import annotations
