@@ -1,7 +1,7 @@
 """Does the target's own confidence tell where an n-gram copy will hold, beyond the copy's length?
 
 The n-gram controller estimates a draft's acceptance from where its match was
-found and how long it is (acceptance.py).  Every verified row also gives the
+found and how long it is (hindsight.py).  Every verified row also gives the
 target's distribution over the token it chose, for free: in a copy the target
 is sure, at an edit it hesitates.  If those hesitations came before the
 copy broke, the controller could draft longer where the target is sure.

@@ -2,7 +2,7 @@
 
 The controller chooses each step's draft length from what the drafter's match says (its copy length: how
 many tokens before the context's end match those before the source) and what it has learned.  This asks
-how much any such choice could win: a table that gives each copy-length class (acceptance.COPY_BUCKETS) one
+how much any such choice could win: a table that gives each copy-length class (hindsight.COPY_BUCKETS) one
 draft length, fitted by coordinate descent to the replies themselves, so it knows the text's copies the way
 no controller can.  Fitted on every reply it shows about how far a policy that reads the copy-length class
 alone can go (coordinate descent finds a good table, not provably the best one); fitted on one half of the replies and replayed on the other (--cross-validate), it is what a fixed table
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ngram_sim import CostModel, Replay, curve_named, decoded, drafter_for  # noqa: E402
 
-from edgespec.acceptance import COPY_BUCKETS  # noqa: E402
+from edgespec.hindsight import COPY_BUCKETS  # noqa: E402
 from edgespec.drafters import copy_signal_parts  # noqa: E402
 
 DRAFT_LENGTHS = (0, 1, 2, 3, 5, 7, 15, 23, 31, 33)  # those the curve's cheap widths (4, 8, 16, 24, 32) favour

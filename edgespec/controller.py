@@ -6,7 +6,7 @@ A plan that drafts k tokens is worth E(k) / C(k):
                                                 target's own correction or bonus token
     C(k) = T(k + 1) + k * c_d                   one target pass over k + 1 tokens, plus drafting
 
-where a_i is the drafter's estimated chance (acceptance.py) that draft position i is accepted when
+where a_i is the drafter's estimated chance (acceptance.py, hindsight.py) that draft position i is accepted when
 every position before it was. k = 0 is plain decoding, so when no draft length pays the controller
 stops drafting. A drafter that learns only from what it drafts is then probed now and then, so that
 the controller notices when drafting pays again: a probe drafts `probe_k` tokens. Probes spend an
@@ -37,7 +37,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .acceptance import HindsightAcceptance, VerifiedAcceptance
+from .acceptance import VerifiedAcceptance
+from .hindsight import HindsightAcceptance
 from .costs import CostModel, best_speedup
 
 # A drafter is probed only if, accepted this often, it would beat plain decoding. Not 1.0: a drafter
@@ -129,7 +130,7 @@ class SpeedGuard:
 
 
 class DraftLengthController:
-    """Picks k for each step from a cost curve and an acceptance estimate (acceptance.py).
+    """Picks k for each step from a cost curve and an acceptance estimate (acceptance.py, hindsight.py).
 
     One controller serves one drafter (the engine keeps one per drafter). Each step: `watch` before
     choosing (a hindsight learner scores the drafter's foreseen proposals), `choose` (or `best`, to

@@ -35,7 +35,7 @@ from .calibration import cache_dir
 from .files import atomic_write, parse_json, read_regular
 
 LEARNED_FILE = "learned-acceptance.json"
-FORMAT = 4  # 2: the n-gram drafter's counts are per copy class (acceptance.HindsightAcceptance); 3: the
+FORMAT = 4  # 2: the n-gram drafter's counts are per copy class (hindsight.HindsightAcceptance); 3: the
 # prompt's copies are a class of their own (drafters.SOURCES), so a copy class of 2 held them both;
 # 4: each position keeps its generations' spread, which weighs its prior
 # Each finished generation multiplies the stored counts by this before adding its own.

@@ -3,8 +3,8 @@ import itertools
 import numpy as np
 import pytest
 
-from edgespec.acceptance import (COPY_BUCKETS, MAX_COUNTS_PER_POSITION, PAIR_WEIGHT, HindsightAcceptance, PairRecord,
-                                 VerifiedAcceptance)
+from edgespec.acceptance import VerifiedAcceptance
+from edgespec.hindsight import COPY_BUCKETS, MAX_COUNTS_PER_POSITION, PAIR_WEIGHT, HindsightAcceptance, PairRecord
 from edgespec.calibration import CalibrationCache, CalibrationKey, StepTimeWatch
 from edgespec.pass_prices import priced_curve
 from edgespec.controller import DraftLengthController, SpeedGuard, controller_for

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from edgespec.acceptance import COPY_BUCKETS, LEARNED_WEIGHT_MAX
+from edgespec.acceptance import LEARNED_WEIGHT_MAX
+from edgespec.hindsight import COPY_BUCKETS
 from edgespec.controller import controller_for
 from edgespec.costs import CostModel
 from edgespec.learned import (MIN_PRIOR_WEIGHT, SPREAD_KEEP, SPREAD_MIN_GENERATIONS, STORE_KEEP, STORE_MAX_TRIES,
