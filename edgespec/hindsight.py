@@ -3,7 +3,8 @@
 The n-gram drafter's proposals cost nothing, so `HindsightAcceptance` is shown each step's whole
 proposal (`watch`), scored token by token against the text that follows, also at steps where
 nothing was drafted.  Every scored token says how often a copy of about that length goes on (one
-estimate per source and copy length, whatever the depth).
+estimate per source and copy length, whatever the depth).  A copy of the prompt that has gone on
+longer is taken to go on at least as often as a shorter one of this text has shown (LENDING_SOURCES).
 
 It also keeps a record per token pair (the token before a drafted token, and that token): how often
 a draft of that pair was kept inside a copy.  The step's own proposal is planned with it, depth by
@@ -50,6 +51,19 @@ COPY_PRIOR_SHIFT = 2.0
 # with benchmarks/ngram_sim.py on the held-out replies' prompts 1-2 (benchmarks/results/ngram-sim.txt).
 PAIR_WEIGHT = 4.0
 PAIR_MIN_COPY = 4
+# A copy of a document (the prompt, a predicted output) that has gone on longer is taken to go on at
+# least as often as this text's shorter copies of it have shown: each of those copy classes starts from
+# the cautious estimate of the shorter ones where that is above its own guess.  Without it, a function
+# copied whole was drafted four tokens at a time for its first 32 tokens, each longer class starting
+# from its guess as the copy reached it, where one 32-token pass costs less than two 4-token ones (1.73
+# and 6.44 plain steps on the Xeon of stop 67).  Only copies of LENDING_COPY tokens or more lend: two-token
+# phrases go on often in any prose, and lending from them made stories at T = 0.7 slower.  Copies of the
+# text's own writing and of the pool do not: they are records and repeats that break at one spot
+# however long they ran (a JSON record's next value), and lending made extractions 3% slower on the
+# issue's curve (benchmarks/ngram_sim.py).  A class's own counts outweigh what it was lent as they do
+# its guess, so the first long draft that breaks costs its class at once.
+LENDING_COPY = 4
+LENDING_SOURCES = ("prompt", "prediction")
 
 
 @dataclass
@@ -161,11 +175,28 @@ class HindsightAcceptance:
         classes = self._classes(signal)
         if classes[0] < 0:
             return np.zeros(self.k_max), np.zeros(self.k_max)
-        hits, tries = self._hits[classes], self._tries[classes]
-        rates, evidence = (hits + PRIOR_WEIGHT * self._prior[classes]) / (tries + PRIOR_WEIGHT), tries + PRIOR_WEIGHT
+        first = classes[0] - classes[0] % len(COPY_BUCKETS)  # the shortest copy class of the signal's source
+        rates, evidence = self._source_rates(first)[classes - first], self._tries[classes] + PRIOR_WEIGHT
         if self._proposal is not None and self._proposal[0] == signal:  # the proposal this step foresaw
             self._pairs.refine(self._proposal[1], rates, evidence)
         return rates, evidence
+
+    def _source_rates(self, first: int) -> np.ndarray:
+        """The estimate of each copy class of one source, shortest first: its counts on a prior of its guess
+        or what the shorter classes lend (LENDING_SOURCES), whichever is higher."""
+        rates, lent = np.empty(len(COPY_BUCKETS)), 0.0
+        lends = SOURCES[first // len(COPY_BUCKETS)] in LENDING_SOURCES
+        for bucket, length in enumerate(COPY_BUCKETS):
+            hits, tries = self._hits[first + bucket], self._tries[first + bucket]
+            prior = max(self._prior[first + bucket], lent)
+            rates[bucket] = (hits + PRIOR_WEIGHT * prior) / (tries + PRIOR_WEIGHT)
+            if lends and length >= LENDING_COPY:
+                lent = max(lent, float(self._cautious(rates[bucket], tries + PRIOR_WEIGHT)))
+        return rates
+
+    def _cautious(self, rates, evidence):
+        """The mean less `caution` standard errors of the evidence behind it."""
+        return np.clip(rates - self.caution * np.sqrt(rates * (1.0 - rates) / (evidence + 1.0)), 0.0, 1.0)
 
     def mean(self, signal: int = 0) -> np.ndarray:
         """Estimated acceptance a_1..a_k_max of a draft made on this signal (this step's proposal, when
@@ -174,8 +205,7 @@ class HindsightAcceptance:
 
     def planning(self, signal: int = 0) -> np.ndarray:
         """What the controller plans with: the mean less `caution` standard errors, per depth."""
-        rates, evidence = self._rates(signal)
-        return np.clip(rates - self.caution * np.sqrt(rates * (1.0 - rates) / (evidence + 1.0)), 0.0, 1.0)
+        return self._cautious(*self._rates(signal))
 
     def export(self) -> dict[int, tuple[list[float], list[float]]]:
         """Per copy class, ([hits], [tries]) observed since the last export; then forget them."""

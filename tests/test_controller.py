@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from edgespec.acceptance import VerifiedAcceptance
-from edgespec.hindsight import COPY_BUCKETS, MAX_COUNTS_PER_POSITION, PAIR_WEIGHT, HindsightAcceptance, PairRecord
+from edgespec.hindsight import (COPY_BUCKETS, LENDING_COPY, LENDING_SOURCES, MAX_COUNTS_PER_POSITION, PAIR_WEIGHT,
+                                HindsightAcceptance, PairRecord)
 from edgespec.calibration import CalibrationCache, CalibrationKey, StepTimeWatch
 from edgespec.pass_prices import priced_curve
 from edgespec.controller import DraftLengthController, SpeedGuard, controller_for
@@ -693,6 +694,41 @@ def test_a_copy_keeps_its_gain():
     edited = source[:100] + [7, 8, 9] + source[100:200]  # a copy with one edit
     speedup, _ = replay([1] + source, edited)
     assert speedup >= 2.0
+
+
+def copy_class(source, length):
+    """The hindsight learner's class of copies from `source` that have gone on for `length` tokens."""
+    return SOURCES.index(source) * len(COPY_BUCKETS) + COPY_BUCKETS.index(length)
+
+
+def test_a_long_copy_of_the_prompt_starts_from_what_its_shorter_copies_showed():
+    kept = {copy_class(source, length): ([8.0], [8.0]) for source in SOURCES for length in (4, 6, 8)}
+    shown, unseen = HindsightAcceptance(K_MAX, learned=kept), HindsightAcceptance(K_MAX)
+    guess = 16 / 18  # a copy of 16 tokens before any evidence (COPY_PRIOR_SHIFT 2)
+    for source in SOURCES:
+        long_copy = ngram_signal(source, 16)
+        assert unseen.mean(long_copy)[0] == pytest.approx(guess)
+        if source in LENDING_SOURCES:  # a document copied: what its copies of 4-11 tokens did is lent
+            assert shown.mean(long_copy)[0] > guess
+            assert shown.planning(long_copy)[0] > unseen.planning(long_copy)[0]
+        else:  # the text's own records and repeats break at one spot however long they ran
+            assert shown.mean(long_copy)[0] == pytest.approx(guess)
+
+
+def test_only_copies_of_a_few_tokens_lend_and_a_class_s_own_misses_outweigh_the_loan():
+    short = {copy_class("prompt", length): ([8.0], [8.0]) for length in COPY_BUCKETS if length < LENDING_COPY}
+    assert HindsightAcceptance(K_MAX, learned=short).mean(ngram_signal("prompt", 16))[0] == pytest.approx(16 / 18)
+    missed = {copy_class("prompt", 4): ([8.0], [8.0]), copy_class("prompt", 16): ([0.0], [8.0])}
+    assert HindsightAcceptance(K_MAX, learned=missed).mean(ngram_signal("prompt", 16))[0] < 0.5
+
+
+def test_a_whole_copy_of_the_prompt_is_drafted_wide_once_its_first_tokens_are_kept():
+    rng = np.random.default_rng(5)
+    block = [int(t) for t in rng.integers(1000, 5000, size=200)]
+    _, ks = replay(block, block[:120])
+    positions = list(itertools.accumulate((k + 1 for k in ks), initial=0))
+    # before lending, each longer copy class started from its guess, and full width came at token 43
+    assert min(p for p, k in zip(positions, ks) if k == K_MAX) <= 16
 
 
 # -- the speed guard ---------------------------------------------------------------------------
