@@ -23,6 +23,7 @@ import numpy as np
 
 from .backend import LlamaModel, common_prefix_length
 from .errors import Setting, VocabMismatchError
+from .copy_cursor import CopyCursor
 from .ngram_pool import NgramPool, TokenIndex
 from .renames import RenameTable
 from .limits import MAX_DRAFT_TOKENS, MAX_VOCAB_SIZE_DIFFERENCE
@@ -84,7 +85,7 @@ class NoDrafter:
 # An n-gram drafter's signal says where its match was found and how many tokens it matched: the length
 # of the copy in progress, counted up to MAX_COPY_LENGTH (beyond the index's longest n-gram, by comparing
 # the context with the text before the match).  The controller's hindsight learner keeps an acceptance
-# estimate per source and copy length (acceptance.py); 0 means no match.  A match in the context is
+# estimate per source and copy length (hindsight.py); 0 means no match.  A match in the context is
 # "prompt" when it lies in what the generation was given and "context" when it lies in what the generation
 # wrote itself: a copy of a document breaks where the document is edited, a repeat of the reply's own
 # text where the reply moves on, and one hazard for both fitted neither (benchmarks/ngram_sim.py).
@@ -116,7 +117,9 @@ class NgramDrafter:
     is its prompt: a match there is signalled as the prompt's, a match after
     it as the context's (the generation's own text).  The index reads the
     context with the renames the text has made undone, and drafts write them
-    (renames.py), so a copy goes on across a renamed name.
+    (renames.py), so a copy goes on across a renamed name.  It follows the copy
+    in progress in its source (copy_cursor.py), so that after an edit the copy
+    goes on where it stood, not wherever a token or two of tail last occurred.
 
     A generation may give it two more sources (ngram_pool.py): a prediction of
     the output, looked up like the context, and a pool of other texts of this
@@ -147,6 +150,7 @@ class NgramDrafter:
         self._canonical: list[int] = []  # the indexed tokens as the source spells them (renames undone)
         self._prompt_end = 0  # how many tokens the context list held when first seen: its generation's prompt
         self._renames = RenameTable()
+        self._cursor = CopyCursor()  # where the copy in progress stands in the context
         self.prediction: TokenIndex | None = None
         self.pool: NgramPool | None = None
 
@@ -186,10 +190,9 @@ class NgramDrafter:
         """(source, match length, the tokens it proposes: k, or fewer where an end token or its source ends them)
         of the best match, or None."""
         best = None
-        found = self._context_match(context)
+        found = self._copy_match(context)
         if found is not None:
             n, start = found
-            n = self._copy_length(n, start) if n == self.n_max else n
             period = len(context) - start
             canonical, written = self._canonical, self._renames.written
             self._renames.watch(len(context), canonical, start)
@@ -212,6 +215,22 @@ class NgramDrafter:
             return None
         return best[0], best[1], up_to_an_end(best[2](), self.end_tokens)
 
+    def _copy_match(self, context: list[int]) -> tuple[int, int] | None:
+        """(copy length, where its next token is) of the copy to continue in the context: the copy the
+        cursor follows where it is no shorter than the lookup's match, else the match (followed from now on)."""
+        found = self._context_match(context)
+        if found is not None:
+            n, start = found
+            found = (self._copy_length(n, start) if n == self.n_max else n, start)
+        cursor = self._cursor.position
+        if cursor is not None:
+            n = self._copy_length(0, cursor)
+            if n and (found is None or n >= found[0]):
+                return n, cursor
+        if found is not None:
+            self._cursor.move_to(found[1])
+        return found
+
     def _context_match(self, context: list[int]) -> tuple[int, int] | None:
         self._sync(context)
         canonical = self._canonical
@@ -232,6 +251,7 @@ class NgramDrafter:
         else:
             if context is not self._indexed:
                 self._prompt_end = len(context)
+            self._cursor.forget()  # a copy of the text before belongs to it
             n_common = common_prefix_length(self._indexed[: self._n_indexed], context)
             if n_common < self._n_indexed:
                 self._next_after, self._renames = {}, RenameTable()
@@ -239,6 +259,8 @@ class NgramDrafter:
         canonical = self._canonical
         del canonical[n_common:]
         canonical.extend(self._renames.canonical(token) for token in context[n_common:])
+        for index in range(n_common, len(context)):
+            self._cursor.follow(canonical, index)
         if self._renames.settle(canonical, context):  # read the whole context again with the renames now known
             self._next_after, n_common = {}, 0
             canonical[:] = [self._renames.canonical(token) for token in context]
