@@ -194,7 +194,7 @@ class HindsightAcceptance:
                 lent = max(lent, float(self._cautious(rates[bucket], tries + PRIOR_WEIGHT)))
         return rates
 
-    def _cautious(self, rates, evidence):
+    def _cautious(self, rates: np.ndarray | float, evidence: np.ndarray | float) -> np.ndarray:
         """The mean less `caution` standard errors of the evidence behind it."""
         return np.clip(rates - self.caution * np.sqrt(rates * (1.0 - rates) / (evidence + 1.0)), 0.0, 1.0)
 
