@@ -17,7 +17,7 @@ evaluated prompt token, decode seconds per token), and the together side evaluat
 run's records say it evaluated (prefixes shared between the requests' prompts count once).  So the bound
 reads the shape of the machine's curve, not the speed of the moment the runs were timed.
 
-Run (after the batch rounds of docs/benchmarks.md, with the records they wrote):
+Run (after the batch rounds of `git show 40d86cd:docs/benchmarks.md`, with the records they wrote):
     .venv/bin/python benchmarks/batch_bound.py --sequential none-p1.records.jsonl \
         --together none-pdefault.records.jsonl --model qwen2.5-coder-1.5b-instruct
 """

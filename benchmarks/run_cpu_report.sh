@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The runs behind docs/benchmarks.md: Qwen2.5-Coder-1.5B with and without its 0.5B draft, against
-# llama.cpp's own speculation, in one process per command.  Run on an idle machine: ggml's
-# threads spin, so any other busy process on 2 cores cuts the figures by 2-5x.
+# The runs behind an earlier docs/benchmarks.md (`git show 40d86cd:docs/benchmarks.md`): Qwen2.5-Coder-1.5B
+# with and without its 0.5B draft, against llama.cpp's own speculation, in one process per command.  Run on
+# an idle machine: ggml's threads spin, so any other busy process on 2 cores cuts the figures by 2-5x.
 #
 #   benchmarks/run_cpu_report.sh                          # every suite, one prompt each (~25 min)
 #   SUITES=code-edit PROMPTS=3 MAX_TOKENS=128 CONFIGS=baseline,ngram-auto benchmarks/run_cpu_report.sh

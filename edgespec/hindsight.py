@@ -35,7 +35,7 @@ CAUTION = 0.75
 # was planned on a single earlier copy (a CSV extraction kept none of 15 tokens, in 3 of 6 runs).
 # Once per position would be the count of distinct evidence, but CAUTION and the priors were chosen
 # on the repeated counts; 3 kept the copies' wins and lifted the worst prompts of the five reply sets
-# (benchmarks/ngram_sim.py, docs/benchmarks.md).
+# (benchmarks/ngram_sim.py; stop 60 in `git show 2740b8b:docs/benchmarks.md`).
 MAX_COUNTS_PER_POSITION = 3
 # A hindsight learner observes every step, so it can afford a shorter memory than one that learns
 # from verification only: it notices within a few dozen tokens that copies have become longer or shorter.

@@ -26,7 +26,8 @@ SAMPLING_VOCAB = 151_936  # Qwen2.5's
 # The sampler's rows: a normal spread of logits with four peaks this far above it, as Qwen2.5-Coder-1.5B's own rows
 # read (1,280 rows of 20 held-out replies, 10th to 90th percentile: spread 2.2-2.9, the best logit 20-27 above the
 # median one).  Peaks of 8-14 over a spread of 3 made rows so flat that their 1024 heaviest tokens did not hold
-# top-p's 95%, and top-k off read 10 ms a row where a model's own rows take 0.5 (docs/benchmarks.md, stop 59).
+# top-p's 95%, and top-k off read 10 ms a row where a model's own rows take 0.5 (stop 59 in
+# `git show 2740b8b:docs/benchmarks.md`).
 ROW_SPREAD = 2.6
 ROW_PEAKS = (18.0, 26.0)
 
