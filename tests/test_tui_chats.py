@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 from rich.style import Style
+from rich.text import Text
 from textual import events
 from textual.app import App
 
@@ -15,7 +16,7 @@ from test_tui import SIZE, loaded, make_app, models, pilot_test, replies, send, 
 from tui.history import ChatStore, content_key
 from tui.paste import PasteSafeParser
 from tui.history_screens import ConfirmScreen, ExportScreen, HistoryScreen, RenameScreen
-from tui.render import BlockRenderer
+from tui.render import Block, BlockRenderer
 from tui.reply import SEGMENT_LINES, BlockView, ReplyView
 from tui.screens import SettingsScreen
 from tui.widgets import Note, UserMessage
@@ -396,3 +397,15 @@ async def test_bit_exact_switched_on_during_a_reply_loads_the_models_again_once_
         assert last["role"] == "assistant" and last.get("cancelled") and last["content"]  # what arrived is kept
         await send(pilot, "Go on")
         assert app.chat.shown_stats.bit_exact and len(app.chat.session.messages) == 4
+
+
+def test_a_block_taken_off_the_screen_before_its_mount_shows_nothing_and_raises_nothing():
+    # Quitting mid-reply can remove a block view after its Mount event was queued: mounting segments
+    # under a detached widget raised MountError in the Mount handler, as a traceback on the way out.
+    text = "one line of prose\n"
+    view = BlockView(Block("prose", 0, len(text)))
+    view.show(view.block, text, Text(text))
+    view.on_mount()
+    assert not view.is_attached
+    assert list(view.children) == []
+    assert view.rendered.plain == text

@@ -109,6 +109,8 @@ class BlockView(Vertical):
         """Bring the mounted segments up to self._texts, updating only from first_changed on."""
         if not self._mounted:  # on_mount shows what arrived before
             return
+        if not self.is_attached:  # taken off the screen before its Mount was handled (the app quitting mid-reply)
+            return
         for index in range(first_changed, len(self._texts)):
             if index < len(self._statics):
                 self._statics[index].update(self._texts[index])
