@@ -23,7 +23,7 @@ import numpy as np
 
 from .backend import LlamaModel, common_prefix_length
 from .errors import Setting, VocabMismatchError
-from .copy_cursor import CopyCursor
+from .copy_cursor import TAKEOVER_MATCH, CopyCursor
 from .ngram_pool import NgramPool, TokenIndex
 from .renames import RenameTable
 from .limits import MAX_DRAFT_TOKENS, MAX_VOCAB_SIZE_DIFFERENCE
@@ -227,7 +227,7 @@ class NgramDrafter:
             n = self._copy_length(0, cursor)
             if n and (found is None or n >= found[0]):
                 return n, cursor
-        if found is not None:
+        if found is not None and (cursor is None or found[0] >= TAKEOVER_MATCH):
             self._cursor.move_to(found[1])
         return found
 

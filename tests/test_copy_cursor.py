@@ -68,3 +68,17 @@ def test_a_match_elsewhere_takes_over_from_a_copy_that_has_ended():
     assert drafter.propose(context, 2).tokens == [5, 11]  # ", d" of g's line
     context += [5]
     assert drafter.propose(context, 2).tokens == [11, 7]  # and the copy of g's line goes on from there
+
+
+def test_a_one_token_match_inside_an_edit_does_not_take_the_copy_away():
+    # The edit inserts ": List" after "a", and " List" is also the import line's last token: the lookup
+    # finds that one-token match, which a cursor that moved there would follow to the wrong line.  Here
+    # the inserted "c" occurs in g's line (out of the cursor's reach), where the "," after the edit
+    # would have taken the copy up.
+    prompt = F_LINE + list(range(700, 700 + RESYNC_WINDOW)) + G_LINE
+    reply = F_LINE[:4] + [50, 9] + [5]
+    drafter, context = NgramDrafter(), list(prompt)
+    for token in reply:
+        context.append(token)
+        drafter.peek(context)
+    assert drafter.propose(context, 3).tokens == [6, 7, 8]  # " b):" of f's line, the line being copied
