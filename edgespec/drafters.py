@@ -217,7 +217,8 @@ class NgramDrafter:
 
     def _copy_match(self, context: list[int]) -> tuple[int, int] | None:
         """(copy length, where its next token is) of the copy to continue in the context: the copy the
-        cursor follows where it is no shorter than the lookup's match, else the match (followed from now on)."""
+        cursor follows where it is no shorter than the lookup's match, else the match (followed from now on,
+        unless the cursor still follows a copy and the match is shorter than TAKEOVER_MATCH)."""
         found = self._context_match(context)
         if found is not None:
             n, start = found
