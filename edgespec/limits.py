@@ -75,9 +75,8 @@ def checked_kv_type(value) -> str:
 # --flash-attn: "auto" is on unless --bit-exact, as llama.cpp's own "auto" is on wherever the device runs it
 # (every CPU). It was 3% faster at every pass width on a 2-core Xeon and level on a 2-core EPYC (two sessions:
 # one-token steps 1% slower and 6% faster, wider passes 5% slower to 8% faster); with it a row's logits depend
-# on the width of its pass, which only --bit-exact cannot take (docs/benchmarks.md, stop 62; the EPYC's in
-# `git show 2740b8b:docs/benchmarks.md`, stop 64).  True and False read as
-# "on" and "off".
+# on the width of its pass, which only --bit-exact cannot take (docs/benchmarks.md, "What a pass costs here";
+# the EPYC's in `git show 2740b8b:docs/benchmarks.md`, stop 64).  True and False read as "on" and "off".
 FLASH_ATTN_CHOICES = ("auto", "on", "off")
 
 
