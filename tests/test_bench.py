@@ -283,6 +283,17 @@ def test_bad_workload_line_names_the_file_and_line(tmp_path):
         workloads.load_workloads(["poetry"], directory=tmp_path)
 
 
+def test_a_missing_suite_names_the_suites_the_folder_has(tmp_path):
+    # A folder of one's own prompts without --suites asks for the default suites: say which it holds instead.
+    (tmp_path / "story.jsonl").write_text('{"id": "story-01", "prompt": "once"}\n')
+    (tmp_path / "explain.jsonl").write_text('{"id": "explain-01", "prompt": "why"}\n')
+    (tmp_path / "replies-model.jsonl").write_text('{"id": "story-01", "prompt_ids": [1], "reply_ids": [2]}\n')
+    with pytest.raises(bench.BenchError, match=r"name its suites with --suites: explain, story$"):
+        workloads.load_workloads(["code-edit"], directory=tmp_path)
+    with pytest.raises(bench.BenchError, match="there is no folder"):
+        workloads.load_workloads(["code-edit"], directory=tmp_path / "missing")
+
+
 def bench_cli(*argv) -> int:
     return main(["bench", *map(str, argv)])
 

@@ -34,9 +34,30 @@ def load_workloads(
     for suite in suites:
         path = Path(directory) / f"{suite}.jsonl"
         if not path.is_file():
-            raise BenchError(f"no workload file for suite {suite!r} at {path} (suites: {', '.join(SUITES)})")
+            raise BenchError(f"no workload file for suite {suite!r} at {path}; {_holds(Path(directory))}")
         prompts.extend(_read_suite(suite, path)[:per_suite])
     return prompts
+
+
+def _holds(directory: Path) -> str:
+    """What a workloads folder offers instead, for the error that names a suite it lacks."""
+    if not directory.is_dir():
+        return f"there is no folder {directory} (--workloads)"
+    suites = sorted(path.stem for path in directory.glob("*.jsonl") if _starts_with_a_workload_line(path))
+    if not suites:
+        return f"{directory} holds no <suite>.jsonl files"
+    return f"name its suites with --suites: {', '.join(suites)}"
+
+
+def _starts_with_a_workload_line(path: Path) -> bool:
+    """Whether a JSONL file's first line is a prompt, not another record kept beside them (recorded replies)."""
+    try:
+        with path.open(encoding="utf-8") as lines:
+            first = next((line for line in lines if line.strip()), "")
+        row = json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(row, dict) and "id" in row and "prompt" in row
 
 
 def _read_suite(suite: str, path: Path) -> list[BenchPrompt]:
