@@ -294,6 +294,19 @@ def test_a_missing_suite_names_the_suites_the_folder_has(tmp_path):
         workloads.load_workloads(["code-edit"], directory=tmp_path / "missing")
 
 
+def test_without_suites_a_folder_runs_every_suite_it_holds(tmp_path):
+    (tmp_path / "story.jsonl").write_text('{"id": "story-01", "prompt": "once"}\n')
+    (tmp_path / "chat.jsonl").write_text('{"id": "chat-01", "prompt": "hi"}\n')
+    (tmp_path / "replies-model.jsonl").write_text('{"id": "story-01", "prompt_ids": [1], "reply_ids": [2]}\n')
+    assert [p.id for p in workloads.load_workloads(directory=tmp_path)] == ["chat-01", "story-01"]
+    assert workloads.suites_in(bench.WORKLOADS_DIR) == list(bench.SUITES)
+    only_replies = tmp_path / "replies"
+    only_replies.mkdir()
+    (tmp_path / "replies-model.jsonl").rename(only_replies / "replies-model.jsonl")
+    with pytest.raises(bench.BenchError, match="holds no <suite>.jsonl files of prompts"):
+        workloads.load_workloads(directory=only_replies)
+
+
 def bench_cli(*argv) -> int:
     return main(["bench", *map(str, argv)])
 

@@ -50,7 +50,9 @@ def add_bench_parser(subparsers) -> None:
     parser.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
     parser.add_argument("--draft", default=None, help="draft GGUF (path or catalog name) for the draft-model configurations, "
                         "or 'heads' for the heads configurations (heads trained with `edgespec heads train`)")
-    parser.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated suites (default: {','.join(SUITES)})")
+    parser.add_argument("--suites", default=None,
+                        help="comma-separated suites (default: every <suite>.jsonl of prompts in --workloads; the "
+                             f"built-in folder holds {','.join(SUITES)})")
     parser.add_argument(
         "--configs",
         default=None,
@@ -120,7 +122,7 @@ def _bench_command(args) -> int:
         results = run_bench(
             args.model,
             args.draft,
-            suites=_split(args.suites),
+            suites=_split(args.suites) if args.suites else None,
             configs=_split(args.configs) if args.configs else None,
             repeats=args.repeats,
             prompts_per_suite=args.prompts,

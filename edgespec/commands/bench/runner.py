@@ -27,7 +27,7 @@ from .exactness import check_exactness, mark_same_seed_matches
 from .microbench import DEFAULT_N_CTX, load_average, machine_description, package_version
 from .peers import LlamaCppPeer, find_binary
 from .report import summarize, summarize_overhead
-from .workloads import SUITES, WORKLOADS_DIR, BenchError, BenchPrompt, load_workloads
+from .workloads import WORKLOADS_DIR, BenchError, BenchPrompt, load_workloads
 
 DEFAULT_TEMPERATURES = (0.0, 0.7)
 DEFAULT_REPEATS = 3
@@ -38,7 +38,7 @@ def run_bench(
     model: str | Path,
     draft: str | Path | None = None,
     *,
-    suites: Iterable[str] = SUITES,
+    suites: Iterable[str] | None = None,
     configs: Iterable[str] | None = None,
     repeats: int = DEFAULT_REPEATS,
     prompts_per_suite: int | None = None,

@@ -28,8 +28,13 @@ class BenchPrompt:
 
 
 def load_workloads(
-    suites: Iterable[str] = SUITES, per_suite: int | None = None, directory: Path = WORKLOADS_DIR
+    suites: Iterable[str] | None = None, per_suite: int | None = None, directory: Path = WORKLOADS_DIR
 ) -> list[BenchPrompt]:
+    """The prompts of these suites (None: every suite the folder holds), the first per_suite of each."""
+    if suites is None:
+        suites = suites_in(Path(directory))
+        if not suites:
+            raise BenchError(f"no workloads to run: {_holds(Path(directory))}")
     prompts = []
     for suite in suites:
         path = Path(directory) / f"{suite}.jsonl"
@@ -39,13 +44,20 @@ def load_workloads(
     return prompts
 
 
+def suites_in(directory: Path) -> list[str]:
+    """The suites a workloads folder holds: its <suite>.jsonl files of prompts, the built-in suites first, in
+    their order, then the others by name."""
+    found = {path.stem for path in directory.glob("*.jsonl") if _starts_with_a_workload_line(path)}
+    return [suite for suite in SUITES if suite in found] + sorted(found.difference(SUITES))
+
+
 def _holds(directory: Path) -> str:
     """What a workloads folder offers instead, for the error that names a suite it lacks."""
     if not directory.is_dir():
         return f"there is no folder {directory} (--workloads)"
-    suites = sorted(path.stem for path in directory.glob("*.jsonl") if _starts_with_a_workload_line(path))
+    suites = suites_in(directory)
     if not suites:
-        return f"{directory} holds no <suite>.jsonl files"
+        return f"{directory} holds no <suite>.jsonl files of prompts"
     return f"name its suites with --suites: {', '.join(suites)}"
 
 
