@@ -47,13 +47,32 @@ def add_bench_parser(subparsers) -> None:
             "Exit codes: 0 done, 1 exactness check failed, 2 refused (bad options, model failed to load)."
         ),
     )
-    parser.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
-    parser.add_argument("--draft", default=None, help="draft GGUF (path or catalog name) for the draft-model configurations, "
-                        "or 'heads' for the heads configurations (heads trained with `edgespec heads train`)")
-    parser.add_argument("--suites", default=None,
-                        help="comma-separated suites (default: every <suite>.jsonl of prompts in --workloads; the "
-                             f"built-in folder holds {','.join(SUITES)})")
-    parser.add_argument(
+    _add_prompt_options(parser.add_argument_group("prompts: which, how many times, how sampled"))
+    _add_comparison_options(parser.add_argument_group("what is compared"))
+    _add_engine_options(parser.add_argument_group("engine"))
+    _add_output_options(parser.add_argument_group("output, and measurements instead of the bench"))
+    parser.set_defaults(func=handle_bench)
+
+
+def _add_prompt_options(group) -> None:
+    group.add_argument("--workloads", type=Path, default=WORKLOADS_DIR, metavar="DIR",
+                       help="folder of <suite>.jsonl files of prompts (default: the built-in workloads)")
+    group.add_argument("--suites", default=None,
+                       help="comma-separated suites (default: every <suite>.jsonl of prompts in --workloads; the "
+                            f"built-in folder holds {','.join(SUITES)})")
+    group.add_argument("--prompts", type=whole_number(1), default=None, metavar="N", help="use the first N prompts of each suite")
+    group.add_argument("--repeats", type=whole_number(1), default=DEFAULT_REPEATS, help=f"runs per prompt and configuration (default: {DEFAULT_REPEATS})")
+    group.add_argument("--temperature", type=sampling_value("temperature", float), action="append", default=None,
+                       help="sampling temperature; repeat the flag for several (default: 0 and 0.7)")
+    group.add_argument("--seed", type=sampling_value("seed", int), default=DEFAULT_SEED, help=f"seed of the first repeat; repeat i uses seed+i (default: {DEFAULT_SEED})")
+    group.add_argument("--max-tokens", type=sampling_value("max_tokens", int), default=None, help="override every prompt's max_tokens")
+
+
+def _add_comparison_options(group) -> None:
+    group.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
+    group.add_argument("--draft", default=None, help="draft GGUF (path or catalog name) for the draft-model configurations, "
+                       "or 'heads' for the heads configurations (heads trained with `edgespec heads train`)")
+    group.add_argument(
         "--configs",
         default=None,
         help="comma-separated configurations: baseline, ngram, draft-model, each optionally -kN (fixed draft "
@@ -62,40 +81,38 @@ def add_bench_parser(subparsers) -> None:
         f"(default: {','.join(DEFAULT_CONFIGS)}; draft-model and llamacpp-draft only with --draft, "
         "llamacpp-* only with --llama-cpp-bin)",
     )
-    parser.add_argument("--llama-cpp-bin", type=Path, default=None, metavar="DIR",
-                        help="folder with llama.cpp's llama-speculative-simple (benchmarks/build_llama_cpp_peer.sh "
-                             "prints it): adds the llamacpp-* configurations")
-    parser.add_argument("--repeats", type=whole_number(1), default=DEFAULT_REPEATS, help=f"runs per prompt and configuration (default: {DEFAULT_REPEATS})")
-    parser.add_argument("--prompts", type=whole_number(1), default=None, metavar="N", help="use the first N prompts of each suite")
-    parser.add_argument("--temperature", type=sampling_value("temperature", float), action="append", default=None,
-                        help="sampling temperature; repeat the flag for several (default: 0 and 0.7)")
-    parser.add_argument("--seed", type=sampling_value("seed", int), default=DEFAULT_SEED, help=f"seed of the first repeat; repeat i uses seed+i (default: {DEFAULT_SEED})")
-    parser.add_argument("--max-tokens", type=sampling_value("max_tokens", int), default=None, help="override every prompt's max_tokens")
-    parser.add_argument("--n-ctx", type=setting("n_ctx"), default=DEFAULT_N_CTX, help=f"context length (default: {DEFAULT_N_CTX})")
-    parser.add_argument("--threads", type=parse_threads, default=None, help="CPU threads for every configuration (default: as the engine)")
-    parser.add_argument("--kv-type", type=parse_kv_type, default="f16",
-                        help="the KV cache type of the target and the draft, f16|q8_0|q4_0, keys only without flash attention "
-                             "(default: f16); llama.cpp's peers keep f16")
-    parser.add_argument("--flash-attn", nargs="?", const="on", default="auto", type=parse_flash_attn,
-                        metavar="auto|on|off",
-                        help="flash attention for edgespec's configurations; auto (the default) runs it, as "
-                             "the other commands and llama.cpp's peers do, unless an -exact configuration is "
-                             "asked for (the defaults hold ngram-exact), which needs it off; on cannot go "
-                             "with those (--flash-attn alone: on)")
-    parser.add_argument("--learned-priors", action="store_true",
-                        help="start every run from what this model's drafters learned here before (edgespec models "
-                             "forget-learning resets it) instead of the neutral built-in priors; the results say which")
-    parser.add_argument("--workloads", type=Path, default=WORKLOADS_DIR, help="folder of <suite>.jsonl files")
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write every run and the summary as JSON")
-    parser.add_argument("--plot", type=Path, default=None, metavar="PNG", help="plot speedups (or the cost curve); needs edgespec[bench]")
-    parser.add_argument("--cost-curve", action="store_true",
-                        help=f"only measure the target's time per forward pass over 1..{COST_CURVE_MAX_TOKENS} tokens")
-    parser.add_argument("--overhead", action="store_true",
-                        help="also report the milliseconds per step spent outside llama_decode, per phase of the loop, "
-                             "and the sampling microbenchmark")
-    parser.add_argument("--sampling", action="store_true",
-                        help=f"only time to_probs + sample per row over a {SAMPLING_VOCAB:,}-token vocabulary (no model)")
-    parser.set_defaults(func=handle_bench)
+    group.add_argument("--llama-cpp-bin", type=Path, default=None, metavar="DIR",
+                       help="folder with llama.cpp's llama-speculative-simple (benchmarks/build_llama_cpp_peer.sh "
+                            "prints it): adds the llamacpp-* configurations")
+    group.add_argument("--learned-priors", action="store_true",
+                       help="start every run from what this model's drafters learned here before (edgespec models "
+                            "forget-learning resets it) instead of the neutral built-in priors; the results say which")
+
+
+def _add_engine_options(group) -> None:
+    group.add_argument("--n-ctx", type=setting("n_ctx"), default=DEFAULT_N_CTX, help=f"context length (default: {DEFAULT_N_CTX})")
+    group.add_argument("--threads", type=parse_threads, default=None, help="CPU threads for every configuration (default: as the engine)")
+    group.add_argument("--kv-type", type=parse_kv_type, default="f16",
+                       help="the KV cache type of the target and the draft, f16|q8_0|q4_0, keys only without flash attention "
+                            "(default: f16); llama.cpp's peers keep f16")
+    group.add_argument("--flash-attn", nargs="?", const="on", default="auto", type=parse_flash_attn,
+                       metavar="auto|on|off",
+                       help="flash attention for edgespec's configurations; auto (the default) runs it, as "
+                            "the other commands and llama.cpp's peers do, unless an -exact configuration is "
+                            "asked for (the defaults hold ngram-exact), which needs it off; on cannot go "
+                            "with those (--flash-attn alone: on)")
+
+
+def _add_output_options(group) -> None:
+    group.add_argument("--json", type=Path, default=None, metavar="FILE", help="write every run and the summary as JSON")
+    group.add_argument("--plot", type=Path, default=None, metavar="PNG", help="plot speedups (or the cost curve); needs edgespec[bench]")
+    group.add_argument("--cost-curve", action="store_true",
+                       help=f"only measure the target's time per forward pass over 1..{COST_CURVE_MAX_TOKENS} tokens")
+    group.add_argument("--overhead", action="store_true",
+                       help="also report the milliseconds per step spent outside llama_decode, per phase of the loop, "
+                            "and the sampling microbenchmark")
+    group.add_argument("--sampling", action="store_true",
+                       help=f"only time to_probs + sample per row over a {SAMPLING_VOCAB:,}-token vocabulary (no model)")
 
 
 def handle_bench(args) -> int:
