@@ -294,6 +294,16 @@ def test_a_missing_suite_names_the_suites_the_folder_has(tmp_path):
         workloads.load_workloads(["code-edit"], directory=tmp_path / "missing")
 
 
+def test_no_suite_or_no_prompt_is_refused_before_the_model_loads(tmp_path):
+    # Both ended in an IndexError traceback once the model had loaded.
+    (tmp_path / "chat.jsonl").write_text("\n")
+    with pytest.raises(bench.BenchError, match="names no suite"):
+        workloads.load_workloads([], directory=tmp_path)
+    with pytest.raises(bench.BenchError, match="no prompts to run: chat.jsonl"):
+        workloads.load_workloads(["chat"], directory=tmp_path)
+    assert bench_cli("--suites", ",", "--workloads", tmp_path, "--configs", "baseline") == bench.EXIT_REFUSED
+
+
 def test_without_suites_a_folder_runs_every_suite_it_holds(tmp_path):
     (tmp_path / "story.jsonl").write_text('{"id": "story-01", "prompt": "once"}\n')
     (tmp_path / "chat.jsonl").write_text('{"id": "chat-01", "prompt": "hi"}\n')

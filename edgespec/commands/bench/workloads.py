@@ -35,12 +35,17 @@ def load_workloads(
         suites = suites_in(Path(directory))
         if not suites:
             raise BenchError(f"no workloads to run: {_holds(Path(directory))}")
+    suites = list(suites)
+    if not suites:
+        raise BenchError("--suites names no suite: give one or more, comma-separated, or leave it out for all")
     prompts = []
     for suite in suites:
         path = Path(directory) / f"{suite}.jsonl"
         if not path.is_file():
             raise BenchError(f"no workload file for suite {suite!r} at {path}; {_holds(Path(directory))}")
         prompts.extend(_read_suite(suite, path)[:per_suite])
+    if not prompts:
+        raise BenchError(f"no prompts to run: {', '.join(f'{suite}.jsonl' for suite in suites)} in {directory} hold none")
     return prompts
 
 
