@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from dataclasses import replace
@@ -292,6 +293,32 @@ def test_a_missing_suite_names_the_suites_the_folder_has(tmp_path):
         workloads.load_workloads(["code-edit"], directory=tmp_path)
     with pytest.raises(bench.BenchError, match="there is no folder"):
         workloads.load_workloads(["code-edit"], directory=tmp_path / "missing")
+
+
+@pytest.mark.parametrize("line, reason", [
+    ('{"id": "a", "prompt": "hi", "max_tokens": -5}', "max_tokens is -5"),
+    ('{"id": "a", "prompt": "hi", "max_tokens": "12"}', "max_tokens is '12'"),
+    ('{"id": "a", "prompt": ["hi"]}', "the prompt is list, not text"),
+    ('[1, 2]', "list indices"),
+])
+def test_a_bad_workload_line_is_refused_with_its_reason(tmp_path, line, reason):
+    # A negative max_tokens ended in a ValueError traceback once the model had loaded.
+    (tmp_path / "chat.jsonl").write_text(line + "\n")
+    with pytest.raises(bench.BenchError, match=re.escape(f"chat.jsonl:1 is not a workload line ({reason}")):
+        workloads.load_workloads(["chat"], directory=tmp_path)
+
+
+def test_a_workload_file_that_is_not_utf8_is_refused(tmp_path):
+    (tmp_path / "chat.jsonl").write_bytes(b"\xff\xfe{}\n")
+    with pytest.raises(bench.BenchError, match="cannot be read as UTF-8 text"):
+        workloads.load_workloads(["chat"], directory=tmp_path)
+
+
+def test_results_into_a_missing_folder_are_refused_before_the_bench_runs(tmp_path, capsys):
+    # The model named does not exist: the refusal must come before anything would load it.
+    assert bench_cli("--json", tmp_path / "missing" / "out.json", "--suites", "chat", "--configs", "baseline",
+                     "--model", tmp_path / "not-loaded.gguf") == bench.EXIT_REFUSED
+    assert f"there is no folder {tmp_path / 'missing'}" in capsys.readouterr().err
 
 
 def test_no_suite_or_no_prompt_is_refused_before_the_model_loads(tmp_path):

@@ -128,6 +128,9 @@ def handle_bench(args) -> int:
 def _bench_command(args) -> int:
     if args.plot:
         pyplot()  # fail before the long part, not after it
+    for output in filter(None, (args.json, args.plot)):
+        if not output.parent.is_dir():
+            raise BenchError(f"{output}: there is no folder {output.parent}; create it, or write the results elsewhere")
     if args.sampling:
         results = {"meta": {}, "sampling": run_sampling_microbench()}
         print_sampling(results["sampling"])

@@ -78,13 +78,26 @@ def _starts_with_a_workload_line(path: Path) -> bool:
 
 
 def _read_suite(suite: str, path: Path) -> list[BenchPrompt]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise BenchError(f"{path} cannot be read as UTF-8 text ({err})") from None
     prompts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-            prompts.append(BenchPrompt(suite, str(row["id"]), str(row["prompt"]), int(row.get("max_tokens", 128))))
+            prompts.append(_workload_line(suite, json.loads(line)))
         except (ValueError, KeyError, TypeError) as err:
-            raise BenchError(f"{path}:{number} is not a workload line ({err}); expected {{\"id\", \"prompt\", \"max_tokens\"}}") from err
+            raise BenchError(f"{path}:{number} is not a workload line ({err}); expected "
+                             "{\"id\": ..., \"prompt\": \"text\", \"max_tokens\": a whole number from 1 up}") from None
     return prompts
+
+
+def _workload_line(suite: str, row: dict) -> BenchPrompt:
+    prompt, max_tokens = row["prompt"], row.get("max_tokens", 128)
+    if not isinstance(prompt, str):
+        raise TypeError(f"the prompt is {type(prompt).__name__}, not text")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens is {max_tokens!r}")
+    return BenchPrompt(suite, str(row["id"]), prompt, max_tokens)
