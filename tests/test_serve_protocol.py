@@ -65,6 +65,8 @@ def test_what_edgespec_cannot_honour_is_refused_by_name(field, value):
 
 def test_inert_values_of_unsupported_fields_are_fine():
     assert chat(n=1, logprobs=False, presence_penalty=0, tools=[], user="me").params == DEFAULTS
+    assert chat(modalities=["text"]).params == DEFAULTS  # OpenAI's own value for a text reply
+    assert refusal(modalities=["text", "audio"]).param == "modalities"
 
 
 def test_what_cannot_change_the_output_is_accepted_and_left_unused():

@@ -45,6 +45,7 @@ _INERT_VALUES = {
     "function_call": ("none",),
     "response_format": ({"type": "text"},),
     "parallel_tool_calls": (False,),
+    "modalities": (["text"],),  # what a reply is made of: text is all there is
 }
 _COMPLETION_INERT_VALUES = {**_INERT_VALUES, "logprobs": (0,)}
 # The JSON types of the inert values above, as a message names them.
