@@ -31,18 +31,19 @@ def load_workloads(
     suites: Iterable[str] | None = None, per_suite: int | None = None, directory: Path = WORKLOADS_DIR
 ) -> list[BenchPrompt]:
     """The prompts of these suites (None: every suite the folder holds), the first per_suite of each."""
+    directory = Path(directory)
     if suites is None:
-        suites = suites_in(Path(directory))
+        suites = suites_in(directory)
         if not suites:
-            raise BenchError(f"no workloads to run: {_holds(Path(directory))}")
+            raise BenchError(f"no workloads to run: {_holds(directory)}")
     suites = list(suites)
     if not suites:
         raise BenchError("--suites names no suite: give one or more, comma-separated, or leave it out for all")
     prompts = []
     for suite in suites:
-        path = Path(directory) / f"{suite}.jsonl"
+        path = directory / f"{suite}.jsonl"
         if not path.is_file():
-            raise BenchError(f"no workload file for suite {suite!r} at {path}; {_holds(Path(directory))}")
+            raise BenchError(f"no workload file for suite {suite!r} at {path}; {_holds(directory)}")
         prompts.extend(_read_suite(suite, path)[:per_suite])
     if not prompts:
         raise BenchError(f"no prompts to run: {', '.join(f'{suite}.jsonl' for suite in suites)} in {directory} hold none")
