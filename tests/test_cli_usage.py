@@ -395,3 +395,31 @@ def test_the_command_line_loads_llama_cpp_before_numpy():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stderr.strip().splitlines()[-1] == "[False]", done.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "batch", "serve", "plan", "bench", "heads train"])
+def test_a_flag_written_short_is_refused_by_its_command_naming_the_flag_it_begins(command, tmp_path, capsys,
+                                                                                  monkeypatch):
+    # argparse took a flag's first letters for the flag: `--mode bogus` ran with --model bogus without a word
+    import tui.app
+
+    monkeypatch.setattr(tui.app, "run_chat", lambda *args, **kwargs: pytest.fail("the short flag went through"))
+    (tmp_path / "in.jsonl").write_text(BATCH_LINE)
+    argv = command_line(command, "--max-tok", "5", tmp_path)
+    if command in ("chat", "plan", "heads train"):  # no --max-tokens there: a flag all commands have
+        argv[-2:] = ["--mode", "other"]
+    code, err = exit_code_and_error(argv, capsys)
+    lines = err.strip().splitlines()
+    meant = "--model" if command in ("chat", "plan", "heads train") else "--max-tokens"
+    assert code == 2 and len(lines) == 1, err
+    assert f"edgespec {command}: unrecognized arguments: {argv[-2]}" in lines[0], err
+    assert f"did you mean {meant}?" in lines[0] and f"see edgespec {command} --help" in lines[0], err
+
+
+def test_an_unknown_flag_is_answered_with_the_nearest_spelling_when_none_begins_with_it(capsys):
+    code, err = exit_code_and_error(["serve", "--prot", "8000"], capsys)
+    assert code == 2 and "unrecognized arguments: --prot 8000; did you mean --port?" in err, err
+
+
+def test_temp_is_llama_cpps_spelling_of_temperature():
+    assert build_parser().parse_args(["run", "--temp", "0.3", "hello"]).temperature == 0.3

@@ -12,7 +12,9 @@ exits 130 wherever it lands, and later ones change nothing (see main).
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import signal
 import sys
 
@@ -25,10 +27,45 @@ NO_RESULTS_ON_STDOUT = frozenset({"batch", "serve", "chat"})
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's parser, but a bad argument gets one line, not the usage text and then the error."""
+    """argparse's parser, but a bad argument gets one line, not the usage text and then the error, and a flag
+    is written whole: argparse takes a flag's first letters for the flag, so `--mode X` ran with --model X
+    and `--k 4` set the KV type, without a word."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.subcommands: tuple[str, dict[str, _Parser]] | None = None  # (dest, parser by name) of its commands
+
+    def add_subparsers(self, **kwargs):
+        action = super().add_subparsers(**kwargs)
+        self.subcommands = (kwargs["dest"], action.choices)  # filled as each command's parser is added
+        return action
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but arguments no flag takes are refused by the command they were given to, which
+        names its own --help and the flag meant where one is close."""
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self.command_parser(parsed).refuse_unknown(unknown)
+        return parsed
+
+    def command_parser(self, parsed: argparse.Namespace) -> "_Parser":
+        """The parser of the innermost command parsed names ("heads train": train's)."""
+        dest, parsers = self.subcommands or (None, {})
+        chosen = parsers.get(getattr(parsed, dest, None)) if dest else None
+        return chosen.command_parser(parsed) if chosen is not None else self
+
+    def refuse_unknown(self, unknown: list[str]):
+        flags = set(re.findall(r"--[a-z][a-z0-9-]*", self.format_usage()))
+        first_flag = next((arg.split("=")[0] for arg in unknown if arg.startswith("-")), "")
+        # the flag a first few letters begin (what argparse took them for), else the nearest spelling
+        starting = sorted(flag for flag in flags if first_flag.startswith("--") and flag.startswith(first_flag))
+        close = starting or difflib.get_close_matches(first_flag, flags, n=1)
+        meant = f"; did you mean {' or '.join(close)}?" if close else ""
+        self.error(f"unrecognized arguments: {' '.join(unknown)}{meant}")
 
     def parse_known_args(self, args=None, namespace=None):
         from .options import joined_negative_sizes

@@ -65,7 +65,7 @@ def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256,
     reply or a batch of them (the chat app samples each reply afresh and stops at the end of a turn)."""
     group = parser.add_argument_group("sampling")
     group.add_argument("--max-tokens", type=sampling_value("max_tokens", int), default=max_tokens)
-    group.add_argument("--temperature", "-t", type=sampling_value("temperature", float), default=0.8,
+    group.add_argument("--temperature", "--temp", "-t", type=sampling_value("temperature", float), default=0.8,
                        help="0 means greedy (default: %(default)s)")
     group.add_argument("--top-k", type=sampling_value("top_k", int), default=40, help="0 switches it off (default: %(default)s)")
     group.add_argument("--top-p", type=sampling_value("top_p", float), default=0.95,
