@@ -34,11 +34,11 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
-        self.subcommands: tuple[str, dict[str, _Parser]] | None = None  # (dest, parser by name) of its commands
+        self.subcommands: tuple[str | None, dict[str, _Parser]] | None = None  # (dest, parser by name) of its commands
 
     def add_subparsers(self, **kwargs):
         action = super().add_subparsers(**kwargs)
-        self.subcommands = (kwargs["dest"], action.choices)  # filled as each command's parser is added
+        self.subcommands = (kwargs.get("dest"), action.choices)  # filled as each command's parser is added
         return action
 
     def error(self, message: str):
