@@ -421,5 +421,7 @@ def test_an_unknown_flag_is_answered_with_the_nearest_spelling_when_none_begins_
     assert code == 2 and "unrecognized arguments: --prot 8000; did you mean --port?" in err, err
 
 
-def test_temp_is_llama_cpps_spelling_of_temperature():
+def test_temp_is_llama_cpps_spelling_of_temperature_and_whole_flags_still_take_joined_values():
     assert build_parser().parse_args(["run", "--temp", "0.3", "hello"]).temperature == 0.3
+    args = build_parser().parse_args(["run", "--max-tokens=3", "-t0", "-mtiny", "--", "--mode"])
+    assert (args.max_tokens, args.temperature, args.model, args.prompt) == (3, 0.0, "tiny", "--mode")
