@@ -406,7 +406,7 @@ def test_a_flag_written_short_is_refused_by_its_command_naming_the_flag_it_begin
     monkeypatch.setattr(tui.app, "run_chat", lambda *args, **kwargs: pytest.fail("the short flag went through"))
     (tmp_path / "in.jsonl").write_text(BATCH_LINE)
     argv = command_line(command, "--max-tok", "5", tmp_path)
-    if command in ("chat", "plan", "heads train"):  # no --max-tokens there: a flag all commands have
+    if command in ("chat", "plan", "heads train"):  # no --max-tokens there; --model, which every command has
         argv[-2:] = ["--mode", "other"]
     code, err = exit_code_and_error(argv, capsys)
     lines = err.strip().splitlines()
