@@ -425,3 +425,9 @@ def test_temp_is_llama_cpps_spelling_of_temperature_and_whole_flags_still_take_j
     assert build_parser().parse_args(["run", "--temp", "0.3", "hello"]).temperature == 0.3
     args = build_parser().parse_args(["run", "--max-tokens=3", "-t0", "-mtiny", "--", "--mode"])
     assert (args.max_tokens, args.temperature, args.model, args.prompt) == (3, 0.0, "tiny", "--mode")
+
+
+def test_a_flag_typed_as_the_last_word_of_another_is_suggested_beside_the_flags_it_begins(capsys):
+    # `--k` begins --kv-type, but the user as likely meant --top-k
+    code, err = exit_code_and_error(["run", "--k", "4", "hello"], capsys)
+    assert code == 2 and "unrecognized arguments: --k hello; did you mean --kv-type or --top-k?" in err, err

@@ -61,9 +61,11 @@ class _Parser(argparse.ArgumentParser):
     def refuse_unknown(self, unknown: list[str]):
         flags = set(re.findall(r"--[a-z][a-z0-9-]*", self.format_usage()))
         first_flag = next((arg.split("=")[0] for arg in unknown if arg.startswith("-")), "")
-        # the flag a first few letters begin (what argparse took them for), else the nearest spelling
-        starting = sorted(flag for flag in flags if first_flag.startswith("--") and flag.startswith(first_flag))
-        close = starting or difflib.get_close_matches(first_flag, flags, n=1)
+        # the flags a first few letters begin (what argparse took them for) or that end in the word typed
+        # (`--k` for --top-k as well as --kv-type), else the nearest spelling
+        word = first_flag[2:] if first_flag.startswith("--") else ""
+        close = sorted(flag for flag in flags if word and (flag.startswith(first_flag) or flag.endswith("-" + word)))
+        close = close or difflib.get_close_matches(first_flag, flags, n=1)
         meant = f"; did you mean {' or '.join(close)}?" if close else ""
         self.error(f"unrecognized arguments: {' '.join(unknown)}{meant}")
 
