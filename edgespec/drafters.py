@@ -27,7 +27,6 @@ from .copy_cursor import TAKEOVER_MATCH, CopyCursor
 from .ngram_pool import NgramPool, TokenIndex
 from .renames import RenameTable
 from .limits import MAX_DRAFT_TOKENS, MAX_VOCAB_SIZE_DIFFERENCE
-from .limits import MODES  # noqa: F401  (the modes these drafters implement; the chat app reads them here)
 from .sampling import SamplingParams, sample, to_probs
 
 

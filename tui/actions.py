@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 from textual.app import SystemCommand
 
 from edgespec.errors import EdgespecError, as_flag
-from edgespec.drafters import MODES
+from edgespec.limits import MODES
 from tui import stats as stats_text
 from tui.chat import ChatController
 from tui.config import COMMAND_HELP, KEY_ACTIONS, ChatConfig, save_defaults

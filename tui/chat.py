@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from edgespec import ChatSession, Done, Engine, Notice, Step
-from edgespec.drafters import MODES
 from edgespec.errors import flag_worded
+from edgespec.limits import MODES
 from edgespec.stats import Stats
 from tui import stats as stats_text
 from tui.config import ChatConfig, chat_sampling
