@@ -429,5 +429,5 @@ def test_temp_is_llama_cpps_spelling_of_temperature_and_whole_flags_still_take_j
 
 def test_a_flag_typed_as_the_last_word_of_another_is_suggested_beside_the_flags_it_begins(capsys):
     # `--k` begins --kv-type, but the user as likely meant --top-k
-    code, err = exit_code_and_error(["run", "--k", "4", "hello"], capsys)
-    assert code == 2 and "unrecognized arguments: --k hello; did you mean --kv-type or --top-k?" in err, err
+    code, err = exit_code_and_error(["run", "hello", "--k", "4"], capsys)
+    assert code == 2 and "unrecognized arguments: --k 4; did you mean --kv-type or --top-k?" in err, err
