@@ -45,6 +45,10 @@ SEQUENCES_METHOD = 2
 # lower median of its samples (curve_timing); before, one round, where one slow pass priced a wide width
 # out of drafting for good, as drafting is what would have corrected it.
 CURVE_METHOD = 2
+# How the widest bit-exact pass and each width's drift were found: an entry found otherwise is measured
+# again whole. 2: the widths checked 264 tokens deep (backend.probing.PROBE_DEPTH), where llama.cpp's
+# flash attention rounds one-token steps differently; before, 8 deep, where it does not.
+WIDTH_PROBE_METHOD = 2
 # The shortest time between two measurements of a model's curve that passes during generation
 # call for (StepTimeWatch): a machine whose load comes and goes gets one a few times a day at most.
 MIN_REMEASURE_INTERVAL_SECONDS = 6 * 3600.0
@@ -173,6 +177,8 @@ class CalibrationCache:
                               if entry.get("sequences_method") == SEQUENCES_METHOD)
         except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: int() of 1e999, read as inf
             return None  # missing or hand-edited entry: measure again
+        if entry.get("width_probe_method") != WIDTH_PROBE_METHOD:
+            return None  # its exact width may not be: measure again
         if max_width < 1 or not curve or not all(math.isfinite(s) and s > 0 for s in curve):
             return None
         if not all(n >= 1 and rows >= 1 and math.isfinite(f) and f > 0 for n, rows, f in sequences):
@@ -190,6 +196,7 @@ class CalibrationCache:
             "drift": sorted((drift or {}).items()),
             "measured_at": time.time() if now is None else now,
             "curve_method": CURVE_METHOD,
+            "width_probe_method": WIDTH_PROBE_METHOD,
             "stale": False,
         }
         self._write(entries)

@@ -142,6 +142,17 @@ def test_a_curve_measured_the_old_way_is_stale_and_keeps_its_exact_width(cache, 
     assert cache.load_entry(key, now=NOW) is None
 
 
+def test_an_exact_width_probed_the_old_way_is_measured_again_whole(cache, key):
+    # Before WIDTH_PROBE_METHOD 2 the widths were checked 8 tokens deep, where llama.cpp's flash attention
+    # rounds one-token steps as wide passes do: an exact width found there is not one at a reply's depth.
+    cache.store(key, 33, (0.05, 0.075), now=NOW, drift={2: 0.0})
+    data = json.loads(cache.path.read_text())
+    for entry in data["entries"].values():
+        del entry["width_probe_method"]
+    cache.path.write_text(json.dumps(data))
+    assert cache.read(key, now=NOW) is None
+
+
 def test_an_entry_holds_its_width_and_curve_until_marked_stale(cache, key):
     curve = (0.05, 0.075, 0.1, 0.12, 0.14, 0.16, 0.17, 0.18)
     cache.store(key, 8, curve, now=NOW)

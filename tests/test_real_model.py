@@ -7,9 +7,11 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from edgespec import ChatSession, SamplingParams
+from edgespec.backend import LlamaModel, probe_pass_widths, probe_tokens
 from edgespec.loading import load_engine
 
 CODE = '''def mean(values):
@@ -53,6 +55,23 @@ def test_greedy_ngram_equals_greedy_plain(smollm):
     assert emitted == stats.steps + stats.draft_tokens_accepted
     assert stats.target_passes_per_token < plain.stats.target_passes_per_token
     assert plain.stats.target_forward_passes == plain.stats.steps
+
+
+def test_the_widths_the_probe_calls_exact_are_exact_at_a_replys_depth(smollm2_path):
+    # The probe once checked the widths 8 tokens deep. Past 256 cached tokens llama.cpp's flash attention
+    # splits a one-token step's keys across threads (backend/probing.py), so widths called exact there
+    # were not in a reply, and the bench called the drift a bug in edgespec. Whatever this CPU's kernels
+    # do, a width called exact must give one-token steps' logits bit for bit 300 tokens into another text.
+    model = LlamaModel(smollm2_path, n_ctx=1024, n_threads=2, flash_attn=True)
+    try:
+        width = probe_pass_widths(model, probe_tokens(model), 9).exact_width
+        text, depth = model.tokenize(CODE * 12, add_special=True), 300
+        model.decode(text[:depth], n_logits=0)
+        steps = np.stack([model.decode([token], 1)[0] for token in text[depth : depth + width]])
+        model.rewind(depth)
+        assert np.array_equal(model.decode(text[depth : depth + width], width), steps)
+    finally:
+        model.close()
 
 
 def test_sampled_ngram_writes_what_sampled_plain_writes_for_the_same_seed(smollm):

@@ -13,6 +13,15 @@ from ..limits import MAX_OUTPUT_ROWS
 from .context import Context
 from .model import LlamaModel
 
+# How deep in the cache the widths are checked. llama.cpp's CPU flash attention splits a one-token query's
+# keys across threads once the cache spans 512 cells (ggml-cpu ops.cpp, `nek1 >= 512`; cells are counted in
+# steps of 256), and takes a wider pass's queries whole: past 256 cached tokens even a 2-token pass rounds
+# differently from one-token steps. Near the start of the cache it does not: SmolLM2-135M with flash
+# attention has every width bit-identical 8 tokens deep and 0.7-1.3 logits apart 300 deep, and Qwen2.5-Coder-
+# 1.5B widths 2 and 3 exact 8 deep and 0.46 apart 300 deep. A probe as shallow as a prompt's first tokens
+# called the drift of a real reply a bug in edgespec (the bench's exactness check).
+PROBE_DEPTH = 264
+
 
 @dataclass(frozen=True)
 class PassProbe:
@@ -33,14 +42,17 @@ def probe_pass_widths(
     logits from the same token decoded alone.  Widths are checked
     narrowest first, each by a pass of its own, until the first one that
     is not bit-identical; after that only drift_widths are checked, for
-    the size of the difference.  With budget_seconds the one-token passes
-    get a quarter of it and the checks the rest, each check skipped once
-    it would end past the budget (width 2 is always checked), so every
-    figure comes from a width that was checked.  probe needs 8 + limit
-    tokens; the cache is left as it was, and the passes are not counted.
+    the size of the difference.  The passes are PROBE_DEPTH tokens deep, or
+    as deep as probe and the context allow (at least 8 tokens).  With
+    budget_seconds the one-token passes get a quarter of it and the checks
+    the rest, each check skipped once it would end past the budget (width 2
+    is always checked), so every figure comes from a width that was
+    checked.  probe needs PROBE_DEPTH + limit tokens; the cache is left as
+    it was, and the passes are not counted.
     """
     n_keep, passes = len(model.cached), model.forward_passes
-    prefix, tokens = list(probe[:8]), list(probe[8 : 8 + limit])
+    depth = max(8, min(PROBE_DEPTH, len(probe) - limit, model.n_ctx - n_keep - limit))
+    prefix, tokens = list(probe[:depth]), list(probe[depth : depth + limit])
     model.decode(prefix, n_logits=0)
     started = time.perf_counter()
     singles = []
@@ -68,7 +80,7 @@ def probe_pass_widths(
 
 def probe_tokens(model: LlamaModel) -> list[int]:
     """A prompt of ordinary text and code for the width probe and the cost curve's passes."""
-    text = "The quick brown fox jumps over the lazy dog; def area(w, h): return w * h. " * 8
+    text = "The quick brown fox jumps over the lazy dog; def area(w, h): return w * h. " * 20
     return model.tokenize(text, add_special=True)
 
 
