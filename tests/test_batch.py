@@ -141,6 +141,15 @@ def test_bad_lines_become_invalid_requests(value, code):
     assert entry.custom_id == expected_id
 
 
+def test_a_batch_line_missing_a_field_is_told_the_whole_form_to_write():
+    # {"custom_id", "body"} without "method" and "url" was refused as 'missing field "method"', which names
+    # the problem and not the fix.
+    entry = parse({"custom_id": "a", "body": {"messages": [{"role": "user", "content": "x"}]}})
+    assert entry.code == "missing_field" and 'missing field "method"' in entry.message
+    assert '"method": "POST", "url": "/v1/chat/completions", "body": {"messages": [...]}' in entry.message
+    assert '{"prompt": ...}' in entry.message
+
+
 # What edgespec serve answers 400 for, with the parameter it names.
 REFUSED_BODIES = [
     ({"n": 3}, "n"), ({"logprobs": True}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),

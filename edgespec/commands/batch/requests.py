@@ -165,7 +165,9 @@ def _openai_request(value: dict, custom_id: str, line_no: int) -> BatchRequest:
     """The line's form only: its body is checked by for_the_engine, or by the server it goes to (--endpoint)."""
     for field in ("custom_id", "method", "url", "body"):
         if field not in value:
-            raise _LineError("missing_field", f'missing field "{field}"')
+            raise _LineError("missing_field", f'missing field "{field}"; an OpenAI Batch line is {{"custom_id": ..., '
+                             f'"method": "POST", "url": "{CHAT_URL}", "body": {{"messages": [...]}}}}, '
+                             'and a plain one {"prompt": ...}')
     _expect_string(value, "custom_id")
     if value["method"] != "POST":
         raise _LineError("invalid_field", f'"method" must be "POST", not {value["method"]!r}')
