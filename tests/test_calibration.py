@@ -133,10 +133,7 @@ def test_a_curve_measured_the_old_way_is_stale_and_keeps_its_exact_width(cache, 
     # Curves from before CURVE_METHOD 2 were timed in one round, where a single slow pass could price a
     # wide width out of drafting for good: they are measured again, but the width probe is not.
     cache.store(key, 8, (0.05, 0.075), now=NOW, drift={2: 0.01})
-    data = json.loads(cache.path.read_text())
-    for entry in data["entries"].values():
-        del entry["curve_method"]
-    cache.path.write_text(json.dumps(data))
+    _drop_from_every_entry(cache, "curve_method")
     entry = cache.read(key, now=NOW)
     assert entry is not None and entry.stale and entry.max_width == 8 and entry.drift == {2: 0.01}
     assert cache.load_entry(key, now=NOW) is None
@@ -146,11 +143,16 @@ def test_an_exact_width_probed_the_old_way_is_measured_again_whole(cache, key):
     # Before WIDTH_PROBE_METHOD 2 the widths were checked 8 tokens deep, where llama.cpp's flash attention
     # rounds one-token steps as wide passes do: an exact width found there is not one at a reply's depth.
     cache.store(key, 33, (0.05, 0.075), now=NOW, drift={2: 0.0})
+    _drop_from_every_entry(cache, "width_probe_method")
+    assert cache.read(key, now=NOW) is None
+
+
+def _drop_from_every_entry(cache: CalibrationCache, field: str) -> None:
+    """The cache file as an older edgespec wrote it, without field."""
     data = json.loads(cache.path.read_text())
     for entry in data["entries"].values():
-        del entry["width_probe_method"]
+        del entry[field]
     cache.path.write_text(json.dumps(data))
-    assert cache.read(key, now=NOW) is None
 
 
 def test_an_entry_holds_its_width_and_curve_until_marked_stale(cache, key):
