@@ -178,7 +178,7 @@ class CalibrationCache:
         except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: int() of 1e999, read as inf
             return None  # missing or hand-edited entry: measure again
         if entry.get("width_probe_method") != WIDTH_PROBE_METHOD:
-            return None  # its exact width may not be: measure again
+            return None  # probed too near the start of the cache for its exact width to hold: measure again
         if max_width < 1 or not curve or not all(math.isfinite(s) and s > 0 for s in curve):
             return None
         if not all(n >= 1 and rows >= 1 and math.isfinite(f) and f > 0 for n, rows, f in sequences):

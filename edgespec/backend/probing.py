@@ -16,10 +16,10 @@ from .model import LlamaModel
 # How deep in the cache the widths are checked. llama.cpp's CPU flash attention splits a one-token query's
 # keys across threads once the cache spans 512 cells (ggml-cpu ops.cpp, `nek1 >= 512`; cells are counted in
 # steps of 256), and takes a wider pass's queries whole: past 256 cached tokens even a 2-token pass rounds
-# differently from one-token steps. Near the start of the cache it does not: SmolLM2-135M with flash
-# attention has every width bit-identical 8 tokens deep and 0.7-1.3 logits apart 300 deep, and Qwen2.5-Coder-
-# 1.5B widths 2 and 3 exact 8 deep and 0.46 apart 300 deep. A probe as shallow as a prompt's first tokens
-# called the drift of a real reply a bug in edgespec (the bench's exactness check).
+# differently from one-token steps. Near the start of the cache it does not: with flash attention every
+# SmolLM2-135M width is bit-identical 8 tokens deep and 0.7-1.3 logits apart 300 deep, and Qwen2.5-Coder-1.5B's
+# widths 2 and 3 are exact 8 deep and 0.46 apart 300 deep. Probed 8 deep, SmolLM2's drift in a real reply was
+# called a bug in edgespec by the bench's exactness check.
 PROBE_DEPTH = 264
 
 
