@@ -91,7 +91,8 @@ class Calibrator:
         measure_stale.  A stale one used as it is says so (CostProfile.stale)."""
         cached = self.cache.read(self.key)
         if cached is None:
-            self.notice("measuring this model's speed, once (about 10 seconds; later runs reuse it) ...")
+            self.notice("measuring this model's speed, once (5-20 seconds for a small model on a CPU; "
+                        "later runs reuse it) ...")
             probe = probe_pass_widths(self.target, probe_tokens(self.target), MAX_DRAFT_TOKENS + 1, PLANNED_WIDTHS,
                                       WIDTH_PROBE_BUDGET_SECONDS)
             cached = CachedCalibration(probe.exact_width, (), False, probe.drift)
