@@ -114,9 +114,12 @@ class Decoder:
             raise EdgespecError(f"the prompt must be token ids from 0 to {self.target.n_vocab - 1} (the model's "
                                 "vocabulary), as engine.tokenize gives them")
         if len(prompt_ids) >= self.n_ctx:
+            # Worded as OpenAI words it ("This model's maximum context length is ..."): litellm, aider and
+            # LangChain tell a context overflow from other refusals by the message alone.
+            no_room = ", which leaves no room for a reply" if len(prompt_ids) == self.n_ctx else ""
             raise ContextOverflowError(
-                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.n_ctx} (raise ", Setting("n_ctx"),
-                " or shorten the prompt)")
+                f"the prompt is too long: it has {len(prompt_ids)} tokens{no_room}, and this model's maximum "
+                f"context length is {self.n_ctx} tokens (raise ", Setting("n_ctx"), " or shorten the prompt)")
 
     def _prefill(self, generation: Generation, shift: bool) -> int:
         """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);

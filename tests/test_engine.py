@@ -165,8 +165,11 @@ def test_stop_string_max_tokens_and_context_limit(engine, tiny_models):
     result = small.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=1000), raw=True)
     assert result.finish_reason == "context"
     assert len(small.prompt_tokens(PROMPTS[0], raw=True)) + len(result.token_ids) == small.n_ctx
-    with pytest.raises(ContextOverflowError):
+    with pytest.raises(ContextOverflowError, match="maximum context length is 256 tokens"):
         small.generate("word " * 300, SamplingParams(), raw=True)
+    exactly_full = small.prompt_tokens("word " * 300, raw=True)[: small.n_ctx]
+    with pytest.raises(ContextOverflowError, match="it has 256 tokens, which leaves no room for a reply"):
+        list(small.stream_tokens(exactly_full, SamplingParams()))
     small.close()
 
 

@@ -249,6 +249,9 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
         server.client().completions.create(model="tiny", prompt="q" * 20_000, max_tokens=4)
     assert caught.value.code == "context_length_exceeded"
     assert "(raise the server's --n-ctx or shorten the prompt)" in caught.value.message  # the client's words
+    # what litellm (so aider) and LangChain tell a context overflow by: OpenAI's words
+    assert "this model's maximum context length is 16384 tokens" in caught.value.message
+    assert "prompt is too long" in caught.value.message
     assert server.client().completions.create(model="tiny", prompt="Hello", max_tokens=3).usage.completion_tokens == 3
 
 
