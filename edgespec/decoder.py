@@ -310,10 +310,6 @@ class Decoder:
             if len(generated) >= generation.params.max_tokens:
                 generation.finish("length")
                 break
-        if generation.finished:
-            tail = text.flush()
-            if tail and tokens:
-                tokens[-1] = Token(tokens[-1].id, tokens[-1].text + tail, tokens[-1].drafter)
         generation.context.extend(new_tokens)
         counters.tokens_generated = len(generated)
         decode_seconds = time.perf_counter() - generation.decode_start

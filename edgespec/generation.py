@@ -59,10 +59,11 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class Done:
-    """The end of a stream: its result.  Like a Step it has text (none: every Step had its own) and stats."""
+    """The end of a stream: its result.  Like a Step it has text and stats: the text is what was held back
+    until the end (the start of a stop string that never came whole), which the result's text holds too."""
 
     result: GenerationResult
-    text = ""
+    text: str = ""
 
     @property
     def stats(self) -> Stats:
@@ -184,8 +185,11 @@ class Generation:
         if self.prediction:
             usage = prediction_usage(self.prediction, self.generated)
             self.counters.accepted_prediction_tokens, self.counters.rejected_prediction_tokens = usage
+        # Whatever way it ended (an end token, max_tokens, a full context, a cancel), text held back as the
+        # possible start of a stop string is the answer's after all.
+        held = self.text.flush()
         return Done(GenerationResult(self.text.text, self.generated, self.counters.finish_reason,
-                                     self.counters.snapshot()))
+                                     self.counters.snapshot()), held)
 
 
 def result_of(events: Iterator) -> GenerationResult:

@@ -56,9 +56,13 @@ class TextAssembler:
         return "".join(self._released)
 
     def flush(self) -> str:
+        """At the end: the text held back for a stop string that never came.  The bytes of a character
+        cut off by the end (max_tokens in the middle of an emoji) are dropped: shown, they would be a
+        U+FFFD the model never wrote."""
         if self.stopped:
             return ""
-        return self._release(self._held + self._decoder.decode(b"", final=True), "")
+        self._decoder.reset()
+        return self._release(self._held, "")
 
     def _release(self, out: str, held: str) -> str:
         self._held = held

@@ -37,6 +37,17 @@ def test_run_streams_text_and_reads_the_prompt_from_stdin(tiny_models):
     assert "tokens" in done.stderr and "acceptance" in done.stderr and "target passes/token" in done.stderr
 
 
+def test_run_prints_the_text_held_for_a_stop_that_never_came(tiny_models):
+    args = ["run", "the cat sat on the mat", "--raw", "--model", str(tiny_models["target"]), "--temperature", "0",
+            "--max-tokens", "32", "--threads", "1", "--n-ctx", "512"]
+    text = json.loads(run_cli(*args, "--json").stdout)["text"]
+    never = text[-3:] + next(c for c in "~@#\u2603" if c not in text)
+    # bytes: text mode would read a generated "\r" as "\n"
+    done = subprocess.run([*EDGESPEC, *args, "--stop", never], capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == text + "\n"
+
+
 @pytest.mark.parametrize("make_bad, expected", [
     (lambda tmp, models: ["--model", str(tmp / "missing.gguf")], "does not exist"),
     (lambda tmp, models: ["--model", str(_write(tmp / "notes.gguf", b"hello"))], "GGUF"),

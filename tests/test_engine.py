@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 
@@ -173,12 +174,39 @@ def test_stop_string_max_tokens_and_context_limit(engine, tiny_models):
     small.close()
 
 
+def test_a_stop_string_that_never_comes_whole_holds_back_no_text_of_a_stream(engine, tiny_models):
+    """A stream's text (its Steps' and its Done's) is its answer's, also when the answer ends (max_tokens, a
+    full context) while its last characters wait as the start of a stop string that never comes whole."""
+    engine.configure(mode="ngram")
+    small = load_engine(tiny_models["target"], "ngram", n_ctx=256, draft_tokens=4, cost_curve=FIXED_COST)
+    try:
+        endings = ((engine, PROMPTS[1], 40, "length"), (small, PROMPTS[0], 1000, "context"))
+        for model, prompt, max_tokens, ending in endings:
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+            free = model.generate(prompt, params, raw=True)
+            assert free.finish_reason == ending and len(free.text) > 3
+            # it starts with the answer's last three characters and goes on with one the answer lacks
+            never = free.text[-3:] + next(c for c in "~@#\u2603" if c not in free.text)
+            events = list(model.stream(prompt, dataclasses.replace(params, stop=(never,)), raw=True))
+            done = events[-1]
+            assert "".join(event.text for event in events) == done.result.text == free.text
+            assert done.text == free.text[-3:] and done.result.finish_reason == ending
+    finally:
+        small.close()
+
+
+def test_a_character_cut_off_by_the_end_is_dropped_not_shown_as_a_replacement():
+    text = TextAssembler(stops=())
+    assert text.feed("ok 🙂".encode()[:-2]) == "ok "
+    assert text.flush() == "" and text.text == "ok "
+
+
 def test_streamed_pieces_add_up_to_the_text(engine):
     engine.configure(mode="draft-model")
     events = list(engine.stream(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=30), raw=True))
     assert isinstance(events[-1], Done)
     steps = [e for e in events if isinstance(e, Step)]
-    pieces = "".join(t.text for e in steps for t in e.tokens)
+    pieces = "".join(t.text for e in steps for t in e.tokens) + events[-1].text
     assert pieces == events[-1].result.text
     assert [t.id for e in steps for t in e.tokens] == events[-1].result.token_ids
     drafted = sum(t.drafted for e in steps for t in e.tokens)

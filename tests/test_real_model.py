@@ -57,6 +57,21 @@ def test_greedy_ngram_equals_greedy_plain(smollm):
     assert plain.stats.target_forward_passes == plain.stats.steps
 
 
+def test_a_reply_the_model_ends_hands_out_the_text_held_for_a_stop_that_never_came(smollm):
+    """The model's end token, sampled alone in a step (every step of plain decoding), once dropped what was
+    held back for a stop string from the stream, though the answer kept it: streamed replies ended short."""
+    params = SamplingParams(temperature=0.0, max_tokens=400)
+    prompt = "Reply with one short friendly sentence."
+    smollm.configure(mode="none")
+    try:
+        free = smollm.generate(prompt, params)
+        never = free.text[-3:] + next(c for c in "~@#\u2603" if c not in free.text)
+        events = list(smollm.stream(prompt, SamplingParams(temperature=0.0, max_tokens=400, stop=(never,))))
+    finally:
+        smollm.configure(mode="ngram")
+    assert "".join(event.text for event in events) == events[-1].result.text == free.text
+
+
 def test_the_widths_the_probe_calls_exact_are_exact_at_a_replys_depth(smollm2_path):
     # The probe once checked the widths 8 tokens deep. Past 256 cached tokens llama.cpp's flash attention
     # splits a one-token step's keys across threads (backend/probing.py), so widths called exact there

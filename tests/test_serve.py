@@ -194,6 +194,22 @@ def test_completion_honours_stop(server):
     assert "".join(c.choices[0].text for c in chunks) == text
 
 
+def test_text_held_for_a_stop_that_never_came_is_streamed_at_the_end(server):
+    client = server.client()
+    asked = dict(model="tiny", prompt="The world is", max_tokens=30, temperature=0)
+    text = client.completions.create(**asked).choices[0].text
+    # it starts with the answer's last three characters and goes on with one the answer lacks
+    never = text[-3:] + next(c for c in "~@#\u2603" if c not in text)
+    assert client.completions.create(**asked, stop=[never]).choices[0].text == text
+    chunks = list(client.completions.create(**asked, stop=[never], stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == text
+    chat = dict(model="tiny", messages=USER, max_tokens=24, temperature=0)
+    reply = client.chat.completions.create(**chat).choices[0].message.content
+    never = reply[-3:] + next(c for c in "~@#\u2603" if c not in reply)
+    chunks = list(client.chat.completions.create(**chat, stop=[never], stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == reply
+
+
 def test_second_turn_evaluates_only_the_new_suffix(server):
     client = server.client()
     system = {"role": "system", "content": "You are a terse assistant that answers about cats and the world. " * 4}

@@ -49,6 +49,12 @@ class ReplyStream:
                 self._acceptance.append(acceptance)
             self._stats = step.stats
 
+    def add_text(self, text: str) -> None:
+        """Text that came with no token of its own: what the reply held back until its end (Done.text)."""
+        if text:
+            with self._lock:
+                self._pieces.append((text, False))
+
     def add_notice(self, text: str) -> None:
         with self._lock:
             self._notices.append(text)
@@ -128,6 +134,7 @@ class ChatController:
                 plain_steps.observe(event.drafted, event.stats.decode_seconds - decode_seconds)
                 decode_seconds = event.stats.decode_seconds
             elif isinstance(event, Done):
+                stream.add_text(event.text)
                 stream.result = event.result
             elif isinstance(event, Notice):
                 stream.add_notice(flag_worded(event.text))

@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
         for event in engine.stream(prompt, params, raw=args.raw):
             if isinstance(event, Done):
                 result = event.result
-            elif not args.json:
-                sys.stdout.write(shown("".join(token.text for token in event.tokens)))
+            if not args.json:
+                sys.stdout.write(shown(event.text))
                 sys.stdout.flush()
     finally:
         engine.close()

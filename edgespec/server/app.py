@@ -185,6 +185,8 @@ class _Server:
                 if job.stopped_by is not None:
                     yield _sse(job.stopped_by.body())
                     return
+                if event.text:
+                    yield _sse(writer.chunk(event.text))
                 yield _sse(writer.chunk(engine_reason=event.result.finish_reason))
                 if job.request.include_usage:
                     yield _sse(writer.usage_chunk(event.result.stats))
