@@ -4,9 +4,11 @@ A server on 127.0.0.1 without a key trusts whoever can reach it, and any web
 page the user opens can reach it:
 - DNS rebinding points the page's own host name at 127.0.0.1, so the browser
   lets the page read the answers.  Its requests still carry that name in
-  `Host`, which a server bound to a loopback address refuses (421).  Bound to
-  any other address the server needs an API key, which no page has, and the
-  names the network gives the machine are not known here: Host is not checked.
+  `Host`, which a server bound to a loopback address refuses (421).  The port
+  in `Host` is not checked: a page cannot choose it apart from its name, and a
+  local port forward (`ssh -L`, an editor's) sends its own.  Bound to any other
+  address the server needs an API key, which no page has, and the names the
+  network gives the machine are not known here: Host is not checked.
 - A browser puts an `Origin` header on every request a page makes to another
   site, and on every POST.  One that --allow-origin (or EDGESPEC_ORIGINS) does
   not allow gets 403 before any route runs, its CORS preflight included.  An
@@ -77,7 +79,7 @@ class RequestGuard:
     """ASGI middleware: refuse a foreign Host (421) or a web page's Origin not allowed (403), in JSON."""
 
     def __init__(self, app, host_names: tuple[str, ...] | None, port: int, origins: str | None):
-        self.app, self.host_names, self.port = app, host_names, port
+        self.app, self.host_names, self.port = app, host_names, port  # the port only to name the server's URL
         self.origins = re.compile(origins) if origins else None
 
     async def __call__(self, scope, receive, send):
@@ -106,4 +108,4 @@ class RequestGuard:
         if self.host_names is None:
             return True
         found = _HOST_HEADER.fullmatch(host.lower())
-        return bool(found) and found[1] in self.host_names and (found[2] is None or int(found[2]) == self.port)
+        return bool(found) and found[1] in self.host_names
