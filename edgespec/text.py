@@ -19,6 +19,11 @@ def surrogate_problem(text: str) -> str | None:
     return None
 
 
+def surrogates_escaped(text: str) -> str:
+    """text with each lone surrogate written as its escape ("\\ud800"), so that it can be sent as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def check_text(text: object, what: str) -> None:
     """Refuse what is not a str, or no text (see surrogate_problem), naming what it is ("the prompt")."""
     if not isinstance(text, str):

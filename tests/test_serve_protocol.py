@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from edgespec.sampling import SamplingParams
-from edgespec.server.protocol import ApiError, ResponseWriter, check_body, parse_request
+from edgespec.server.protocol import ApiError, check_body, parse_request
+from edgespec.server.responses import ResponseWriter
 from edgespec.stats import Stats
 
 DEFAULTS = SamplingParams(temperature=0.8, max_tokens=1024, stop=("END",))
@@ -99,6 +102,21 @@ def test_a_lone_surrogate_is_a_400_naming_its_field(body, param):
         check_body(body, chat="messages" in body)
     assert (caught.value.status, caught.value.param) == (400, param) and "surrogate" in caught.value.message
     caught.value.message.encode("utf-8")  # the answer itself is text: the character shows escaped
+
+
+@pytest.mark.parametrize("body", [
+    {"\ud800": 1, "messages": USER},  # a key: the error quotes it
+    {"messages": [{"role": "user", "content": "x", "\ud800": 1}]},
+    {"messages": USER, "stream": True, "stream_options": {"\udfff": True}},
+    {"messages": [{"role": "user", "content": "x", "name": "\ud800"}]},  # values no check reads: they are
+    {"model": "\udfff", "messages": USER},                               # left unused, and still no text
+    {"messages": USER, "user": "a\ud800", "metadata": {"k": "\ud800"}},
+])
+def test_a_lone_surrogate_where_no_field_check_reads_it_is_a_400_that_utf8_can_carry(body):
+    with pytest.raises(ApiError) as caught:
+        check_body(body, chat=True)
+    assert caught.value.status == 400
+    json.dumps(caught.value.body(), ensure_ascii=False).encode("utf-8")  # as the server answers it
 
 
 @pytest.mark.parametrize("field, value", [

@@ -32,7 +32,8 @@ from ..sampling import SamplingParams
 from .error_answers import AnswerErrorsInJson, api_error, http_error
 from .guard import RequestGuard
 from .metrics import ServerMetrics
-from .protocol import ApiError, ResponseWriter, parse_request
+from .protocol import ApiError, parse_request
+from .responses import ResponseWriter
 from .worker import EngineWorker, Job, QueueFull
 
 log = logging.getLogger("edgespec.serve")

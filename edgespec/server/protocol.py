@@ -1,4 +1,4 @@
-"""The OpenAI wire format: request bodies in, response bodies and stream chunks out.
+"""The OpenAI wire format, requests: bodies in, checked (responses.py writes the answers).
 
 Only what edgespec really does is accepted.  A parameter it cannot honour
 (n > 1, logprobs, tools, penalties...) or does not know gets a 400 that names
@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-import secrets
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import EdgespecError, Setting, as_flag
 from ..prediction import prediction_text
 from ..sampling import SamplingParams
-from ..stats import Stats
-from ..text import surrogate_problem
+from ..text import surrogate_problem, surrogates_escaped
 
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
 MAX_STOP_STRINGS = 16
@@ -78,7 +75,10 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        # A message or param may quote a client's key, which JSON's escapes can make a lone surrogate: no
+        # UTF-8 answer could hold that, so it is quoted as its escape.
+        message, param = (None if text is None else surrogates_escaped(text) for text in (self.message, self.param))
+        return {"error": {"message": message, "type": self.type, "param": param, "code": self.code}}
 
 
 def worded_for_requests(error: EdgespecError, operator: str = "the server's ") -> str:
@@ -160,10 +160,12 @@ def check_body(body: Any, chat: bool) -> RequestBody:
     except ValueError as error:
         raise bad_param("prediction", str(error)) from None
     prediction = _unicode(prediction, "prediction.content")  # it is tokenized like a message
-    if chat:
-        return RequestBody(True, sampling, messages=_messages(body), stream=stream, include_usage=include_usage,
-                           prediction=prediction)
-    return RequestBody(False, sampling, prompt=_prompt(body), stream=stream, include_usage=include_usage,
+    messages, prompt = (_messages(body), "") if chat else ((), _prompt(body))
+    if surrogate_problem(json.dumps(body, ensure_ascii=False)):  # in what the checks above do not read (model,
+        # user, metadata, a message's name): the README promises a 400 for a lone surrogate anywhere in a body
+        raise ApiError(400, "the request body holds a lone UTF-16 surrogate, which is not text; send the "
+                            "character whole or leave it out", code="invalid_value")
+    return RequestBody(chat, sampling, messages=messages, prompt=prompt, stream=stream, include_usage=include_usage,
                        prediction=prediction)
 
 
@@ -328,72 +330,3 @@ def _unicode(text: str, param: str) -> str:
     if problem:
         raise bad_param(param, f"{param} {problem}; send the character whole or leave it out")
     return text
-
-
-# -- responses -------------------------------------------------------------------
-
-
-def new_id(chat: bool) -> str:
-    return ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-
-
-def finish_reason(engine_reason: str) -> str:
-    return "length" if engine_reason in ("length", "context") else "stop"
-
-
-def usage(stats: Stats) -> dict:
-    """OpenAI's usage fields, plus what speculation did for this request."""
-    return {
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.tokens_generated,
-        "total_tokens": stats.prompt_tokens + stats.tokens_generated,
-        "prompt_tokens_details": {"cached_tokens": stats.prompt_tokens_reused},
-        "completion_tokens_details": {"accepted_prediction_tokens": stats.accepted_prediction_tokens,
-                                      "rejected_prediction_tokens": stats.rejected_prediction_tokens},
-        "speculative": {
-            "mode": stats.mode,
-            "draft_tokens": stats.draft_tokens_proposed,
-            "draft_tokens_accepted": stats.draft_tokens_accepted,
-            "acceptance_rate": stats.acceptance_rate,
-            "target_forward_passes": stats.target_forward_passes,
-            "target_passes_per_token": stats.target_passes_per_token,
-            "decode_tokens_per_second": stats.decode_tokens_per_second,
-            "prompt_tokens_reused": stats.prompt_tokens_reused,
-            "prompt_tokens_evaluated": stats.prompt_tokens_evaluated,
-            "accepted_by_drafter": stats.accepted_by_drafter,
-            "acceptance_by_position": {name: stats.acceptance_by_position(name) for name in stats.drafted_by_position},
-        },
-    }
-
-
-class ResponseWriter:
-    """Builds the bodies of one request's response, whole or as stream chunks."""
-
-    def __init__(self, request: CompletionRequest, model: str):
-        self.request, self.model = request, model
-        self.id = new_id(request.chat)
-        self.created = int(time.time())
-
-    def _envelope(self, choices: list, chunk: bool) -> dict:
-        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.request.chat else "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
-
-    def whole(self, text: str, engine_reason: str, stats: Stats) -> dict:
-        choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason(engine_reason)}
-        choice.update({"message": {"role": "assistant", "content": text}} if self.request.chat else {"text": text})
-        return {**self._envelope([choice], chunk=False), "usage": usage(stats)}
-
-    def chunk(self, text: str | None = None, engine_reason: str | None = None, first: bool = False) -> dict:
-        reason = finish_reason(engine_reason) if engine_reason else None
-        if self.request.chat:
-            delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
-        body = self._envelope([choice], chunk=True)
-        if self.request.include_usage:
-            body["usage"] = None
-        return body
-
-    def usage_chunk(self, stats: Stats) -> dict:
-        return {**self._envelope([], chunk=True), "usage": usage(stats)}
