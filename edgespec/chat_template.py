@@ -92,6 +92,8 @@ class ChatTemplate:
             "renders": [{"messages": real, "add_generation_prompt": add_generation_prompt},
                         {"messages": marked, "add_generation_prompt": add_generation_prompt}],
         })
+        if problem := surrogate_problem(text) or surrogate_problem(skeleton):  # no tokenizer takes it
+            raise _failure(f"its output {problem}")
         pieces = _SENTINEL.split(skeleton)  # template text, content index, template text, ...
         spans = _locate_contents(text, pieces, contents)
         if spans is not None:
@@ -141,7 +143,9 @@ def _locate_contents(text: str, pieces: list[str], contents: list[str]) -> tuple
 
 def _with_untouched_contents(pieces: list[str], contents: list[str]) -> RenderedChat:
     """The template's own pieces with each content, as given, in place of its sentinel."""
-    if any("\ue000" in piece for piece in pieces[0::2]):
+    # A piece holding part of a sentinel (a template that slices or rewrites contents) would hand the model
+    # that fragment in place of the message, and drop the message's text.
+    if any("\ue000" in piece or "\ue001" in piece or _NONCE in piece for piece in pieces[0::2]):
         raise _failure("it changes message text in a way that cannot be kept apart from its own markers")
     parts, spans, pos = [pieces[0]], [], len(pieces[0])
     for index, after in zip(pieces[1::2], pieces[2::2]):

@@ -123,6 +123,9 @@ BROKEN_TEMPLATES = {
     "recursion": "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
     "syntax error": "{% for m in messages %}{{ m['content'] }",
     "raises": "{{ raise_exception('Only user and\\nassistant roles are supported! \x1b[2J') }}",
+    "writes no text": "{{ '\\ud800' }}{% for m in messages %}{{ m['content'] }}{% endfor %}",  # a lone surrogate
+    # the sentinel that finds a content, cut: the model would get its fragment and lose the message
+    "slices contents": "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'][1:] }}{% endfor %}",
 }
 
 
