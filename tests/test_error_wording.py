@@ -74,7 +74,7 @@ def cli_error(argv: list[str]) -> str:
 def test_the_command_line_still_names_its_flags(tiny_models, tmp_path):
     model = ["--model", str(tiny_models["target"]), "--draft", "none", "--threads", "1", "--n-ctx", "256"]
     line = cli_error(["run", TOO_LONG, "--raw", "--max-tokens", "4", *model])
-    assert line.startswith("edgespec: the prompt has ") and line.endswith("(raise --n-ctx or shorten the prompt)")
+    assert line.startswith("edgespec: the prompt is too long: it has ") and line.endswith("(raise --n-ctx or shorten the prompt)")
     assert cli_error(
         ["run", "x", *model, "--flash-attn", "--bit-exact"]).startswith("edgespec: --flash-attn on and --bit-exact cannot go")
 
