@@ -48,6 +48,13 @@ def test_run_prints_the_text_held_for_a_stop_that_never_came(tiny_models):
     assert done.stdout.decode() == text + "\n"
 
 
+def test_an_error_quoting_a_path_draws_its_escape_sequences(tmp_path):
+    # a path from a script or a config that retitles the terminal, or hides the line, when printed as it is
+    done = run_cli("run", "hi", "--model", str(tmp_path / "x\x1b]0;pwned\x07y.gguf"))
+    assert done.returncode == 1 and "\x1b" not in done.stderr and "\x07" not in done.stderr
+    assert "x\u241b]0;pwned\u2407y.gguf" in done.stderr
+
+
 @pytest.mark.parametrize("make_bad, expected", [
     (lambda tmp, models: ["--model", str(tmp / "missing.gguf")], "does not exist"),
     (lambda tmp, models: ["--model", str(_write(tmp / "notes.gguf", b"hello"))], "GGUF"),

@@ -19,6 +19,7 @@ import signal
 import sys
 
 from .. import __version__
+from ..control_chars import terminal_text
 from ..errors import EdgespecError, as_flag
 
 # Commands whose results go to files, clients or the screen, so that they run with stdout closed (`serve >&- &`):
@@ -146,7 +147,8 @@ def _run_command(argv: list[str] | None) -> int:
                                 "send them somewhere, e.g. > /dev/null to drop them")
         return args.func(args)
     except EdgespecError as error:
-        print(f"edgespec: {error.worded(as_flag)}", file=sys.stderr)
+        # A message may quote what the user gave (a path, a name): escape sequences in it are drawn, not obeyed
+        print(f"edgespec: {terminal_text(error.worded(as_flag))}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("edgespec: interrupted", file=sys.stderr)
@@ -158,5 +160,6 @@ def _run_command(argv: list[str] | None) -> int:
         return 141
     except OSError as error:  # a file or stream edgespec was given cannot be read or written
         problem = error.strerror or str(error)
-        print(f"edgespec: {error.filename}: {problem}" if error.filename else f"edgespec: {problem}", file=sys.stderr)
+        line = f"{error.filename}: {problem}" if error.filename else problem
+        print(f"edgespec: {terminal_text(line)}", file=sys.stderr)
         return 1
