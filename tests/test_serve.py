@@ -450,6 +450,15 @@ def test_metrics_move_with_each_request(server):
 # -- limits and refusals of the command itself ------------------------------------------------
 
 
+def test_a_request_without_max_tokens_runs_until_the_context_is_full(start_server):
+    # as OpenAI's API and llama-server answer: aider sends none, and a whole-file edit cut at a fixed
+    # default (1024 tokens, once) read to it as the model's failure
+    server = start_server("--n-ctx", "2048")
+    reply = server.client().completions.create(model="tiny", prompt="The world is", temperature=0)
+    used = reply.usage.prompt_tokens + reply.usage.completion_tokens
+    assert reply.choices[0].finish_reason == "stop" or (reply.choices[0].finish_reason, used) == ("length", 2048)
+
+
 def test_time_limit_gets_408_and_the_server_goes_on(start_server):
     # 60000 sampled tokens take far longer than half a second on any machine
     server = start_server("--request-timeout", "0.5", "--n-ctx", "65536")

@@ -60,11 +60,14 @@ def add_kv_cache_options(group) -> None:
                             "(--flash-attn alone: on)")
 
 
-def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int = 256, per_request: bool = True) -> None:
+def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int | None = 256, per_request: bool = True) -> None:
     """The sampling flags; per_request=False leaves out --seed and --stop, which only make sense for one
-    reply or a batch of them (the chat app samples each reply afresh and stops at the end of a turn)."""
+    reply or a batch of them (the chat app samples each reply afresh and stops at the end of a turn).
+    max_tokens None: a reply runs until its end or a full context unless the flag is given."""
     group = parser.add_argument_group("sampling")
-    group.add_argument("--max-tokens", type=sampling_value("max_tokens", int), default=max_tokens)
+    until = "%(default)s" if max_tokens is not None else "until the reply ends or the context is full"
+    group.add_argument("--max-tokens", type=sampling_value("max_tokens", int), default=max_tokens,
+                       help=f"the most tokens a reply may have (default: {until})")
     group.add_argument("--temperature", "--temp", "-t", type=sampling_value("temperature", float), default=0.8,
                        help="0 means greedy (default: %(default)s)")
     group.add_argument("--top-k", type=sampling_value("top_k", int), default=40, help="0 switches it off (default: %(default)s)")

@@ -51,7 +51,9 @@ def add_serve_parser(subparsers) -> None:
                                 "taking turns do not prefill each other's history again; the memory plan gives it "
                                 "at most half the RAM the models leave, and 0 keeps none (default: %(default)s)")
     add_engine_options(parser)
-    add_sampling_options(parser, max_tokens=1024)
+    # A request without max_tokens runs until the reply ends, as OpenAI's API and llama-server do: aider and
+    # others send none, and a whole-file edit cut at a fixed default reads as the model's failure.
+    add_sampling_options(parser, max_tokens=None)
     parser.set_defaults(func=serve)
 
 
@@ -61,6 +63,8 @@ def serve(args: argparse.Namespace) -> int:
     from ..server.guard import allowed_host_names, origin_regex, origins_from_env, url_host
 
     _check_options(args)
+    if args.max_tokens is None:
+        args.max_tokens = args.n_ctx  # the context ends every reply first
     origins = origin_regex(args.allow_origin + origins_from_env(os.environ))
     defaults = sampling_params(args)
     monitor = AcceptanceMonitor(args.alert_acceptance, args.alert_window)
