@@ -31,6 +31,15 @@ from edgespec.errors import ModelFileError
 # string goes into model lists as it is, so one holding escape sequences is refused, not printed.
 _ARCHITECTURE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
+# Bounds on header values that size what this module and the planner build.  llama.cpp itself stops at 512
+# blocks (LLAMA_MAX_LAYERS) and the largest released models have about 130, so 4096 is generous; a file
+# claiming 2**40 blocks would otherwise have a list of that many byte counts built for it.
+_MAX_BLOCKS = 4096
+_MAX_UINT32 = 2**32 - 1  # llama.cpp reads the other architecture values into 32-bit fields
+_MAX_UINT64 = 2**64 - 1
+_MAX_ARRAY_DEPTH = 16  # llama.cpp refuses arrays of arrays outright; the gguf package reads them, so allow a few
+_MAX_TENSOR_DIMS = 4  # GGML_MAX_DIMS: more dimensions than ggml has
+
 _SCALAR_FORMATS = {
     GGUFValueType.UINT8: "B",
     GGUFValueType.INT8: "b",
@@ -101,6 +110,10 @@ class _Truncated(Exception):
     pass
 
 
+class _Malformed(Exception):
+    """A header value no GGUF writer produces; the message says which, worded to follow "model file X"."""
+
+
 class _HeaderWalker:
     """Sequential reads over a buffer; running past its end means a truncated file."""
 
@@ -142,7 +155,7 @@ class _HeaderWalker:
             raise _Truncated
         self.offset = offset
 
-    def value(self, value_type: int):
+    def value(self, value_type: int, depth: int = 0):
         """One metadata value; string arrays come back as their length only."""
         value_type = GGUFValueType(value_type)
         if value_type == GGUFValueType.STRING:
@@ -154,7 +167,9 @@ class _HeaderWalker:
                 self.skip_strings(count)
                 return _StringArray(count)
             if item_type == GGUFValueType.ARRAY:
-                return tuple(self.value(item_type) for _ in range(count))
+                if depth >= _MAX_ARRAY_DEPTH:  # thousands deep would exhaust Python's stack
+                    raise _Malformed(f"nests arrays more than {_MAX_ARRAY_DEPTH} deep in its metadata")
+                return tuple(self.value(item_type, depth + 1) for _ in range(count))
             return self.many(count, _SCALAR_FORMATS[item_type])
         return self.unpack(_SCALAR_FORMATS[value_type])
 
@@ -222,14 +237,52 @@ def _read_header(buffer, path: Path) -> tuple[dict, list[_Tensor], int]:
             f"model file {path} has a header this gguf package cannot parse ({error}); "
             "upgrade it with `pip install -U gguf` or pick another file"
         ) from None
+    except _Malformed as error:
+        raise ModelFileError(_problem(path, str(error))) from None
     alignment = fields.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+    # gguf.cpp refuses an alignment that is not a power of two; 0 would divide by zero below
+    if not _is_whole(alignment) or alignment <= 0 or alignment & (alignment - 1):
+        raise ModelFileError(_problem(path, f"gives general.alignment as {_shown(alignment)}, not a power of two"))
     data_offset = -(-walker.offset // alignment) * alignment
     return fields, tensors, data_offset
+
+
+def _is_whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # a GGUF bool reads as a Python bool
+
+
+def _shown(value) -> str:
+    """A header value for an error message: repr escapes control characters, and a long string is cut."""
+    if isinstance(value, str):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return "an array"
+
+
+def _whole(path: Path, key: str, value, limit: int) -> int:
+    """value, if it is a whole number from 0 to limit: a header's counts size lists and sums."""
+    if not _is_whole(value) or value < 0:
+        raise ModelFileError(_problem(path, f"gives {key} as {_shown(value)}, not a whole number from 0 up"))
+    if value > limit:
+        raise ModelFileError(_problem(path, f"gives {key} as {value}, more than the {limit:,} any model comes near"))
+    return value
+
+
+def _optional(path: Path, fields: dict, key: str, kind: type):
+    """The value of key if the file gives one of this kind (str or int), or None if it gives none."""
+    value = fields.get(key)
+    if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+        return value
+    wanted = "text" if kind is str else "a whole number"
+    raise ModelFileError(_problem(path, f"gives {key} as {_shown(value)}, not {wanted}"))
 
 
 def _read_tensor_info(walker: _HeaderWalker) -> _Tensor:
     name = walker.string()
     n_dims = walker.unpack("I")
+    if n_dims > _MAX_TENSOR_DIMS:  # a million dimensions would take minutes to multiply out
+        raise _Malformed(f"gives tensor {name[:40]!r} {n_dims} dimensions; ggml has at most {_MAX_TENSOR_DIMS}")
     dims = walker.many(n_dims, "Q")
     quant_type = GGMLQuantizationType(walker.unpack("I"))
     offset = walker.unpack("Q")
@@ -256,30 +309,27 @@ def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor]
     if not _ARCHITECTURE_NAME.fullmatch(arch):
         raise ModelFileError(_problem(path, f"names its architecture {arch[:40]!r}, which no model is"))
 
-    def arch_int(key: str, default: int = 0) -> int:
-        value = fields.get(f"{arch}.{key}", default)
+    def arch_int(key: str, default: int = 0, limit: int = _MAX_UINT32) -> int:
+        key = f"{arch}.{key}"
+        value = fields.get(key, default)
         # Some architectures give per-layer head counts; the largest bounds memory.
-        return max(value, default=default) if isinstance(value, tuple) else int(value)
+        if isinstance(value, tuple):
+            return max((_whole(path, key, each, limit) for each in value), default=default)
+        return _whole(path, key, value, limit)
 
     n_embd = arch_int("embedding_length")
     n_head = arch_int("attention.head_count")
-    n_layer = arch_int("block_count")
+    n_layer = arch_int("block_count", limit=_MAX_BLOCKS)
     tokens = fields.get("tokenizer.ggml.tokens")
     vocab_size = arch_int("vocab_size", tokens.length if isinstance(tokens, _StringArray) else 0)
-    layer_bytes = [0] * n_layer
-    other_bytes = 0
-    for tensor in tensors:
-        block = _block_index(tensor.name)
-        if block is not None and block < n_layer:
-            layer_bytes[block] += tensor.n_bytes
-        else:
-            other_bytes += tensor.n_bytes
-    file_type = fields.get("general.file_type")
+    layer_bytes, other_bytes = _bytes_by_layer(tensors, n_layer)
+    file_type = _optional(path, fields, "general.file_type", int)
+    parameter_count = fields.get("general.parameter_count", sum(t.n_elements for t in tensors))
     return GGUFInfo(
         path=path,
         architecture=arch,
-        name=fields.get("general.name"),
-        parameter_count=int(fields.get("general.parameter_count", sum(t.n_elements for t in tensors))),
+        name=_optional(path, fields, "general.name", str),
+        parameter_count=_whole(path, "general.parameter_count", parameter_count, _MAX_UINT64),
         file_type=file_type,
         quantization=_quantization_name(file_type),
         n_layer=n_layer,
@@ -289,10 +339,10 @@ def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor]
         head_dim=arch_int("attention.key_length", n_embd // n_head if n_head else 0),
         context_length=arch_int("context_length"),
         vocab_size=vocab_size,
-        tokenizer_model=fields.get("tokenizer.ggml.model"),
-        bos_id=fields.get("tokenizer.ggml.bos_token_id"),
-        eos_id=fields.get("tokenizer.ggml.eos_token_id"),
-        chat_template=fields.get("tokenizer.chat_template"),
+        tokenizer_model=_optional(path, fields, "tokenizer.ggml.model", str),
+        bos_id=_optional(path, fields, "tokenizer.ggml.bos_token_id", int),
+        eos_id=_optional(path, fields, "tokenizer.ggml.eos_token_id", int),
+        chat_template=_optional(path, fields, "tokenizer.chat_template", str),
         file_size=file_size,
         tensor_bytes=sum(t.n_bytes for t in tensors),
         layer_tensor_bytes=tuple(layer_bytes),
@@ -305,9 +355,23 @@ def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor]
     )
 
 
+def _bytes_by_layer(tensors: list[_Tensor], n_layer: int) -> tuple[list[int], int]:
+    """Bytes of each block's tensors, and of the rest (embeddings, output head, final norm)."""
+    layer_bytes = [0] * n_layer
+    other_bytes = 0
+    for tensor in tensors:
+        block = _block_index(tensor.name)
+        if block is not None and block < n_layer:
+            layer_bytes[block] += tensor.n_bytes
+        else:
+            other_bytes += tensor.n_bytes
+    return layer_bytes, other_bytes
+
+
 def _block_index(tensor_name: str) -> int | None:
     parts = tensor_name.split(".", 2)
-    if len(parts) >= 2 and parts[0] == "blk" and parts[1].isdigit():
+    # str.isdigit also takes "²", and int() refuses more than 4300 digits: only a short ASCII number is a block
+    if len(parts) >= 2 and parts[0] == "blk" and parts[1].isascii() and parts[1].isdigit() and len(parts[1]) < 10:
         return int(parts[1])
     return None
 

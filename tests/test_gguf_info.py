@@ -1,7 +1,8 @@
 import os
+import struct
 
 import pytest
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from edgespec.errors import EdgespecError, ModelFileError
 from edgespec.gguf_info import read_gguf_info
@@ -102,3 +103,71 @@ def test_an_architecture_name_holding_escapes_is_refused_not_shown(tmp_path):
     with pytest.raises(ModelFileError, match="names its architecture") as caught:
         read_gguf_info(path)
     assert "\x1b" not in str(caught.value) and "\\x1b" in str(caught.value)
+
+
+def _text(text: str) -> bytes:
+    data = text.encode()
+    return struct.pack("<Q", len(data)) + data
+
+
+def _kv(key: str, value_type: GGUFValueType, fmt: str, value) -> bytes:
+    payload = _text(value) if value_type == GGUFValueType.STRING else struct.pack("<" + fmt, value)
+    return _text(key) + struct.pack("<I", value_type) + payload
+
+
+def _tensor(name: str, dims: tuple[int, ...]) -> bytes:
+    """An F32 tensor's info at data offset 0."""
+    return _text(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, GGMLQuantizationType.F32, 0)
+
+
+def write_header(path, *kvs: bytes, tensors: tuple[bytes, ...] = ()):
+    """A llama header as a hostile file could give it: GGUFWriter would not write most of these values."""
+    kvs = (_kv("general.architecture", GGUFValueType.STRING, "", "llama"), *kvs)
+    header = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)) + b"".join(kvs) + b"".join(tensors)
+    path.write_bytes(header + bytes(64))  # the 32-byte alignment and one small tensor's data
+    return path
+
+
+_U32, _U64, _I32, _F32, _F64, _STR = (
+    (GGUFValueType.UINT32, "I"), (GGUFValueType.UINT64, "Q"), (GGUFValueType.INT32, "i"),
+    (GGUFValueType.FLOAT32, "f"), (GGUFValueType.FLOAT64, "d"), (GGUFValueType.STRING, ""),
+)
+# One level of a metadata value that is an array holding one array: thousands of these recursed until Python gave up
+_ARRAY_OF_ONE_ARRAY = struct.pack("<IQ", GGUFValueType.ARRAY, 1)
+_DEEP_ARRAYS = (_text("deep") + struct.pack("<I", GGUFValueType.ARRAY) + _ARRAY_OF_ONE_ARRAY * 5000
+                + struct.pack("<IQ", GGUFValueType.UINT32, 0))
+
+
+@pytest.mark.parametrize("kvs, tensors, problem", [
+    ([_kv("general.alignment", *_U32, 0)], (), "gives general.alignment as 0, not a power of two"),  # ZeroDivisionError
+    ([_kv("general.alignment", *_U32, 24)], (), "gives general.alignment as 24, not a power of two"),
+    ([_kv("general.alignment", *_STR, "x")], (), "gives general.alignment as 'x', not a power of two"),  # TypeError
+    ([_kv("llama.block_count", *_STR, "abc")], (), "gives llama.block_count as 'abc', not a whole number"),
+    ([_kv("llama.block_count", *_I32, -1)], (), "gives llama.block_count as -1, not a whole number from 0 up"),
+    # a list of 2**40 byte counts: MemoryError, and near 2**31 some 16 GB allocated first
+    ([_kv("llama.block_count", *_U64, 2**40)], (), "gives llama.block_count as 1099511627776, more than the 4,096"),
+    ([_kv("llama.embedding_length", *_F64, float("nan"))], (), "gives llama.embedding_length as nan, not a whole"),
+    ([_kv("llama.context_length", *_U64, 2**40)], (), "gives llama.context_length as 1099511627776, more than"),
+    ([_kv("general.parameter_count", *_STR, "many")], (), "gives general.parameter_count as 'many', not a whole"),
+    ([_kv("tokenizer.ggml.bos_token_id", *_F32, 1.5)], (), "gives tokenizer.ggml.bos_token_id as 1.5, not a whole"),
+    ([_kv("general.file_type", *_STR, "\x1b]2;x\x07")], (), r"gives general.file_type as '\x1b]2;x\x07', not a whole"),
+    ([_kv("general.name", *_U32, 7)], (), "gives general.name as 7, not text"),
+    ([_DEEP_ARRAYS], (), "nests arrays more than 16 deep in its metadata"),  # RecursionError
+    ([], (_tensor("blk.0.x", (1,) * 9),), "gives tensor 'blk.0.x' 9 dimensions; ggml has at most 4"),
+])
+def test_a_hostile_header_value_is_refused_in_one_line(tmp_path, kvs, tensors, problem):
+    path = write_header(tmp_path / "hostile.gguf", *kvs, tensors=tensors)
+    with pytest.raises(ModelFileError) as caught:
+        read_gguf_info(path)
+    message = str(caught.value)
+    assert message.startswith(f"model file {path} {problem}") and "download it again" in message, message
+    assert "\n" not in message and "\x1b" not in message
+
+
+def test_block_numbers_are_ascii_digits_only(tmp_path):
+    # "²" is a digit to str.isdigit, but int() refuses it: a ValueError traceback
+    odd_names = ("blk.².x", "blk." + "9" * 5000 + ".x")
+    path = write_header(tmp_path / "odd.gguf", _kv("llama.block_count", *_U32, 2),
+                        tensors=tuple(_tensor(name, (1,)) for name in ("blk.1.x", *odd_names)))
+    info = read_gguf_info(path)
+    assert info.layer_tensor_bytes == (0, 4) and info.other_tensor_bytes == 8
