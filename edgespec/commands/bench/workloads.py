@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ...errors import EdgespecError
+from ...text import surrogate_problem
 
 WORKLOADS_DIR = Path(__file__).resolve().parents[3] / "benchmarks" / "workloads"
 SUITES = ("code-edit", "summarize", "qa-context", "chat", "creative")
@@ -73,7 +74,7 @@ def _starts_with_a_workload_line(path: Path) -> bool:
         with path.open(encoding="utf-8") as lines:
             first = next((line for line in lines if line.strip()), "")
         row = json.loads(first)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: brackets nested thousands deep
         return False
     return isinstance(row, dict) and "id" in row and "prompt" in row
 
@@ -88,17 +89,28 @@ def _read_suite(suite: str, path: Path) -> list[BenchPrompt]:
         if not line.strip():
             continue
         try:
-            prompts.append(_workload_line(suite, json.loads(line)))
+            prompts.append(_workload_line(suite, _parsed(line)))
         except (ValueError, KeyError, TypeError) as err:
             raise BenchError(f"{path}:{number} is not a workload line ({err}); expected "
                              "{\"id\": ..., \"prompt\": \"text\", \"max_tokens\": a whole number from 1 up}") from None
     return prompts
 
 
+def _parsed(line: str):
+    try:
+        return json.loads(line)
+    except RecursionError:  # json recurses once per bracket: a line of 100k "[" exhausts the stack
+        raise ValueError("its JSON nests too deeply") from None
+
+
 def _workload_line(suite: str, row: dict) -> BenchPrompt:
     prompt, max_tokens = row["prompt"], row.get("max_tokens", 128)
     if not isinstance(prompt, str):
         raise TypeError(f"the prompt is {type(prompt).__name__}, not text")
+    # JSON's escapes can spell half a UTF-16 pair, which the tokenizer refuses only after the model has loaded
+    for what, text in (("the prompt", prompt), ("the id", row["id"])):
+        if isinstance(text, str) and (problem := surrogate_problem(text)):
+            raise ValueError(f"{what} {problem}; give the character whole or leave it out")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens is {max_tokens!r}")
     return BenchPrompt(suite, str(row["id"]), prompt, max_tokens)
