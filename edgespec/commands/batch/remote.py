@@ -22,21 +22,24 @@ hold as they do locally. What a server answers is data from outside:
   mid-answer are retried with exponential backoff, honouring Retry-After (a
   full queue for up to QUEUE_WAIT_SECONDS without counting as a failure); a
   request that still fails after MAX_ATTEMPTS is left unwritten, so a rerun
-  retries it.
-No answer, however malformed, ends the batch or its summary.
+  retries it. The whole answer must come within REQUEST_TIMEOUT_SECONDS (see
+  transport.py): one that trickles in is a failed attempt too;
+- a redirect (3xx) is never followed (it would carry the API key and the
+  prompts to another host) and never saved: every request would get it, so it
+  ends the batch, with what was written kept, naming the URL to give instead.
+No other answer, however malformed, ends the batch or its summary.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
-import time
+import queue
 import re
-import urllib.error
+import threading
+import time
 import urllib.parse
 import urllib.request
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,25 +48,18 @@ from .answers import answer_object, answer_problem
 from .output import INVALID_ANSWER, REQUEST_FAILED, RecordWriter, answer_record, error_record, is_done
 from .requests import BatchError, BatchRequest, InvalidRequest
 from .runner import Interrupt, RunTally
+from .transport import Reply, Unanswered, call
 
 EXAMPLE_URL = "http://127.0.0.1:8080"
 RETRIED_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 MAX_ATTEMPTS = 6
 FIRST_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 30.0
-REQUEST_TIMEOUT_SECONDS = 600.0
+REQUEST_TIMEOUT_SECONDS = 600.0  # for the whole answer, from the request to the body's last byte
 QUEUE_WAIT_SECONDS = 600.0  # how long one request waits out a full queue (429s) before they count as failures
 MAX_CONCURRENCY = 64
 MAX_ANSWER_BYTES = 32 << 20  # far above any completion's JSON, logprobs included; a bigger body is no answer
-READ_CHUNK_BYTES = 1 << 16
-
-
-class _Unanswered(Exception):
-    """No usable answer this attempt: retried, and after the last attempt left for a rerun."""
-
-    def __init__(self, reason: str, retry_after: float | None = None, status: int | None = None):
-        super().__init__(reason)
-        self.retry_after, self.status = retry_after, status
+POLL_SECONDS = 0.2  # how soon a Ctrl-C is seen while every request in flight waits on its server
 
 
 class _NotAnAnswer(Exception):
@@ -92,14 +88,6 @@ def shown_url(url: str) -> str:
 
 
 @dataclass(frozen=True)
-class _Reply:
-    status: int
-    content_type: str
-    raw: bytes  # at most MAX_ANSWER_BYTES + 1: more is never an answer
-    retry_after: float | None  # the seconds the server's Retry-After asks for (None: none given)
-
-
-@dataclass(frozen=True)
 class Endpoint:
     """An OpenAI-compatible server: its base URL (without /v1) and the key it wants."""
 
@@ -118,7 +106,7 @@ class Endpoint:
         """The first model the server lists: checks the URL and the key before any request is sent."""
         try:
             reply = self._call("GET", "/v1/models", None)
-        except _Unanswered as err:
+        except Unanswered as err:
             raise BatchError(f"cannot reach {self.base_url}: {err}; check --endpoint and that the server runs") from None
         if reply.status == 401:
             raise BatchError(f"{self.base_url} refused the API key (401); give the server's key with --api-key")
@@ -133,60 +121,54 @@ class Endpoint:
     def post(self, path: str, body: dict) -> tuple[int, dict]:
         """The status and body of a final answer: an answer (200) or the server's refusal (4xx).
 
-        Raises _Unanswered for what is worth retrying, _NotAnAnswer for a 2xx that is no answer.
+        Raises Unanswered for what is worth retrying, _NotAnAnswer for a 2xx that is no answer.
         """
         reply = self._call("POST", path, json.dumps(body).encode())
         if reply.status in RETRIED_STATUSES:
-            raise _Unanswered(f"HTTP {reply.status}", reply.retry_after, reply.status)
+            raise Unanswered(f"HTTP {reply.status}", reply.retry_after, reply.status)
         if 200 <= reply.status < 300:
             return reply.status, _answer_body(path, reply)
         refusal = _json_body(reply.raw)
         return reply.status, refusal if isinstance(refusal, dict) else {"error": {"message": _excerpt(reply.raw)}}
 
-    def _call(self, method: str, path: str, data: bytes | None) -> _Reply:
-        """The server's reply, whatever its status; raises _Unanswered when none came whole."""
+    def _call(self, method: str, path: str, data: bytes | None) -> Reply:
+        """The server's reply, whatever its status; raises Unanswered when none came whole within
+        REQUEST_TIMEOUT_SECONDS, and BatchError for a redirect."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         request = urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method)
-        try:
-            try:
-                response = urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS)
-            except urllib.error.HTTPError as error:
-                response = error  # a 4xx or 5xx: the error is the response, body and headers
-            with response:
-                headers = response.headers
-                return _Reply(response.status, headers.get_content_type(), _read_body(response, headers),
-                              _seconds(headers.get("Retry-After")))
-        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as error:
-            # refused, reset, timed out, closed mid-answer, a malformed status line or header
-            raise _Unanswered(_failure_reason(error)) from None
+        reply = call(request, REQUEST_TIMEOUT_SECONDS, MAX_ANSWER_BYTES)
+        if 300 <= reply.status < 400:
+            raise self._redirect_refusal(path, reply)
+        return reply
+
+    def _redirect_refusal(self, path: str, reply: Reply) -> BatchError:
+        """What ends the batch at a redirect: every request would get it, and following one would send the
+        API key and the prompts wherever the server says."""
+        why = "(edgespec does not follow redirects: they would carry the API key and the prompts elsewhere)"
+        if not reply.location:
+            return BatchError(f"{self.base_url} answered with a redirect ({reply.status}) without a Location; "
+                              f"give the server's own URL as --endpoint {why}")
+        target = _shown_header(_joined(self.base_url + path, reply.location))
+        base = target[: -len(path)] if target.endswith(path) else target  # what --endpoint takes
+        return BatchError(f"{self.base_url} answered with a redirect ({reply.status}) to {target}; "
+                          f"give {base} as --endpoint {why}")
 
 
-def _read_body(response, headers) -> bytes:
-    """The body, up to MAX_ANSWER_BYTES + 1 bytes; raises _Unanswered when it ends before its Content-Length."""
-    chunks, size = [], 0
-    while size <= MAX_ANSWER_BYTES and (chunk := response.read(READ_CHUNK_BYTES)):
-        chunks.append(chunk)
-        size += len(chunk)
-    raw = b"".join(chunks)
-    declared = headers.get("Content-Length", "")
-    if declared.isdigit() and len(raw) < int(declared) and size <= MAX_ANSWER_BYTES:
-        # A read with a size returns what came before the close, without complaint: compare.
-        raise _Unanswered(f"the answer was cut off after {len(raw)} of its {int(declared)} bytes")
-    return raw
+def _joined(url: str, location: str) -> str:
+    try:
+        return urllib.parse.urljoin(url, location.strip())  # a Location may be relative
+    except ValueError:  # e.g. "http://[::1": quoted as it came
+        return location
 
 
-def _failure_reason(error: BaseException) -> str:
-    if isinstance(error, http.client.IncompleteRead):
-        return f"the answer was cut off after {len(error.partial)} bytes"
-    if isinstance(error, http.client.RemoteDisconnected):
-        return "the server closed the connection without an answer"
-    reason = getattr(error, "reason", None) or error
-    return str(reason) or type(reason).__name__
+def _shown_header(value: str) -> str:
+    """A header the server sent, for a message: one printable line, without a user name or password."""
+    return shown_url(_excerpt(value.encode("utf-8", "replace")))
 
 
-def _answer_body(url: str, reply: _Reply) -> dict:
+def _answer_body(url: str, reply: Reply) -> dict:
     """A 2xx's body when it is an answer to a request for url; else raises what it is instead.
 
     An HTML page is what a proxy in front of a restarting server sends, so it
@@ -203,7 +185,7 @@ def _answer_body(url: str, reply: _Reply) -> dict:
     if len(reply.raw) > MAX_ANSWER_BYTES:
         raise _NotAnAnswer(f"a body over {MAX_ANSWER_BYTES:,} bytes")
     if reply.content_type == "text/html" or text.startswith(b"<"):
-        raise _Unanswered(f"an HTML page instead of an answer (from a proxy?): {_excerpt(text)!r}")
+        raise Unanswered(f"an HTML page instead of an answer (from a proxy?): {_excerpt(text)!r}")
     body = _json_body(text)
     if body is None:
         raise _NotAnAnswer(f"a body that is not JSON: {_excerpt(text)!r}")
@@ -237,13 +219,6 @@ def _excerpt(raw: bytes, limit: int = 200) -> str:
     text = raw[: 4 * limit].decode("utf-8", "replace")
     line = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def _seconds(header: str | None) -> float | None:
-    try:
-        return max(0.0, float(header)) if header else None
-    except ValueError:
-        return None  # an HTTP date: fall back to the backoff
 
 
 def request_body(request: BatchRequest, defaults: dict, model: str) -> dict:
@@ -281,14 +256,16 @@ def run_remote_batch(
     """Send every entry not yet done, appending each record as its answer comes back.
 
     Whatever becomes of one request (no answer, a body that is none, a bug
-    here) is that request's own outcome: the batch goes on with the rest.
+    here) is that request's own outcome: the batch goes on with the rest; only
+    a redirect (BatchError) ends it. At an interrupt it returns at once: the
+    requests in flight are left to their threads, which write nothing.
     """
     model = endpoint.first_model()
     tally = RunTally()
     pending = [e for e in entries if not is_done(e, finished)]
 
-    def keep(entry, outcome: dict | _Unanswered | None) -> None:
-        if isinstance(outcome, _Unanswered):
+    def keep(entry, outcome: dict | Unanswered | None) -> None:
+        if isinstance(outcome, Unanswered):
             tally.unanswered += 1
             print_notice(f"edgespec batch: no answer for {entry.custom_id!r} (line {entry.line}) after "
                          f"{MAX_ATTEMPTS} attempts, the last: {outcome}; left for a rerun")
@@ -304,35 +281,75 @@ def run_remote_batch(
     for entry in pending:
         if isinstance(entry, InvalidRequest):
             keep(entry, error_record(entry.custom_id, entry.code, entry.message, entry.fingerprint))
-    requests = iter(e for e in pending if isinstance(e, BatchRequest))
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="batch-endpoint") as pool:
-        in_flight: dict[Future, BatchRequest] = {}
-        while True:
-            while len(in_flight) < concurrency and not interrupt.requested.is_set():
-                request = next(requests, None)
-                if request is None:
-                    break
-                body = request_body(request, defaults, model)
-                in_flight[pool.submit(_answer, endpoint, request, body, interrupt)] = request
-            if not in_flight:
-                break
-            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-            for future in done:
-                request = in_flight.pop(future)
-                keep(request, _outcome(future, request))
+    requests = [e for e in pending if isinstance(e, BatchRequest)]
+    stop = threading.Event()  # set as this returns, however: no thread starts another request then
+    try:
+        results = _send_all(endpoint, requests, defaults, model, interrupt, stop, concurrency)
+        for _ in requests:
+            request, outcome = _next_result(results, interrupt)
+            if request is None:
+                break  # interrupted
+            if isinstance(outcome, BatchError):
+                raise outcome
+            keep(request, outcome)
+    finally:
+        stop.set()
     tally.interrupted = interrupt.requested.is_set() and not all(is_done(e, finished) for e in entries)
     return tally
 
 
-def _outcome(future: Future, request: BatchRequest) -> dict | _Unanswered | None:
+def _send_all(endpoint: Endpoint, requests: list[BatchRequest], defaults: dict, model: str, interrupt: Interrupt,
+              stop: threading.Event, concurrency: int) -> queue.SimpleQueue:
+    """Send the requests, `concurrency` at a time; each (request, outcome) goes on the queue returned as it comes.
+
+    The threads are daemons, not a ThreadPoolExecutor's: leaving an executor, and Python's exit, wait for
+    every one of its threads, so a request stuck on its server held up even Ctrl-C for as long as it was.
+    """
+    todo, results = queue.SimpleQueue(), queue.SimpleQueue()
+    for request in requests:
+        todo.put(request)
+
+    def send() -> None:
+        while not (stop.is_set() or interrupt.requested.is_set()):
+            try:
+                request = todo.get_nowait()
+            except queue.Empty:
+                return
+            outcome = _outcome(endpoint, request, defaults, model, interrupt)
+            if isinstance(outcome, BatchError):
+                stop.set()  # a redirect: no request goes to that server again
+            results.put((request, outcome))
+
+    for _ in range(min(concurrency, len(requests))):
+        threading.Thread(target=send, name="batch-endpoint", daemon=True).start()
+    return results
+
+
+def _next_result(results: queue.SimpleQueue, interrupt: Interrupt) -> tuple[BatchRequest | None, object]:
+    """The next (request, outcome); (None, None) once interrupted and no outcome that came before is left."""
+    while not interrupt.requested.is_set():
+        try:
+            return results.get(timeout=POLL_SECONDS)  # Ctrl-C only sets the flag: a wait without end would miss it
+        except queue.Empty:
+            pass
     try:
-        return future.result()
+        return results.get_nowait()
+    except queue.Empty:
+        return None, None
+
+
+def _outcome(endpoint: Endpoint, request: BatchRequest, defaults: dict, model: str,
+             interrupt: Interrupt) -> dict | Unanswered | BatchError | None:
+    try:
+        return _answer(endpoint, request, request_body(request, defaults, model), interrupt)
+    except BatchError as err:  # a redirect: the end of the batch, which only the main thread may decide
+        return err
     except Exception as err:  # a bug here, not the server's doing: still only this request's outcome
         message = f"line {request.line}: sending it failed ({type(err).__name__}: {err}); rerun the same command to retry it"
         return error_record(request.custom_id, REQUEST_FAILED, message, request.fingerprint)
 
 
-def _answer(endpoint: Endpoint, request: BatchRequest, body: dict, interrupt: Interrupt) -> dict | _Unanswered | None:
+def _answer(endpoint: Endpoint, request: BatchRequest, body: dict, interrupt: Interrupt) -> dict | Unanswered | None:
     """The request's record; the last failure when every attempt went unanswered; None when interrupted.
 
     A full queue (429) is a server at work, not a failure: it is waited out for up to
@@ -347,7 +364,7 @@ def _answer(endpoint: Endpoint, request: BatchRequest, body: dict, interrupt: In
             message = (f"line {request.line}: the server answered {err}; not saved as an answer, "
                        "rerun the same command to retry it")
             return error_record(request.custom_id, INVALID_ANSWER, message, request.fingerprint)
-        except _Unanswered as err:
+        except Unanswered as err:
             busy = err.status == 429 and time.monotonic() < queue_deadline
             failures += not busy
             if failures == MAX_ATTEMPTS:
