@@ -276,7 +276,7 @@ def _run_with_engine(args, entries, writer, finished, resumed) -> RunTally:
     interrupt = Interrupt()
     try:
         parallel = parallel_for(engine, args.parallel, len(entries) - resumed)
-        with _progress_bar(len(entries), resumed) as on_progress, interrupt.catching_sigint():
+        with _progress_bar(len(entries), resumed) as on_progress, interrupt.catching_stop_signals():
             return run_batch(engine, entries, writer, params, finished, interrupt, parallel, on_progress)
     finally:
         engine.close()
@@ -320,7 +320,7 @@ def _sequences_that_fit(engine) -> int:
 def _run_on_endpoint(args, entries, writer, finished, resumed) -> RunTally:
     endpoint = Endpoint.parse(args.endpoint, args.api_key)
     interrupt = Interrupt()
-    with _progress_bar(len(entries), resumed) as on_progress, interrupt.catching_sigint():
+    with _progress_bar(len(entries), resumed) as on_progress, interrupt.catching_stop_signals():
         return run_remote_batch(endpoint, entries, writer, default_fields(args), finished, interrupt,
                                 args.concurrency, on_progress)
 

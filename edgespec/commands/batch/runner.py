@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 import signal
 import threading
@@ -33,29 +32,36 @@ if TYPE_CHECKING:
 _InFlight = namedtuple("_InFlight", "tokens_generated draft_tokens_proposed draft_tokens_accepted")
 
 
+# Ctrl-C, and the SIGTERM of kill, timeout and docker stop, which otherwise ended the batch at once: no
+# message, and OUT's lock holder file left behind.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class Interrupt:
-    """Ctrl-C turns into a polite stop: the request in flight is cancelled and not written."""
+    """Ctrl-C (or SIGTERM) turns into a polite stop: the request in flight is cancelled and not written."""
 
     def __init__(self) -> None:
         self.requested = threading.Event()
 
     @contextmanager
-    def catching_sigint(self) -> Iterator[None]:
+    def catching_stop_signals(self) -> Iterator[None]:
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = signal.getsignal(signal.SIGINT)
+        previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
 
-        def on_sigint(signum, frame):
+        def on_signal(signum, frame):
             self.requested.set()
-            # A second Ctrl-C falls back to the usual immediate stop.
-            signal.signal(signal.SIGINT, previous)
+            # A second one falls back to the usual immediate stop.
+            signal.signal(signum, previous[signum])
 
-        signal.signal(signal.SIGINT, on_sigint)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, on_signal)
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 @dataclass
@@ -117,9 +123,14 @@ def _mapping(obj: object, key: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+# No real count comes near this, the largest whole number a float holds exactly; a far bigger int (a server's
+# 4000-digit "prompt_tokens") made the summary raise OverflowError, on every rerun too.
+MAX_FIGURE = 2**53
+
+
 def _count(obj: dict, key: str) -> float:
     value = obj.get(key)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_FIGURE
     return value if ok else 0
 
 
