@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from fake_openai_server import FakeServer
 from tinygguf import write_model_family
 
 
@@ -42,3 +43,17 @@ def _private_user_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("EDGESPEC_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("EDGESPEC_CONFIG_DIR", str(tmp_path / "config"))
+
+
+@pytest.fixture
+def fake_server():
+    """Start FakeServers (fake_openai_server.py) with their scripts; each is stopped after the test."""
+    servers = []
+
+    def start(scripts: dict, **kwargs) -> FakeServer:
+        servers.append(FakeServer(scripts, **kwargs))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -57,19 +57,6 @@ def quick_backoff(monkeypatch):
     monkeypatch.setattr(remote, "FIRST_BACKOFF_SECONDS", 0.0)
 
 
-@pytest.fixture
-def fake_server():
-    servers = []
-
-    def start(scripts: dict, **kwargs) -> FakeServer:
-        servers.append(FakeServer(scripts, **kwargs))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.stop()
-
-
 def plain_lines(prompts) -> list[str]:
     return [json.dumps({"custom_id": prompt, "prompt": prompt}) for prompt in prompts]
 

@@ -19,7 +19,7 @@ import pytest
 
 from edgespec.commands import batch
 from edgespec.commands.batch import remote
-from fake_openai_server import FakeServer, answer, chat_completion, json_reply, raw_reply
+from fake_openai_server import answer, chat_completion, json_reply, raw_reply
 from test_batch import edgespec_command, line_count, write_lines
 from test_batch_remote_answers import last_by_id, plain_lines, records, run_batch
 
@@ -31,19 +31,6 @@ WITHIN_SECONDS = 30.0  # generous: what is checked takes a few seconds, the tric
 @pytest.fixture(autouse=True)
 def quick_backoff(monkeypatch):
     monkeypatch.setattr(remote, "FIRST_BACKOFF_SECONDS", 0.0)
-
-
-@pytest.fixture
-def fake_server():
-    servers = []
-
-    def start(scripts: dict, **kwargs) -> FakeServer:
-        servers.append(FakeServer(scripts, **kwargs))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def trickle(where: str):
