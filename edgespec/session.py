@@ -181,8 +181,13 @@ class ChatSession:
         return users[1] if len(users) > 1 else None
 
     def _reply(self, prompt_ids, notice, params) -> Iterator[Step | Done | Notice]:
-        self.params = params
+        # Cleared as the stream is made, not at its first step: a cancel() in between (an Esc right after
+        # Enter) stops the reply as one after any step does.
         self._cancel.clear()
+        return self._reply_events(prompt_ids, notice, params)
+
+    def _reply_events(self, prompt_ids, notice, params) -> Iterator[Step | Done | Notice]:
+        self.params = params
         self._replying = True
         shift = notice is not None and self.shift_dropped_turns
         events = self.engine.stream_tokens(prompt_ids, params, cancel=self._cancel, shift_dropped_span=shift)

@@ -88,6 +88,16 @@ def test_cancel_keeps_the_partial_reply_and_the_next_turn_is_exact(engines):
     assert session.send(TURNS[1], GREEDY).token_ids == expected
 
 
+def test_a_cancel_before_the_first_step_stops_the_reply_too(engines):
+    engine, _ = engines
+    engine.configure(mode="ngram")
+    session = ChatSession(engine)
+    events = session.stream(TURNS[0], SamplingParams(temperature=0.0, max_tokens=400))
+    session.cancel()  # an Esc right after Enter, before the chat app's worker asked for the first step
+    result = next(event.result for event in events if isinstance(event, Done))
+    assert result.finish_reason == "cancelled" and session.messages[-1].get("cancelled") is True
+
+
 def test_regenerate_and_edit_roll_back(engines):
     engine, fresh = engines
     engine.configure(mode="draft-model")
