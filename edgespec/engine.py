@@ -273,6 +273,7 @@ class Engine:
 
     @property
     def n_ctx(self) -> int:
+        self._lock.check_open()  # a closed engine has no target: its error, not an AttributeError
         return self.target.n_ctx
 
     @property

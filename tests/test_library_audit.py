@@ -98,7 +98,8 @@ def test_a_closed_engine_refuses_every_use_and_closes_twice(tiny_models):
         next(open_stream)  # suspended between steps when its models were freed
     for use in (lambda: engine.generate(PROMPTS[0], **GREEDY), lambda: list(engine.stream(PROMPTS[0])),
                 lambda: engine.chat([{"role": "user", "content": "hi"}]), lambda: engine.tokenize("hi"),
-                lambda: list(engine.stream_tokens([1, 2], SamplingParams())), engine.forget_cache):
+                lambda: list(engine.stream_tokens([1, 2], SamplingParams())), engine.forget_cache,
+                lambda: engine.n_ctx, lambda: ChatSession(engine).send("hi", SamplingParams(max_tokens=2))):
         with pytest.raises(EdgespecError, match=r"closed.*edgespec\.load"):
             use()
 
