@@ -53,6 +53,8 @@ def test_an_error_quoting_a_path_draws_its_escape_sequences(tmp_path):
     done = run_cli("run", "hi", "--model", str(tmp_path / "x\x1b]0;pwned\x07y.gguf"))
     assert done.returncode == 1 and "\x1b" not in done.stderr and "\x07" not in done.stderr
     assert "x\u241b]0;pwned\u2407y.gguf" in done.stderr
+    refused = run_cli("chat", "--bogus", "a\x1b]0;pwned\x07b")  # argparse's own errors quote what they refuse
+    assert refused.returncode == 2 and "\x1b" not in refused.stderr and "a\u241b]0;pwned\u2407b" in refused.stderr
 
 
 @pytest.mark.parametrize("make_bad, expected", [

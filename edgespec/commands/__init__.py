@@ -43,7 +43,8 @@ class _Parser(argparse.ArgumentParser):
         return action
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        # argparse quotes the arguments it refuses: escape sequences in them are drawn, not obeyed
+        self.exit(2, f"{self.prog}: {terminal_text(message)} (see {self.prog} --help)\n")
 
     def parse_args(self, args=None, namespace=None):
         """As argparse's, but arguments no flag takes are refused by the command they were given to, which
