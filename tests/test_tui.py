@@ -456,6 +456,11 @@ async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
     app.close_engine()  # waits for the worker (up to 30 s) before it frees the models
     assert stream.finished.is_set() and stream.result.finish_reason == "cancelled"
     assert app.chat.engine is None
+    [chat] = app.store.list_chats()  # the reply on screen is kept, as an Esc keeps it
+    saved = app.store.load_chat(chat.id)
+    messages = saved.session["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"] and messages[1].get("cancelled") is True
+    assert messages[1]["content"] == stream.result.text != "" and saved.extras["pending_prompt"] is None
 
 
 @pilot_test

@@ -156,10 +156,14 @@ class ChatApp(ChatActions, App):
         self.stats_bar.status = "measuring speed…" if event.active else None
 
     def close_engine(self) -> None:
-        """Stop a running reply and free the models (call after the app has exited)."""
+        """Stop a running reply, keeping what it wrote, and free the models (call after the app has exited)."""
         if self.generation is not None and self.chat.session is not None:
             self.chat.session.cancel()
-            self.generation.stream.finished.wait(timeout=30)
+            stream = self.generation.stream
+            if stream.finished.wait(timeout=30) and stream.result is not None:
+                # The session holds the reply so far, as cancelled; the save its end would have made in the
+                # app (on_conversation_view_ended) never comes once the app has exited.
+                self.chat.save()
         self.host.wait_idle(timeout=30)
         self.chat.close()
 
