@@ -150,6 +150,27 @@ async def test_deleting_a_chat_asks_first(models):
 
 
 @pilot_test
+async def test_an_edit_too_long_for_the_context_changes_nothing(models):
+    app = make_app(models, n_ctx=512)
+    too_long = "word " * 4000
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        use_script(app.chat.engine, ScriptedReply("Sure."))
+        await send(pilot, "First question")
+        await send(pilot, "Second question")
+        before = [dict(m) for m in app.chat.session.messages]
+        stored_before = app.store.load_chat(app.chat.chat_id).session["messages"]
+        await pilot.click(app.query(UserMessage).first())
+        app.prompt_input.load_text(too_long)
+        app.prompt_input.action_submit()
+        await wait_for(pilot, lambda: app.generation is None and "context" in str(app.query(Note).last().render()))
+        assert app.chat.session.messages == before and len(before) == 4
+        assert [str(view.render()) for view in app.query(UserMessage)] == ["First question", "Second question"]
+        assert app.store.load_chat(app.chat.chat_id).session["messages"] == stored_before
+        assert app.prompt_input.text == too_long.strip(), "nothing typed is lost"
+
+
+@pilot_test
 async def test_editing_an_earlier_message_answers_it_again_and_drops_what_followed(models):
     app = make_app(models, bit_exact=True)  # at T = 0 every reply is then plain decoding's: the same for the same chat
     async with app.run_test(size=SIZE) as pilot:

@@ -18,7 +18,7 @@ from edgespec.limits import MODES
 from tui import stats as stats_text
 from tui.chat import ChatController
 from tui.config import COMMAND_HELP, KEY_ACTIONS, ChatConfig, save_defaults
-from tui.conversation import ConversationView, Generation
+from tui.conversation import ConversationView, Edit, Generation
 from tui.history import ChatStore
 from tui.history_screens import HistoryScreen
 from tui.screens import LoadModelScreen, ModelInfoScreen, SettingsScreen, model_info
@@ -112,13 +112,15 @@ class ChatActions:
         self.refresh_bindings()
 
     def _answer_edited(self, text: str) -> None:
-        """Replace the message being edited, forget what followed it, and answer it again."""
+        """Replace the message being edited, forget what followed it, and answer it again.  The chat is saved
+        once the reply ends: one that fails (the edited conversation does not fit) undoes the edit
+        (app._reply_failed), and a kill meanwhile leaves the chat stored as it was."""
         index, session, sampling = self.editing, self.chat.session, self.chat.settings.sampling
+        edit = Edit(text, list(session.messages), list(session.turn_stats), session.first_visible)
         self.end_editing()
         session.edit_user_message(index, text)
         self.rebuild_conversation()
-        self.chat.save()
-        self.start_reply(lambda: session.stream_reply(sampling))
+        self.start_reply(lambda: session.stream_reply(sampling), edit=edit)
 
     def action_regenerate(self) -> None:
         if self._busy():

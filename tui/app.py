@@ -32,7 +32,7 @@ from tui import stats as stats_text
 from tui.actions import ChatActions
 from tui.chat import ChatController, ReplyStream
 from tui.config import KEY_ACTIONS, ChatConfig, load_config
-from tui.conversation import ConversationView, Generation
+from tui.conversation import ConversationView, Edit, Generation
 from tui.engine_host import EngineHost, default_chat_threads
 from tui.history import ChatStore
 from tui.paste import guard_terminal_pastes
@@ -182,11 +182,12 @@ class ChatApp(ChatActions, App):
         self.conversation.add_user_message(event.text, len(self.chat.session.messages))
         self.start_reply(lambda: self.chat.session.stream(event.text, self.chat.settings.sampling), event.text)
 
-    def start_reply(self, events: Callable[[], Iterator], prompt: str | None = None) -> None:
-        """Generate a reply from events() on a worker thread; prompt: the new message it answers, if any."""
+    def start_reply(self, events: Callable[[], Iterator], prompt: str | None = None, edit: Edit | None = None) -> None:
+        """Generate a reply from events() on a worker thread; prompt: the new message it answers, if any;
+        edit: the edit of an earlier message it answers, if any."""
         stream = ReplyStream()
         view = self.conversation.follow(stream, self._reply_title())
-        self.generation = Generation(stream, view, prompt)
+        self.generation = Generation(stream, view, prompt, edit)
         self.chat.begin_reply()
         self.show_reply_figures()
         self.refresh_bindings()
@@ -232,6 +233,14 @@ class ChatApp(ChatActions, App):
         self._recalibrate_if_due()
 
     def _reply_failed(self, generation: Generation, error: str) -> None:
+        edit, session = generation.edit, self.chat.session
+        if edit is not None and session.messages and session.messages[-1]["role"] == "user":
+            # An edit that cannot be answered (too long for the context, say) changes nothing: the chat
+            # goes back to what it was, and the edited text to the input.
+            session.messages, session.turn_stats = edit.messages, edit.turn_stats
+            session.first_visible = edit.first_visible
+            if not self.prompt_input.text:
+                self.prompt_input.load_text(edit.text)
         self.rebuild_conversation()
         self.conversation.add_note(error)
         refused = self.chat.reply_failed(generation.prompt)

@@ -37,6 +37,18 @@ class Generation:
     stream: ReplyStream
     view: AssistantMessage
     prompt: str | None = None
+    edit: Edit | None = None  # the edit it answers, undone if the reply fails
+
+
+@dataclass(frozen=True)
+class Edit:
+    """An earlier message edited: its new text, and the conversation as it was before (ChatSession's
+    messages, turn_stats and first_visible), to go back to when the edited one cannot be answered."""
+
+    text: str
+    messages: list
+    turn_stats: list
+    first_visible: int
 
 
 class ConversationView(VerticalScroll):
