@@ -95,6 +95,21 @@ async def test_history_renames_and_the_name_survives_later_saves(models):
 
 
 @pilot_test
+async def test_a_title_with_escape_sequences_is_drawn_in_the_history_and_renamed_plain(models):
+    app = make_app(models)
+    saved_chat(app.store, "EVIL\x1b]0;PWNED\x07\x1b[5;41mBLINK\x1b[0m end")  # stored by an older edgespec, say
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("ctrl+o")
+        shown = str(app.screen.query_one("#chats").get_option_at_index(0).prompt)
+        assert "\x1b" not in shown and "\x07" not in shown and "EVIL\u241b]0;PWNED\u2407" in shown
+        await pilot.press("r")
+        app.screen.query_one("#title").value = "\x1b[31mRED\x1b[0m title"
+        await pilot.press("enter")
+        assert app.store.list_chats()[0].title == "RED title"
+
+
+@pilot_test
 async def test_history_exports_markdown_with_marks_outside_code_and_never_overwrites(models, tmp_path):
     app = make_app(models)
     saved_chat(app.store)

@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
+from edgespec.control_chars import plain_text, visible_controls
 from edgespec.errors import EdgespecError
 from tui.export import default_export_name
 from tui.history import ChatSummary
@@ -53,7 +54,9 @@ class HistoryScreen(ModalScreen[int | None]):
     @staticmethod
     def _option(chat: ChatSummary) -> Option:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated_at))
-        label = Text.assemble((when, "dim"), "  ", chat.title, (f"  ({chat.n_messages} messages)", "dim"))
+        # a title is a message's first line, or typed: escape sequences in it are drawn, not obeyed
+        label = Text.assemble((when, "dim"), "  ", visible_controls(chat.title),
+                              (f"  ({chat.n_messages} messages)", "dim"))
         return Option(label, id=str(chat.id))
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
@@ -77,7 +80,8 @@ class HistoryScreen(ModalScreen[int | None]):
                 del self.chats[chat.id]
                 self.query_one(OptionList).remove_option(str(chat.id))
 
-        self.app.push_screen(ConfirmScreen(f"Delete the chat “{chat.title}” ({chat.n_messages} messages)? "
+        title = visible_controls(chat.title)
+        self.app.push_screen(ConfirmScreen(f"Delete the chat “{title}” ({chat.n_messages} messages)? "
                                            "This cannot be undone."), delete)
 
     def action_rename_chat(self) -> None:
@@ -92,13 +96,14 @@ class HistoryScreen(ModalScreen[int | None]):
                 self.chats[chat.id] = renamed
                 self.query_one(OptionList).replace_option_prompt(str(chat.id), self._option(renamed).prompt)
 
-        self.app.push_screen(RenameScreen(chat.title), rename)
+        self.app.push_screen(RenameScreen(visible_controls(chat.title)), rename)
 
     def action_export_chat(self) -> None:
         chat = self._highlighted()
         if chat is not None:
+            title = visible_controls(chat.title)
             self.app.push_screen(ExportScreen(chat, self.actions.export),
-                                 lambda path: path and self.app.notify(f"Exported “{chat.title}” to {path}.", markup=False))
+                                 lambda path: path and self.app.notify(f"Exported “{title}” to {path}.", markup=False))
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -137,7 +142,7 @@ class RenameScreen(ModalScreen[str | None]):
             yield Static("", classes="dialog-error")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        title = " ".join(event.value.split())
+        title = " ".join(plain_text(event.value).split())
         if not title:
             self.query_one(".dialog-error", Static).update("A title cannot be empty; type one or press Esc.")
             return
