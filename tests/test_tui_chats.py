@@ -165,6 +165,24 @@ async def test_deleting_a_chat_asks_first(models):
 
 
 @pilot_test
+async def test_deleting_the_open_chat_starts_a_new_one_and_it_stays_deleted(models):
+    app = make_app(models)
+    saved_chat(app.store, "delete me")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("f4")  # continue it
+        await pilot.pause()
+        assert app.chat.chat_id is not None and len(app.chat.session.messages) == 2
+        await pilot.press("ctrl+o", "delete", "y", "escape")
+        await pilot.pause()
+        assert app.store.list_chats() == [] and app.chat.session.messages == [] and not replies(app)
+        use_script(app.chat.engine, ScriptedReply("Sure."))
+        await send(pilot, "One more")
+        [chat] = app.store.list_chats()
+        assert [m["content"] for m in app.store.load_chat(chat.id).session["messages"]] == ["One more", "Sure."]
+
+
+@pilot_test
 async def test_an_edit_too_long_for_the_context_changes_nothing(models):
     app = make_app(models, n_ctx=512)
     too_long = "word " * 4000

@@ -197,9 +197,14 @@ class ChatActions:
         if self._busy():
             return
 
+        open_chat = self.chat.chat_id
+
         def reopen(chat_id: int | None) -> None:
             if chat_id is not None:
                 self._reopen(chat_id)
+            elif open_chat is not None and self.chat.chat_id is None:
+                # the open chat was deleted: its conversation goes too, or the next reply would save it anew
+                self.action_new_chat()
 
         self.push_screen(HistoryScreen(self.store.list_chats(), self.chat), reopen)
 
