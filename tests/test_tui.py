@@ -464,6 +464,22 @@ async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
 
 
 @pilot_test
+async def test_ctrl_c_stops_a_reply_and_keeps_the_app(models):
+    app = make_app(models, max_tokens=3000)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        use_script(app.chat.engine, ScriptedReply(REPLY, endless=True, pause_s=0.002))  # until stopped
+        app.prompt_input.load_text("Tell me everything")
+        app.prompt_input.action_submit()
+        await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
+        stream = app.generation.stream
+        await pilot.press("ctrl+c")  # with the prompt focused, as it is after sending
+        await wait_for(pilot, lambda: app.generation is None)
+        assert stream.result.finish_reason == "cancelled" and app.is_running
+        assert app.chat.session.messages[-1].get("cancelled") is True
+
+
+@pilot_test
 async def test_the_first_load_says_it_measures_the_models_speed(models):
     app = make_app(models, cost_curve=None)
     async with app.run_test(size=SIZE) as pilot:

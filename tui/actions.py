@@ -263,6 +263,14 @@ class ChatActions:
                                 lambda mode=mode: self.chat.engine and self.set_mode(mode))
         yield SystemCommand("Load model…", "Load another target model and drafter", self.action_load_model)
 
+    def action_help_quit(self) -> None:
+        """Ctrl+C: stop the reply being generated, as Ctrl+C stops a command in a terminal (Esc does too);
+        with none, Textual's hint on how to quit.  Its hint alone, mid-reply, left the reply running."""
+        if self.generation is not None:
+            self.chat.session.cancel()
+            return
+        super().action_help_quit()
+
     async def action_quit(self) -> None:
         if self.generation is not None:
             self.chat.session.cancel()
