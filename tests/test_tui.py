@@ -442,16 +442,22 @@ async def test_the_kv_cache_settings_load_the_models_with_them_and_say_what_they
         assert replies(app)
 
 
+async def an_endless_reply_streaming(pilot):
+    """Send a prompt whose scripted reply streams until stopped; its stream, once text has arrived."""
+    app = pilot.app
+    await loaded(pilot)
+    use_script(app.chat.engine, ScriptedReply(REPLY, endless=True, pause_s=0.002))
+    app.prompt_input.load_text("Tell me everything")
+    app.prompt_input.action_submit()  # not a press, which waits for the app to go idle
+    await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
+    return app.generation.stream
+
+
 @pilot_test
 async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
     app = make_app(models, max_tokens=3000)
     async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        use_script(app.chat.engine, ScriptedReply(REPLY, endless=True, pause_s=0.002))  # until stopped
-        app.prompt_input.load_text("Tell me everything")
-        app.prompt_input.action_submit()  # not a press, which waits for the app to go idle
-        await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
-        stream = app.generation.stream
+        stream = await an_endless_reply_streaming(pilot)
         await pilot.press("ctrl+q")
     app.close_engine()  # waits for the worker (up to 30 s) before it frees the models
     assert stream.finished.is_set() and stream.result.finish_reason == "cancelled"
@@ -467,12 +473,7 @@ async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
 async def test_ctrl_c_stops_a_reply_and_keeps_the_app(models):
     app = make_app(models, max_tokens=3000)
     async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        use_script(app.chat.engine, ScriptedReply(REPLY, endless=True, pause_s=0.002))  # until stopped
-        app.prompt_input.load_text("Tell me everything")
-        app.prompt_input.action_submit()
-        await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
-        stream = app.generation.stream
+        stream = await an_endless_reply_streaming(pilot)
         await pilot.press("ctrl+c")  # with the prompt focused, as it is after sending
         await wait_for(pilot, lambda: app.generation is None)
         assert stream.result.finish_reason == "cancelled" and app.is_running
