@@ -235,15 +235,44 @@ class ChatSession:
     @classmethod
     def from_dict(cls, engine: Engine, data: dict) -> "ChatSession":
         """The session to_dict saved (one saved before formats were numbered reads as format 1); EdgespecError
-        for one written in a format this edgespec does not know."""
+        for one written in a format this edgespec does not know, ValueError naming the part for one that is
+        not what to_dict writes (a damaged or hand-edited file)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a saved chat is a JSON object, not {type(data).__name__}")
         saved_format = data.get("format", SESSION_FORMAT)
         if saved_format != SESSION_FORMAT:
             raise EdgespecError(f"this chat was saved in format {saved_format!r}, and this edgespec reads format "
                                 f"{SESSION_FORMAT} only (update edgespec to open it)")
+        _check_saved(data)
         session = cls(engine, data.get("system_prompt"), data.get("context_policy", "drop-oldest"))
         session.messages = [dict(m) for m in data.get("messages", [])]
         session.first_visible = data.get("first_visible", 0)
         session.turn_stats = [dict(s) for s in data.get("turn_stats", [])]
-        if data.get("params"):
-            session.params = SamplingParams(**{**data["params"], "stop": tuple(data["params"].get("stop", ()))})
+        if params := data.get("params"):
+            try:
+                session.params = SamplingParams(**{**params, "stop": tuple(params.get("stop", ()))})
+            except TypeError as error:  # a field SamplingParams does not have
+                raise ValueError(f"the saved chat's sampling settings are not edgespec's ({error})") from None
         return session
+
+
+def _check_saved(data: dict) -> None:
+    """ValueError naming the first part of a saved session that to_dict does not write so: the library reads
+    these files back, and a Python error from deep inside would name nothing a user could fix."""
+    messages = data.get("messages", [])
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise ValueError("the saved chat's messages are not a list of messages, each with a role and a text")
+    if not isinstance(data.get("system_prompt"), (str, type(None))):
+        raise ValueError("the saved chat's system prompt is not text")
+    first_visible = data.get("first_visible", 0)
+    if type(first_visible) is not int or not 0 <= first_visible <= len(messages):
+        raise ValueError("the saved chat's first shown message is outside the chat")
+    turn_stats = data.get("turn_stats", [])
+    if not isinstance(turn_stats, list) or not all(isinstance(turn, dict) for turn in turn_stats):
+        raise ValueError("the saved chat's reply figures are not a list of records")
+    params = data.get("params")
+    if params and not (isinstance(params, dict) and isinstance(params.get("stop", ()), (list, tuple))
+                       and all(isinstance(stop, str) for stop in params.get("stop", ()))):
+        raise ValueError("the saved chat's sampling settings are not a record with a list of stop texts")

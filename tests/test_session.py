@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -159,3 +160,44 @@ def test_a_session_saved_in_another_format_is_refused_with_one_line(engines):
         ChatSession.from_dict(engine, {**saved, "format": 2})
     unnumbered = {key: value for key, value in saved.items() if key != "format"}
     assert ChatSession.from_dict(engine, unnumbered).system_prompt == "sys"  # saved before formats were numbered
+
+
+DAMAGED_PARTS = {
+    "messages": ({"messages": "abc"}, "messages"),
+    "a message": ({"messages": [{"role": "user"}]}, "messages"),
+    "a message's text": ({"messages": [{"role": "user", "content": 7}]}, "messages"),
+    "system prompt": ({"system_prompt": ["sys"]}, "system prompt"),
+    "first shown": ({"first_visible": 5}, "first shown message"),
+    "first shown, not a number": ({"first_visible": "0"}, "first shown message"),
+    "reply figures": ({"turn_stats": [3]}, "reply figures"),
+    "settings": ({"params": "greedy"}, "sampling settings"),
+    "stop texts": ({"params": {"temperature": 0, "stop": 5}}, "sampling settings"),
+    "a stop text that is one string": ({"params": {"temperature": 0, "stop": "END"}}, "sampling settings"),
+    "a setting edgespec lacks": ({"params": {"temperature": 0, "beams": 4}}, "sampling settings"),
+    "a setting out of range": ({"params": {"temperature": -1}}, "temperature"),
+    "context policy": ({"context_policy": "forget-all"}, "context_policy"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_PARTS.values(), ids=DAMAGED_PARTS.keys())
+def test_a_damaged_saved_session_is_refused_naming_the_part(engines, damage):
+    engine, _ = engines
+    change, named = damage
+    saved = ChatSession(engine, system_prompt="sys").to_dict()
+    with pytest.raises(ValueError, match=named):
+        ChatSession.from_dict(engine, {**saved, **change})
+
+
+def test_a_saved_session_that_is_not_a_record_is_refused(engines):
+    engine, _ = engines
+    with pytest.raises(ValueError, match="JSON object"):
+        ChatSession.from_dict(engine, ["not", "a", "chat"])
+
+
+def test_a_session_with_stop_texts_survives_the_round_trip_in_memory_and_through_json(engines):
+    engine, _ = engines
+    session = ChatSession(engine)
+    session.params = SamplingParams(temperature=0, stop=("END", "\n\n"))
+    in_memory = ChatSession.from_dict(engine, session.to_dict())  # the chat app's switch of models
+    through_json = ChatSession.from_dict(engine, json.loads(json.dumps(session.to_dict())))  # a saved chat
+    assert in_memory.params == through_json.params == session.params

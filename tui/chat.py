@@ -234,13 +234,7 @@ class ChatController:
     def _restored(self, stored: StoredChat) -> tuple[ChatSession, dict[str, list], ChatSettings]:
         """The session, draft marks and settings of a saved chat; TypeError, ValueError or KeyError if any part
         is not what the app saves (a damaged or hand-edited history), found here rather than when it is shown."""
-        session = ChatSession.from_dict(self.engine, stored.session)
-        if not all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in session.messages):
-            raise ValueError("a message without a role or text")
-        if not isinstance(session.system_prompt, (str, type(None))):
-            raise ValueError("a system prompt that is not text")
-        if type(session.first_visible) is not int or not 0 <= session.first_visible <= len(session.messages):
-            raise ValueError("a first shown message outside the chat")
+        session = ChatSession.from_dict(self.engine, stored.session)  # checks the session's own parts
         for turn in session.turn_stats:  # each reply's footer, as the conversation will show it
             if type(turn["message_index"]) is not int:
                 raise ValueError("reply figures of no message")
