@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import signal
 import time
 
 import pytest
@@ -22,7 +24,7 @@ from scripted_reply import FILLER, ScriptedReply, use_script
 from edgespec import SamplingParams
 from edgespec.engine import Step
 from tinygguf import write_model_family
-from tui.app import ChatApp
+from tui.app import STOP_SIGNALS, ChatApp
 from tui.config import KEY_ACTIONS, ChatConfig, config_path
 from tui.history import ChatStore
 from tui.history_screens import HistoryScreen
@@ -463,6 +465,37 @@ async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
     assert stream.finished.is_set() and stream.result.finish_reason == "cancelled"
     assert app.chat.engine is None
     [chat] = app.store.list_chats()  # the reply on screen is kept, as an Esc keeps it
+    saved = app.store.load_chat(chat.id)
+    messages = saved.session["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"] and messages[1].get("cancelled") is True
+    assert messages[1]["content"] == stream.result.text != "" and saved.extras["pending_prompt"] is None
+
+
+@pytest.mark.skipif(not STOP_SIGNALS, reason="no SIGHUP or SIGTERM here")
+@pytest.mark.parametrize("stop_signal", STOP_SIGNALS)
+@pilot_test
+async def test_a_closed_terminal_or_kill_mid_reply_keeps_the_reply(models, stop_signal):
+    # Their default ended the process with the reply on screen unsaved: only the pending prompt was stored.
+    app = make_app(models, max_tokens=3000)
+    number = getattr(signal, stop_signal)
+    unhandled = []
+    # Should the app not take the signal, it lands here instead of ending the test run.
+    previous = signal.signal(number, lambda *_: unhandled.append(number))
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            stream = await an_endless_reply_streaming(pilot)
+            try:
+                os.kill(os.getpid(), number)
+                await wait_for(pilot, lambda: stream.finished.is_set() or unhandled, timeout=30)
+            finally:
+                app.chat.session.cancel()  # else leaving a failed test would wait for the endless reply
+        assert not unhandled, "the app did not handle the signal"
+        assert signal.getsignal(number) is signal.SIG_DFL  # the app took its handler away as it ended
+    finally:
+        signal.signal(number, previous)
+    app.close_engine()
+    assert stream.result.finish_reason == "cancelled" and app.chat.engine is None
+    [chat] = app.store.list_chats()
     saved = app.store.load_chat(chat.id)
     messages = saved.session["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"] and messages[1].get("cancelled") is True

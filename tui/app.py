@@ -18,6 +18,8 @@ when it changes.  Entry point: `run_chat`.
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import traceback
 from dataclasses import replace
 from typing import Callable, Iterator
@@ -40,6 +42,8 @@ from tui.render import BlockRenderer
 from tui.settings import FLAG_SETTINGS, ChatSettings
 from tui.widgets import ChatFooter, LoadingPanel, ModelFigures, PromptInput, StatsBar
 
+# What ends the app as Ctrl+Q does, so that the reply being written is kept: a closed terminal and `kill`
+STOP_SIGNALS = tuple(name for name in ("SIGHUP", "SIGTERM") if hasattr(signal, name))  # neither on Windows
 # Most important first: a narrow footer keeps the first ones (ChatFooter)
 FOOTER_ACTIONS = ("cancel", "help", "new_chat", "history", "copy_reply", "model_info", "regenerate", "cycle_mode",
                   "settings", "toggle_marks")
@@ -86,8 +90,27 @@ class ChatApp(ChatActions, App):
         for notice in self.store.notices:  # e.g. a damaged history was moved aside at start-up
             self._history_notice(notice)
         self.store.on_notice = self._history_notice
+        self._exit_on_stop_signals()
         self.prompt_input.focus()
         self.load_models(*self.model_spec)
+
+    def _exit_on_stop_signals(self) -> None:
+        """STOP_SIGNALS end the app as Ctrl+Q does, stopping the reply being written and keeping it (close_engine
+        saves it); by default they end the process, and a reply on screen with it, unsaved."""
+        loop = asyncio.get_running_loop()
+        for name in STOP_SIGNALS:
+            try:
+                loop.add_signal_handler(getattr(signal, name), self.call_next, self.action_quit)
+            except (NotImplementedError, RuntimeError, ValueError):  # no signals in this loop or thread
+                pass
+
+    def on_unmount(self) -> None:
+        loop = asyncio.get_running_loop()
+        for name in STOP_SIGNALS:
+            try:
+                loop.remove_signal_handler(getattr(signal, name))
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
 
     def _history_notice(self, text: str) -> None:
         self.conversation.add_note(text, "note")
