@@ -19,6 +19,7 @@ when it changes.  Entry point: `run_chat`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import traceback
 from dataclasses import replace
@@ -44,6 +45,7 @@ from tui.widgets import ChatFooter, LoadingPanel, ModelFigures, PromptInput, Sta
 
 # What ends the app as Ctrl+Q does, so that the reply being written is kept: a closed terminal and `kill`
 STOP_SIGNALS = tuple(name for name in ("SIGHUP", "SIGTERM") if hasattr(signal, name))  # neither on Windows
+NO_SIGNALS_HERE = (NotImplementedError, RuntimeError, ValueError)  # a loop or thread that cannot take them
 # Most important first: a narrow footer keeps the first ones (ChatFooter)
 FOOTER_ACTIONS = ("cancel", "help", "new_chat", "history", "copy_reply", "model_info", "regenerate", "cycle_mode",
                   "settings", "toggle_marks")
@@ -99,18 +101,14 @@ class ChatApp(ChatActions, App):
         saves it); by default they end the process, and a reply on screen with it, unsaved."""
         loop = asyncio.get_running_loop()
         for name in STOP_SIGNALS:
-            try:
+            with contextlib.suppress(*NO_SIGNALS_HERE):
                 loop.add_signal_handler(getattr(signal, name), self.call_next, self.action_quit)
-            except (NotImplementedError, RuntimeError, ValueError):  # no signals in this loop or thread
-                pass
 
     def on_unmount(self) -> None:
         loop = asyncio.get_running_loop()
         for name in STOP_SIGNALS:
-            try:
+            with contextlib.suppress(*NO_SIGNALS_HERE):
                 loop.remove_signal_handler(getattr(signal, name))
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
 
     def _history_notice(self, text: str) -> None:
         self.conversation.add_note(text, "note")
