@@ -18,7 +18,10 @@ a reply where the last ones ended; where kinds mix, or fewer than SPREAD_MIN_GEN
 saw the position, it is worth the minimum, and the text at hand decides within a few steps either way.
 
 Reset: `edgespec models forget-learning [MODEL]`, or delete the file.  The file only saves learning:
-one that cannot be read or written is ignored, never an error.
+one that cannot be read or written is never an error.  One that is not a store (a crash's half, a
+hand edit that broke it) is said once through the notice and moved aside to
+`learned-acceptance.json.unreadable` before a new one is begun, so no edit of it is lost; one a newer
+edgespec wrote is read by none of its counts and never written over.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ import math
 import os
 import threading
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .acceptance import LEARNED_WEIGHT_MAX
 from .calibration import cache_dir
-from .files import atomic_write, parse_json, read_regular
+from .files import FileTooLarge, NotARegularFile, atomic_write, parse_json, read_regular
+from .notices import log_notice
 
 LEARNED_FILE = "learned-acceptance.json"
+UNREADABLE_SUFFIX = ".unreadable"  # where a file that is not a store is moved before a new one is begun
 FORMAT = 4  # 2: the n-gram drafter's counts are per copy class (hindsight.HindsightAcceptance); 3: the
 # prompt's copies are a class of their own (drafters.SOURCES), so a copy class of 2 held them both;
 # 4: each position keeps its generations' spread, which weighs its prior
@@ -169,14 +174,17 @@ class LearnedAcceptance:
 
     _write_lock = threading.Lock()  # the server's and a batch's threads finish generations concurrently
 
-    def __init__(self, model_path: str | os.PathLike, path: Path | None = None, writable: bool = True) -> None:
+    def __init__(self, model_path: str | os.PathLike, path: Path | None = None, writable: bool = True,
+                 notice: Callable[[str], None] = log_notice) -> None:
         self.path = path if path is not None else cache_dir() / LEARNED_FILE
         self.model = model_identity(model_path)
         self.writable = writable  # False: start from the store, never add to it (a benchmark's runs)
+        self.notice = notice  # where a file that is not a store is said, once per store
+        self._said_unreadable = False
 
     def prior(self, drafter: str) -> dict[int, tuple[list[float], list[float]]] | None:
         """The counts a new controller of this drafter starts from, or None for the built-in priors."""
-        stored = _stored_entry(self._read().get(self.model), drafter)
+        stored = _stored_entry((self._read() or {}).get(self.model), drafter)
         return prior_counts(stored) if stored is not None else None
 
     def learn(self, drafter: str, counts: Counts) -> None:
@@ -185,6 +193,8 @@ class LearnedAcceptance:
             return
         with self._write_lock:
             data = self._read()
+            if data is None:
+                return
             if not isinstance(data.get(self.model), dict):
                 data[self.model] = {}  # none yet, or a hand-edited entry of another shape: start it afresh
             old = _stored_entry(data[self.model], drafter) or {}
@@ -195,19 +205,50 @@ class LearnedAcceptance:
         """Drop this model's learned priors; True when there were some."""
         with self._write_lock:
             data = self._read()
-            if data.pop(self.model, None) is None:
+            if data is None or data.pop(self.model, None) is None:
                 return False
             self._write(data)
             return True
 
     def _read(self) -> dict:
+        """The models' entries, {} where there are none to read (no file, an older format's, one that is not a
+        store: said once); None for a newer edgespec's file, which this one neither reads nor writes over."""
         try:
             data = parse_json(read_regular(self.path, MAX_FILE_BYTES))
-        except (OSError, ValueError):
+        except FileNotFoundError:
             return {}
-        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("models"), dict):
-            return {}
-        return data["models"]
+        except NotARegularFile:  # a FIFO or a device: nothing in it to keep, and a rename replaces it
+            return self._unreadable("it is not a regular file", move=False)
+        except FileTooLarge:
+            return self._unreadable(f"it is larger than {MAX_FILE_BYTES >> 20} MiB, which no store grows to")
+        except OSError as error:  # unreadable for now (permissions): learning into it waits, as writes fail too
+            return self._unreadable(error.strerror or str(error), move=False)
+        except ValueError:
+            return self._unreadable("it is not JSON")
+        if not isinstance(data, dict) or not isinstance(data.get("models"), dict) or type(data.get("format")) is not int:
+            return self._unreadable("it is not a learned-priors file")
+        if data["format"] > FORMAT:
+            return self._unreadable(f"a newer edgespec wrote it (format {data['format']}); this one only reads "
+                                    f"format {FORMAT}, so it starts from the built-in priors and leaves the file be",
+                                    move=False, keep=True)
+        return data["models"] if data["format"] == FORMAT else {}  # an older format's counts mean other things
+
+    def _unreadable(self, why: str, move: bool = True, keep: bool = False) -> dict | None:
+        """{} after saying once why the file is not read, and moving it aside where a write would replace it
+        (move: it may hold someone's edit); keep: None, so that nothing is written over it."""
+        aside = self.path.with_name(self.path.name + UNREADABLE_SUFFIX)
+        moved = False
+        if move and self.writable:
+            try:
+                os.replace(self.path, aside)
+                moved = True
+            except OSError:
+                pass  # then the next write fails alike, and learning is only not kept
+        if not self._said_unreadable:
+            self._said_unreadable = True
+            where = f"; moved it to {aside.name} and began a new one" if moved else ""
+            self.notice(f"the learned priors in {self.path} are not read: {why}{where}")
+        return None if keep else {}
 
     def _write(self, models: dict) -> None:
         try:

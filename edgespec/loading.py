@@ -248,15 +248,18 @@ def _settle_drafting(engine: Engine, draft, draft_tokens, notice) -> None:
         notice(_settle_draft_model(engine, keep=draft != "auto"))
 
 
-def use_learning(engine: Engine, priors: str = "learn", pool: bool = True) -> None:
+def use_learning(engine: Engine, priors: str = "learn", pool: bool = True,
+                 notice: Callable[[str], None] = log_notice) -> None:
     """Let the engine draw on what came before it.
 
     priors: "learn" starts the draft-length controllers from what this model's drafters were
     accepted at on this machine before, and adds every finished generation to it (learned.py);
     "read" only starts from it; "cold" keeps the neutral built-in priors.  pool: n-gram drafts may
-    also come from this engine's earlier prompts and outputs (ngram_pool.py).
+    also come from this engine's earlier prompts and outputs (ngram_pool.py).  A learned-priors
+    file that cannot be read is said through notice.
     """
-    engine.planner.learned = LearnedAcceptance(engine.target_path, writable=priors == "learn") if priors != "cold" else None
+    engine.planner.learned = (LearnedAcceptance(engine.target_path, writable=priors == "learn", notice=notice)
+                              if priors != "cold" else None)
     engine.decoder.pool = NgramPool() if pool else None
 
 

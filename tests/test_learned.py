@@ -124,15 +124,55 @@ def test_a_read_only_store_is_never_written(model_file, tmp_path):
     assert not store.path.exists()
 
 
-@pytest.mark.parametrize("content", ["not json", "[]", json.dumps({"format": 99, "models": {}}),
-                                     json.dumps({"format": 1, "models": {"x": {"ngram": {"a": 1}}}})])
-def test_an_unreadable_file_means_starting_cold(model_file, tmp_path, content):
+@pytest.mark.parametrize("content, why", [("not json", "it is not JSON"),
+                                          ("[]", "it is not a learned-priors file"),
+                                          (json.dumps({"format": "4", "models": {}}), "it is not a learned-priors file")])
+def test_a_file_that_is_not_a_store_is_said_once_and_moved_aside_before_a_new_one_begins(model_file, tmp_path,
+                                                                                         content, why):
     path = tmp_path / "learned.json"
     path.write_text(content)
-    store = LearnedAcceptance(model_file, path)
+    said = []
+    store = LearnedAcceptance(model_file, path, notice=said.append)
     assert store.prior("ngram") is None
-    store.learn("ngram", copying_counts())  # and is replaced by a good one
-    assert store.prior("ngram") is not None
+    assert said == [f"the learned priors in {path} are not read: {why}; moved it to learned.json.unreadable "
+                    "and began a new one"]
+    assert (tmp_path / "learned.json.unreadable").read_text() == content  # whatever was edited there is kept
+    store.learn("ngram", copying_counts())
+    assert store.prior("ngram") is not None and len(said) == 1
+
+
+def test_a_read_only_store_says_a_file_it_cannot_read_and_leaves_it_where_it_is(model_file, tmp_path):
+    path = tmp_path / "learned.json"
+    path.write_text("not json")
+    said = []
+    store = LearnedAcceptance(model_file, path, writable=False, notice=said.append)
+    assert store.prior("ngram") is None and store.prior("ngram") is None
+    assert said == [f"the learned priors in {path} are not read: it is not JSON"]
+    assert path.read_text() == "not json" and not (tmp_path / "learned.json.unreadable").exists()
+
+
+def test_a_newer_edgespec_s_file_is_neither_read_nor_written_over(model_file, tmp_path):
+    path = tmp_path / "learned.json"
+    newer = json.dumps({"format": 99, "models": {"x": {"ngram": {"a": 1}}}})
+    path.write_text(newer)
+    said = []
+    store = LearnedAcceptance(model_file, path, notice=said.append)
+    assert store.prior("ngram") is None
+    store.learn("ngram", copying_counts())
+    assert store.forget() is False
+    assert path.read_text() == newer
+    assert len(said) == 1 and "a newer edgespec wrote it (format 99)" in said[0]
+
+
+def test_an_older_format_s_counts_are_replaced_without_a_word(model_file, tmp_path):
+    path = tmp_path / "learned.json"
+    path.write_text(json.dumps({"format": 1, "models": {"x": {"ngram": {"a": 1}}}}))
+    said = []
+    store = LearnedAcceptance(model_file, path, notice=said.append)
+    assert store.prior("ngram") is None
+    store.learn("ngram", copying_counts())
+    assert store.prior("ngram") is not None and said == []
+    assert not (tmp_path / "learned.json.unreadable").exists()
 
 
 @pytest.mark.parametrize("entry", [

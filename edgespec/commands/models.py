@@ -169,12 +169,13 @@ def _import(args: argparse.Namespace) -> int:
 
 def _forget_learning(args: argparse.Namespace) -> int:
     from edgespec.learned import LearnedAcceptance, forget_all
+    from edgespec.notices import print_notice
 
     if args.name is None:
         where = forget_all()
         print(f"forgot what every model learned ({where})")
         return 0
-    store = LearnedAcceptance(resolve_model(args.name, pull=False))
+    store = LearnedAcceptance(resolve_model(args.name, pull=False), notice=print_notice)
     forgot = store.forget()
     print(f"forgot what {args.name} learned ({store.path})" if forgot else f"nothing learned for {args.name} yet ({store.path})")
     return 0

@@ -244,7 +244,7 @@ def engine_from_args(args: argparse.Namespace, notice: Callable[[str], None] = p
         kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn, notice=notice,
         progress=True, **overrides,
     )
-    use_learning(engine)  # run, chat, batch and serve learn from, and add to, what came before
+    use_learning(engine, notice=notice)  # run, chat, batch and serve learn from, and add to, what came before
     if getattr(args, "prompt_cache", False):  # commands without the flag keep no snapshots
         use_prompt_cache(engine, args.prompt_cache_size, notice)
     return engine
