@@ -371,3 +371,33 @@ def test_a_keymap_may_swap_two_actions_keys(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text('[keymap]\nregenerate = "ctrl+n"\nnew_chat = "ctrl+r"\n')
     assert load_config(path).keymap == {"regenerate": "ctrl+n", "new_chat": "ctrl+r"}
+
+
+class _WorkersRunAtOnce:
+    """What EngineHost needs of the app: workers (run at once, on this thread) and messages (kept)."""
+
+    def __init__(self):
+        self.messages = []
+
+    def run_worker(self, work, **_):
+        work()
+
+    def post_message(self, message):
+        self.messages.append(message)
+
+
+def test_the_chat_learns_as_run_batch_and_serve_do(smollm2_path):
+    from edgespec.learned import LearnedAcceptance
+    from tui.engine_host import EngineHost
+
+    app = _WorkersRunAtOnce()
+    EngineHost(app, ChatConfig(), cost_curve=(1.0, 1.2)).load(str(smollm2_path), "none", draft_tokens="auto",
+                                                             bit_exact=False)
+    loaded = [m for m in app.messages if isinstance(m, EngineHost.Loaded)]
+    assert len(loaded) == 1, app.messages
+    engine = loaded[0].engine
+    try:  # its replies start from what this model's drafts did before and add to it; other chats' text is a source
+        assert isinstance(engine.planner.learned, LearnedAcceptance) and engine.planner.learned.writable
+        assert engine.decoder.pool is not None
+    finally:
+        engine.close()

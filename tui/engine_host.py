@@ -23,7 +23,7 @@ from textual.message import Message
 from edgespec import EdgespecError, Engine
 from edgespec.errors import as_flag, flag_worded
 from edgespec.catalog import default_pair
-from edgespec.loading import load_engine, use_prompt_cache
+from edgespec.loading import load_engine, use_learning, use_prompt_cache
 from tui.config import ChatConfig
 
 # Up to this many usable cores, the chat leaves one of them to the app (see default_chat_threads).
@@ -111,6 +111,9 @@ class EngineHost:
                 draft_kv_type=config.draft_kv_type, flash_attn=config.flash_attn, n_threads=self.n_threads,
                 memory_budget=config.memory_budget, notice=notice, cost_curve=self.cost_curve,
                 measure_stale_curve=False)
+            # as run, batch and serve do: start from what this model's drafts did here before, add each
+            # finished reply to it, and draft from the other chats' text too
+            use_learning(engine, notice=notice)
             if config.prompt_cache:  # a reopened chat restores its history instead of prefilling it
                 use_prompt_cache(engine, config.prompt_cache_size, notice, keep_every_prompt=True)
         except EdgespecError as error:
