@@ -490,6 +490,7 @@ async def test_a_closed_terminal_or_kill_mid_reply_keeps_the_reply(models, stop_
             finally:
                 app.chat.session.cancel()  # else leaving a failed test would wait for the endless reply
         assert not unhandled, "the app did not handle the signal"
+        assert app.stop_signal == number  # so `edgespec chat` exits with 128 + number, as the signal would have
         assert signal.getsignal(number) is signal.SIG_DFL  # the app took its handler away as it ended
     finally:
         signal.signal(number, previous)

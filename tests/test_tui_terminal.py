@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -85,5 +86,26 @@ def test_edgespec_chat_answers_in_a_real_terminal(tmp_path):
         assert re.search(r"[\d.]+ tok/s\s+│\s+accept", screen), "the stats bar shows the reply's numbers"
         subprocess.run(["tmux", "send-keys", "-t", session, "C-q"], check=True)
         _wait_for(session, r"EXITED 0", timeout=30)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)")
+@pytest.mark.skipif(not EDGESPEC.exists(), reason="the edgespec console script is not installed")
+def test_edgespec_chat_ended_by_sigterm_exits_with_143_as_a_killed_process_does(tmp_path):
+    # A script or a service manager reads the exit code to tell a stop from a quit.
+    model = _smollm2()
+    session = f"edgespec-test-{uuid.uuid4().hex[:8]}"
+    env = " ".join(f"{name}={shlex.quote(str(tmp_path / name.lower()))}" for name in DIRS)
+    pid_file = tmp_path / "pid"
+    chat = (f"{env} exec {shlex.quote(str(EDGESPEC))} chat --model {shlex.quote(str(model))} --draft ngram "
+            f"--threads 1 --max-tokens 8")
+    command = (f"unset COLUMNS LINES; sh -c {shlex.quote(f'echo $$ > {shlex.quote(str(pid_file))}; {chat}')}; "
+               f"echo EXITED $?; sleep 60")
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", command], check=True)
+    try:
+        _wait_for(session, r"ctx 0/", timeout=60)
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        _wait_for(session, r"EXITED 143", timeout=30)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)

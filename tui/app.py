@@ -71,6 +71,7 @@ class ChatApp(ChatActions, App):
         self.model_spec = (config.model or "", config.draft)
         self.loading: LoadingPanel | None = None
         self.editing: int | None = None  # the index of the user message the prompt input edits
+        self.stop_signal: int | None = None  # the STOP_SIGNALS number that ended the app, if one did
 
     # -- layout ------------------------------------------------------------------
 
@@ -102,7 +103,11 @@ class ChatApp(ChatActions, App):
         loop = asyncio.get_running_loop()
         for name in STOP_SIGNALS:
             with contextlib.suppress(*NO_SIGNALS_HERE):
-                loop.add_signal_handler(getattr(signal, name), self.call_next, self.action_quit)
+                loop.add_signal_handler(getattr(signal, name), self._end_on_signal, getattr(signal, name))
+
+    def _end_on_signal(self, number: int) -> None:
+        self.stop_signal = number  # run_chat exits with 128 + number, as a process the signal ended would
+        self.call_next(self.action_quit)
 
     def on_unmount(self) -> None:
         loop = asyncio.get_running_loop()
@@ -365,4 +370,4 @@ def run_chat(args=None, **overrides) -> int:
     finally:
         app.close_engine()
         store.close()
-    return app.return_code or 0
+    return 128 + app.stop_signal if app.stop_signal else app.return_code or 0
