@@ -77,7 +77,7 @@ def test_a_schema_2_history_keeps_its_chats_and_prompts_and_loses_the_unused_pla
     assert store.load_chat(7).title == "kept"  # the user's name survives the migration
     store.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert "plain_speed" not in tables and {"chats", "prompts"} <= tables
 
@@ -123,7 +123,7 @@ def test_a_schema_1_history_is_migrated_and_a_renamed_chat_keeps_its_name(tmp_pa
     db.commit()
     db.close()
     store = ChatStore(path)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     [old] = store.list_chats()
     assert old.title == "old chat"
     store.rename_chat(old.id, "named by me")
@@ -132,3 +132,27 @@ def test_a_schema_1_history_is_migrated_and_a_renamed_chat_keeps_its_name(tmp_pa
     other = store.save_chat(None, "from the first message", "/m/a.gguf", {}, {"messages": []}, {})
     store.save_chat(other, "a new first message", "/m/a.gguf", {}, {"messages": []}, {})
     assert {c.title for c in store.list_chats()} == {"named by me", "a new first message"}
+
+
+def test_an_unsent_message_is_kept_until_a_start_takes_it_and_none_is_lost_to_another(tmp_path):
+    store = ChatStore(tmp_path / "h.sqlite3")
+    assert store.take_unsent() is None
+    store.keep_unsent("  \n")  # nothing written: nothing kept
+    store.keep_unsent("half a question")
+    ChatStore(tmp_path / "h.sqlite3").keep_unsent("another app's\nmessage")  # two apps ended, each with one
+    store.close()
+    reopened = ChatStore(tmp_path / "h.sqlite3")
+    assert reopened.take_unsent() == "another app's\nmessage"  # the newest first
+    assert reopened.take_unsent() == "half a question"
+    assert reopened.take_unsent() is None
+
+
+def test_a_schema_3_history_gains_a_place_for_an_unsent_message(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript(SCHEMA_2.replace("PRAGMA user_version = 2;", "DROP TABLE plain_speed; PRAGMA user_version = 3;"))
+    old.close()
+    store = ChatStore(path)
+    assert [c.title for c in store.list_chats()] == ["kept"]
+    store.keep_unsent("typed")
+    assert store.take_unsent() == "typed"

@@ -504,6 +504,28 @@ async def test_a_closed_terminal_or_kill_mid_reply_keeps_the_reply(models, stop_
 
 
 @pilot_test
+async def test_a_half_written_message_is_back_in_the_input_at_the_next_start(models):
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.prompt_input.load_text("half a question\nwith a second line")
+        await pilot.press("ctrl+q")
+    assert app.chat.session.messages == []  # quitting sent nothing
+
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        assert app.prompt_input.text == "half a question\nwith a second line"
+        assert "back in the input" in str(app.query(Note).first().render())
+        app.prompt_input.load_text("")  # the user decides against it
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:  # taken at the start: an input cleared since stays clear
+        await loaded(pilot)
+        assert app.prompt_input.text == ""
+        assert not [note for note in app.query(Note) if "back in the input" in str(note.render())]
+
+
+@pilot_test
 async def test_ctrl_c_stops_a_reply_and_keeps_the_app(models):
     app = make_app(models, max_tokens=3000)
     async with app.run_test(size=SIZE) as pilot:

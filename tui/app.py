@@ -37,7 +37,7 @@ from tui.chat import ChatController, ReplyStream
 from tui.config import KEY_ACTIONS, ChatConfig, load_config
 from tui.conversation import ConversationView, Edit, Generation
 from tui.engine_host import EngineHost, default_chat_threads
-from tui.history import ChatStore
+from tui.history import ChatStore, HistoryError
 from tui.paste import guard_terminal_pastes
 from tui.render import BlockRenderer
 from tui.settings import FLAG_SETTINGS, ChatSettings
@@ -93,6 +93,11 @@ class ChatApp(ChatActions, App):
         for notice in self.store.notices:  # e.g. a damaged history was moved aside at start-up
             self._history_notice(notice)
         self.store.on_notice = self._history_notice
+        unsent = self.store.take_unsent()
+        if unsent:
+            self.prompt_input.load_text(unsent)
+            self.conversation.add_note("The message you were writing when edgespec last ended is back in the input.",
+                                       "note")
         self._exit_on_stop_signals()
         self.prompt_input.focus()
         self.load_models(*self.model_spec)
@@ -110,6 +115,10 @@ class ChatApp(ChatActions, App):
         self.call_next(self.action_quit)
 
     def on_unmount(self) -> None:
+        # however the app ends, a half-written message is kept; a history that cannot be written has no place for
+        # it, and the app is past showing why
+        with contextlib.suppress(HistoryError):
+            self.store.keep_unsent(self.prompt_input.text)
         loop = asyncio.get_running_loop()
         for name in STOP_SIGNALS:
             with contextlib.suppress(*NO_SIGNALS_HERE):

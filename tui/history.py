@@ -29,7 +29,7 @@ import platformdirs
 from edgespec.errors import EdgespecError
 from edgespec.files import parse_json
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 HISTORY_FILE = "history.sqlite3"
 _SIDECARS = ("-wal", "-shm")  # SQLite's names for a WAL database's other files
 
@@ -59,6 +59,9 @@ _MIGRATIONS = {
     # Schemas 1 and 2 kept plain decoding speeds per model, which nothing read: the chat app
     # measures plain speed from the steps of its replies (ChatController.plain_speed).
     2: "DROP TABLE IF EXISTS plain_speed;",
+    # A message being written when the app ended, put back in the input at the next start; one a start has not
+    # taken yet (two apps ended with one) waits for the next.
+    3: "CREATE TABLE unsent (id INTEGER PRIMARY KEY AUTOINCREMENT, text TEXT NOT NULL, saved_at REAL NOT NULL);",
 }
 
 
@@ -272,6 +275,23 @@ class ChatStore:
     def add_prompt(self, text: str) -> None:
         with self._transaction():
             self._db.execute("INSERT INTO prompts (text, created_at) VALUES (?, ?)", (text, time.time()))
+
+    @_recovering
+    def keep_unsent(self, text: str) -> None:
+        """Keep a message that was being written when the app ended (nothing for blank text)."""
+        if text.strip():
+            with self._transaction():
+                self._db.execute("INSERT INTO unsent (text, saved_at) VALUES (?, ?)", (text, time.time()))
+
+    @_recovering
+    def take_unsent(self) -> str | None:
+        """The newest message kept by keep_unsent, removed from the store; None when there is none."""
+        with self._transaction():
+            row = self._db.execute("SELECT id, text FROM unsent ORDER BY id DESC LIMIT 1").fetchone()
+            if row is None:
+                return None
+            self._db.execute("DELETE FROM unsent WHERE id = ?", (row[0],))
+        return row[1]
 
     @_recovering
     def recent_prompts(self, limit: int = 200) -> list[str]:
