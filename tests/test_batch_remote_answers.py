@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.commands import batch, main
-from edgespec.commands.batch import remote
+from edgespec.commands.batch import endpoint, remote
 from edgespec.commands.batch.answers import answer_problem, is_answer
 from edgespec.commands.batch.output import RecordWriter
 from edgespec.commands.batch.requests import CHAT_URL, COMPLETIONS_URL, BatchRequest
@@ -247,7 +247,7 @@ def test_a_bug_while_sending_one_request_is_its_own_error_record(fake_server, tm
 
 
 def test_a_body_over_the_size_limit_is_no_answer(fake_server, tmp_path, monkeypatch):
-    monkeypatch.setattr(remote, "MAX_ANSWER_BYTES", 1000)
+    monkeypatch.setattr(endpoint, "MAX_ANSWER_BYTES", 1000)
     server = fake_server({"big": [json_reply(chat_completion("x" * 2000))], "small": [answer]})
     source, out = write_lines(tmp_path / "in.jsonl", plain_lines(["big", "small"])), tmp_path / "out.jsonl"
     assert run_batch(server, source, out) == batch.EXIT_REQUESTS_FAILED

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.commands import batch
-from edgespec.commands.batch import remote
+from edgespec.commands.batch import endpoint, remote
 from fake_openai_server import answer, chat_completion, json_reply, raw_reply
 from test_batch import edgespec_command, line_count, write_lines
 from test_batch_remote_answers import last_by_id, plain_lines, records, run_batch
@@ -53,22 +54,34 @@ def trickle(where: str):
 
 
 @pytest.mark.parametrize("where", ["body", "headers"])
-def test_an_answer_that_trickles_in_is_a_failed_attempt_at_the_deadline(fake_server, tmp_path, capsys, monkeypatch,
-                                                                        where):
-    # The socket's timeout restarted with each byte: one byte every 2 s held the batch for ever.
-    monkeypatch.setattr(remote, "REQUEST_TIMEOUT_SECONDS", 1.0)
-    monkeypatch.setattr(remote, "MAX_ATTEMPTS", 2)
+def test_an_answer_that_trickles_in_is_left_for_a_rerun_at_the_deadline(fake_server, tmp_path, capsys, monkeypatch,
+                                                                       where):
+    # The socket's timeout restarted with each byte: one byte every 2 s held the batch for ever.  Then each of
+    # six attempts waited out the deadline: a stuck server held a request's place for an hour.
+    monkeypatch.setattr(endpoint, "REQUEST_TIMEOUT_SECONDS", 1.0)
     server = fake_server({"slow": [trickle(where)], "slow-once": [trickle(where), answer], "ok": [answer]})
     source, out = write_lines(tmp_path / "in.jsonl", plain_lines(["slow", "slow-once", "ok"])), tmp_path / "out.jsonl"
     started = time.monotonic()
     assert run_batch(server, source, out, "--concurrency", "3") == batch.EXIT_REQUESTS_FAILED
     assert time.monotonic() - started < WITHIN_SECONDS
     err = capsys.readouterr().err
-    assert "no answer for 'slow' (line 1) after 2 attempts, the last: no whole answer within 1 s" in err
-    assert "Traceback" not in err and "batch: 2 ok, 0 failed of 3" in err
+    assert "no answer for 'slow' (line 1): no whole answer within 1 s; left for a rerun" in err
+    assert "Traceback" not in err and "batch: 1 ok, 0 failed of 3" in err
+    assert list(last_by_id(out)) == ["ok"] and server.attempts == {"slow": 1, "slow-once": 1, "ok": 1}
+    run_batch(server, source, out, "--concurrency", "3")  # the rerun retries what was left
     by_id = last_by_id(out)
     assert sorted(by_id) == ["ok", "slow-once"] and by_id["slow-once"]["response"]["body"] == chat_completion()
-    assert server.attempts == {"slow": 2, "slow-once": 2, "ok": 1}
+
+
+def test_a_model_list_that_never_comes_is_one_line_at_its_deadline(fake_server, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(endpoint, "MODELS_TIMEOUT_SECONDS", 1.0)
+    server = fake_server({"ok": [answer]}, models=trickle("body"))
+    source, out = write_lines(tmp_path / "in.jsonl", plain_lines(["ok"])), tmp_path / "out.jsonl"
+    started = time.monotonic()
+    assert run_batch(server, source, out) != 0
+    assert time.monotonic() - started < WITHIN_SECONDS
+    err = capsys.readouterr().err
+    assert f"cannot reach {server.url}: no whole answer within 1 s" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
@@ -92,6 +105,25 @@ def test_the_first_stop_signal_ends_a_batch_stuck_on_a_trickle_at_once(fake_serv
     assert f"finished results are saved in {out}; rerun the same command to resume" in err
     assert "Traceback" not in err and list(last_by_id(out)) == ["ok"]
     assert not Path(f"{out}.edgespec-lock").exists()
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_the_first_stop_signal_ends_a_batch_waiting_on_the_model_list_at_once(fake_server, tmp_path, stop_signal):
+    # The list was asked for on the main thread, where the signal only set a flag: the first Ctrl-C waited on it.
+    asked = threading.Event()
+    slow = trickle("body")
+    server = fake_server({"ok": [answer]}, models=lambda handler, url: (asked.set(), slow(handler, url)))
+    source, out = write_lines(tmp_path / "in.jsonl", plain_lines(["ok"])), tmp_path / "out.jsonl"
+    command = edgespec_command() + ["batch", str(source), "-o", str(out), "--endpoint", server.url]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert asked.wait(120), process.stderr.read() if process.poll() is not None else "no /v1/models call"
+        process.send_signal(stop_signal)
+        _, err = process.communicate(timeout=WITHIN_SECONDS)
+    finally:
+        process.kill()
+    assert process.returncode == batch.EXIT_INTERRUPTED, err
+    assert "Traceback" not in err and not Path(f"{out}.edgespec-lock").exists()
 
 
 def other_host(fake_server):

@@ -63,8 +63,8 @@ from ...stats import Stats
 from ..options import add_engine_options, add_sampling_options, engine_from_args, file_path, sampling_params, setting
 from ..serve import API_KEY_ENV
 from .output import FINGERPRINT_FIELD, RecordWriter, changed_sampling, is_done, same_file
-from .remote import (EXAMPLE_URL, MAX_ATTEMPTS, MAX_CONCURRENCY, Endpoint, default_fields, filled_in, run_remote_batch,
-                     shown_url, url_problem)
+from .endpoint import EXAMPLE_URL, Endpoint, shown_url, url_problem
+from .remote import MAX_ATTEMPTS, MAX_CONCURRENCY, default_fields, filled_in, run_remote_batch
 from .requests import BatchError, BatchRequest, check_unique_ids, for_the_engine, read_requests
 from .runner import (Interrupt, RunTally, batch_summary_line, request_params, run_batch, sampling_settings, summarize,
                      write_summary)

@@ -24,11 +24,13 @@ READ_CHUNK_BYTES = 1 << 16
 
 
 class Unanswered(Exception):
-    """No usable answer this attempt: retried, and after the last attempt left for a rerun."""
+    """No usable answer this attempt: retried, and after the last attempt left for a rerun; timed_out: none came
+    whole within the deadline."""
 
-    def __init__(self, reason: str, retry_after: float | None = None, status: int | None = None):
+    def __init__(self, reason: str, retry_after: float | None = None, status: int | None = None,
+                 timed_out: bool = False):
         super().__init__(reason)
-        self.retry_after, self.status = retry_after, status
+        self.retry_after, self.status, self.timed_out = retry_after, status, timed_out
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ def call(request: urllib.request.Request, seconds: float, max_bytes: int) -> Rep
             if not deadline.passed:
                 raise Unanswered(_failure_reason(error)) from None
         if deadline.passed:  # cut off: whatever came before is no whole answer, however it ended
-            raise Unanswered(f"no whole answer within {seconds:g} s")
+            raise Unanswered(f"no whole answer within {seconds:g} s", timed_out=True)
     return reply
 
 
