@@ -399,8 +399,30 @@ def test_disconnect_mid_stream_cancels_the_generation(server):
     assert reply.usage.completion_tokens == 4
 
 
+def test_a_client_gone_mid_answer_without_a_stream_cancels_the_generation(server):
+    # Its client was looked for only when the engine paused for 0.1 s: a small model's steps never did, and the
+    # generation ran to its end with nobody to read it.
+    wait_until(lambda: not server.health()["busy"], "the engine to finish what earlier tests left")
+    before = server.metrics()
+    body = json.dumps({"model": "tiny", "messages": USER, **LONG_REQUEST}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=WAIT_SECONDS) as raw:
+        raw.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
+                    + b"Content-Type: application/json\r\n"
+                    + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_until(lambda: server.health()["busy"], "the engine to generate the answer")
+    wait_until(lambda: not server.health()["busy"], "the engine to drop the generation")
+    after = server.metrics()
+    cancelled = ("edgespec_generations_total", (("finish_reason", "cancelled"), ("mode", "ngram")))
+    assert after[cancelled] == before.get(cancelled, 0) + 1
+    generated = ("edgespec_tokens_generated_total", (("mode", "ngram"),))
+    assert after[generated] - before[generated] < LONG_REQUEST["max_tokens"]
+
+
 def test_a_client_gone_while_queued_leaves_the_queue(server):
     client = server.client()
+    gone = ("edgespec_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "499")))
+    before = server.metrics().get(gone, 0)
     running = client.chat.completions.create(model="tiny", messages=USER, stream=True, **LONG_REQUEST)
     next(iter(running))
     try:
@@ -415,8 +437,7 @@ def test_a_client_gone_while_queued_leaves_the_queue(server):
         assert server.health()["busy"]  # the long stream still has the engine
     finally:
         running.close()
-    gone = ("edgespec_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "499")))
-    wait_until(lambda: server.metrics().get(gone) == 1, "the abandoned request to be counted")
+    wait_until(lambda: server.metrics().get(gone) == before + 1, "the abandoned request to be counted")
     # the long stream's generation ends a step after its client leaves: on a busy machine that is after this line
     wait_until(lambda: not server.health()["busy"], "the engine to drop the long stream")
 

@@ -156,12 +156,24 @@ class _Server:
         return writer.whole(result.text, result.finish_reason, result.stats)
 
     async def _next_event(self, request: Request, job: Job):
-        """The job's next event, giving up when the client leaves or the time limit passes."""
+        """The job's next event, giving up when the client leaves or the time limit passes.
+
+        The client is looked for every DISCONNECT_POLL_SECONDS, also while events come faster than that:
+        looked for only when none came for that long, a non-streamed request whose client had left went on
+        generating to its end (a minute on SmolLM2, whose steps never paused that long), and the queue with it.
+        """
+        loop = asyncio.get_running_loop()
+        state = request.state  # one request's own, kept from one event to the next
+        if not hasattr(state, "client_seen_at"):
+            state.client_seen_at = loop.time()
         while True:
-            try:
-                return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_SECONDS)
-            except asyncio.TimeoutError:
-                pass
+            left = state.client_seen_at + DISCONNECT_POLL_SECONDS - loop.time()
+            if left > 0:
+                try:
+                    return await asyncio.wait_for(job.events.get(), left)
+                except asyncio.TimeoutError:
+                    pass
+            state.client_seen_at = loop.time()
             if await request.is_disconnected():
                 self.worker.withdraw(job)
                 raise _ClientGone()
