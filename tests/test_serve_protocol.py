@@ -44,12 +44,21 @@ def test_stream_and_usage_options():
     assert refusal(stream=True, stream_options={"include_usage": "yes"}).param == "stream_options.include_usage"
 
 
+def test_a_number_beyond_a_double_is_called_too_large_not_infinite():
+    assert "too large" in refusal(temperature=json.loads("1e999")).message  # as JSON reads 1e999
+    assert "not NaN" in refusal(temperature=json.loads("NaN")).message
+
+
 def test_messages_keep_text_and_roles():
     request = chat(messages=[{"role": "developer", "content": "be terse"},
                              {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
     assert request.messages == ({"role": "system", "content": "be terse"}, {"role": "user", "content": "ab"})
     assert refusal(messages=[]).param == "messages"
     assert refusal(messages=[{"role": "tool", "content": "x"}]).param == "messages[0].role"
+    # what the openai client sends back after a tool call: the role is what fails, not the call's id
+    tool_result = refusal(messages=[{"role": "user", "content": "x"},
+                                    {"role": "tool", "content": "42", "tool_call_id": "call_1"}])
+    assert tool_result.param == "messages[1].role" and "tool calling" in tool_result.message
     assert refusal(messages=[{"role": "user", "content": "x", "tool_calls": []}]).param == "messages[0].tool_calls"
     assert refusal(messages=[{"role": "user", "content": [{"type": "image_url"}]}]).param == "messages[0].content"
 

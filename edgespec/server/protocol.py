@@ -238,8 +238,10 @@ def _number(body: dict, field: str, integer: bool = False, low=None, high=None):
             value = float(value)
         except OverflowError:
             value = math.inf
-        if not math.isfinite(value):
-            raise bad_param(field, f"{field} must be a finite number, not {value}")
+        if math.isnan(value):
+            raise bad_param(field, f"{field} must be a number, not NaN")
+        if math.isinf(value):  # Infinity, or a number such as 1e999 that a double cannot hold
+            raise bad_param(field, f"{field} is too large: beyond ±1.8e308, the most a number here may be")
     if (low is not None and value < low) or (high is not None and value > high):
         span = f"at least {low}" if high is None else f"between {low} and {high}"
         raise bad_param(field, f"{field} must be {span}, not {_cut(str(value))}")
@@ -271,6 +273,12 @@ def _message(message: Any, index: int) -> dict:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         raise bad_param(where, f"{where} must be an object with role and content")
+    # The role first: a tool's result (role "tool", with its tool_call_id) fails for the tool calling it needs
+    role = message.get("role")
+    if not isinstance(role, str) or role not in CHAT_ROLES:  # a list or an object cannot even be looked up
+        why = " (tool results need tool calling, which edgespec does not support)" if role in ("tool", "function") else ""
+        raise bad_param(f"{where}.role", f"{where}.role must be one of {json.dumps(sorted(CHAT_ROLES))}, "
+                                         f"not {_cut(json.dumps(role))}{why}")
     for key, value in message.items():
         if key in _NULL_MESSAGE_FIELDS and value is None:
             continue
@@ -278,10 +286,6 @@ def _message(message: Any, index: int) -> dict:
             param = f"{where}.{_cut(key)}"
             raise bad_param(param, f"{param} is not supported by edgespec (only role, content and name)",
                             "unsupported_parameter")
-    role = message.get("role")
-    if not isinstance(role, str) or role not in CHAT_ROLES:  # a list or an object cannot even be looked up
-        raise bad_param(f"{where}.role", f"{where}.role must be one of {json.dumps(sorted(CHAT_ROLES))}, "
-                                         f"not {_cut(json.dumps(role))}")
     # A participant's name (AutoGen and LangChain send one) is accepted and left out: the templates get a
     # message's role and content only (chat_template.py), so no text of it can reach the model.
     if message.get("name") is not None and not isinstance(message["name"], str):
