@@ -7,6 +7,7 @@ its fixture whatever the tests did.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -381,6 +382,16 @@ def test_full_queue_gets_429_and_a_disconnect_frees_the_engine(server):
     assert after[rejected] == before.get(rejected, 0) + 1
 
 
+def assert_one_long_generation_cancelled(server, before: dict) -> None:
+    """Once the engine is idle: since the metrics `before`, one generation was cancelled, short of LONG_REQUEST."""
+    wait_until(lambda: not server.health()["busy"], "the engine to drop the generation")
+    after = server.metrics()
+    cancelled = ("edgespec_generations_total", (("finish_reason", "cancelled"), ("mode", "ngram")))
+    assert after[cancelled] == before.get(cancelled, 0) + 1
+    generated = ("edgespec_tokens_generated_total", (("mode", "ngram"),))
+    assert after[generated] - before[generated] < LONG_REQUEST["max_tokens"]
+
+
 def test_disconnect_mid_stream_cancels_the_generation(server):
     client = server.client()
     before = server.metrics()
@@ -389,14 +400,21 @@ def test_disconnect_mid_stream_cancels_the_generation(server):
     for _ in range(3):
         next(chunks)
     stream.close()
-    wait_until(lambda: not server.health()["busy"], "the engine to drop the generation")
-    after = server.metrics()
-    cancelled = ("edgespec_generations_total", (("finish_reason", "cancelled"), ("mode", "ngram")))
-    assert after[cancelled] == before.get(cancelled, 0) + 1
-    generated = ("edgespec_tokens_generated_total", (("mode", "ngram"),))
-    assert after[generated] - before[generated] < LONG_REQUEST["max_tokens"]
+    assert_one_long_generation_cancelled(server, before)
     reply = client.completions.create(model="tiny", prompt="The cat", max_tokens=4, temperature=0)
     assert reply.usage.completion_tokens == 4
+
+
+@contextlib.contextmanager
+def chat_request_on_a_socket(server, body: dict):
+    """Send a chat completion request on a raw connection, which is closed (the client gone) on leaving."""
+    data = json.dumps(body).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=WAIT_SECONDS) as raw:
+        raw.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
+                    + b"Content-Type: application/json\r\n"
+                    + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        yield
 
 
 def test_a_client_gone_mid_answer_without_a_stream_cancels_the_generation(server):
@@ -404,19 +422,9 @@ def test_a_client_gone_mid_answer_without_a_stream_cancels_the_generation(server
     # generation ran to its end with nobody to read it.
     wait_until(lambda: not server.health()["busy"], "the engine to finish what earlier tests left")
     before = server.metrics()
-    body = json.dumps({"model": "tiny", "messages": USER, **LONG_REQUEST}).encode()
-    host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=WAIT_SECONDS) as raw:
-        raw.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
-                    + b"Content-Type: application/json\r\n"
-                    + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    with chat_request_on_a_socket(server, {"model": "tiny", "messages": USER, **LONG_REQUEST}):
         wait_until(lambda: server.health()["busy"], "the engine to generate the answer")
-    wait_until(lambda: not server.health()["busy"], "the engine to drop the generation")
-    after = server.metrics()
-    cancelled = ("edgespec_generations_total", (("finish_reason", "cancelled"), ("mode", "ngram")))
-    assert after[cancelled] == before.get(cancelled, 0) + 1
-    generated = ("edgespec_tokens_generated_total", (("mode", "ngram"),))
-    assert after[generated] - before[generated] < LONG_REQUEST["max_tokens"]
+    assert_one_long_generation_cancelled(server, before)
 
 
 def test_a_client_gone_while_queued_leaves_the_queue(server):
@@ -426,12 +434,7 @@ def test_a_client_gone_while_queued_leaves_the_queue(server):
     running = client.chat.completions.create(model="tiny", messages=USER, stream=True, **LONG_REQUEST)
     next(iter(running))
     try:
-        body = json.dumps({"model": "tiny", "messages": USER, "max_tokens": 5}).encode()
-        host, port = server.url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=WAIT_SECONDS) as raw:
-            raw.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
-                        + b"Content-Type: application/json\r\n"
-                        + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        with chat_request_on_a_socket(server, {"model": "tiny", "messages": USER, "max_tokens": 5}):
             wait_until(lambda: server.health()["queue_depth"] == 1, "the raw request to queue")
         wait_until(lambda: server.health()["queue_depth"] == 0, "the queue to drop the request whose client left")
         assert server.health()["busy"]  # the long stream still has the engine
