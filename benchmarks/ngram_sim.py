@@ -133,23 +133,30 @@ def decoded(row: dict) -> list[int]:
     return list(row["reply_ids"]) + ([row.get("end_token", END)] if row["finish_reason"] == "stop" else [])
 
 
+def draft_step(drafter: NgramDrafter, controller, context: list[int], room: int) -> tuple[int, int, list[int]]:
+    """One step's draft as the engine makes it, with room tokens left to generate after the step's own: (the
+    drafter's signal, the most it could draft, the tokens drafted)."""
+    k_max = controller.k_max
+    hint = drafter.peek(context)
+    limit = min(room, k_max)
+    cap = limit if hint.available is None else min(limit, hint.available)
+    foreseen = (lambda: drafter.propose(context, k_max).tokens) if hint.available != 0 else list
+    controller.watch(context, hint.signal, foreseen)
+    k = controller.choose(hint.signal, cap) if cap > 0 else 0
+    return hint.signal, cap, drafter.propose(context, k).tokens if k > 0 else []
+
+
 def replay(prompt_ids: list[int], truth: list[int], cost: CostModel, controller, drafter: NgramDrafter,
            max_tokens: int, noise: PassNoise | None = None) -> Replay:
     """Decode the recorded reply (truth: decoded(row)) again as the engine would, with drafts checked against it;
     noise: what the controller is told each pass took is that far off the curve (the pass is still paid at it)."""
-    context, position, k_max, result = list(prompt_ids), 0, controller.k_max, Replay()
+    context, position, result = list(prompt_ids), 0, Replay()
     while position < len(truth):
-        limit = min(max_tokens - position - 1, k_max)
-        hint = drafter.peek(context)
-        cap = limit if hint.available is None else min(limit, hint.available)
-        foreseen = (lambda: drafter.propose(context, k_max).tokens) if hint.available != 0 else list
-        controller.watch(context, hint.signal, foreseen)
-        k = controller.choose(hint.signal, cap) if cap > 0 else 0
-        tokens = drafter.propose(context, k).tokens if k > 0 else []
+        signal, cap, tokens = draft_step(drafter, controller, context, max_tokens - position - 1)
         accepted = result.verify(tokens, truth, position)
         if cap > 0:  # the pass's price on the curve it is paid at, as the engine reports a timed pass
             seconds = cost.target(len(tokens) + 1) * (noise() if noise is not None else 1.0)
-            controller.update(len(tokens), accepted, hint.signal, seconds)
+            controller.update(len(tokens), accepted, signal, seconds)
         position = result.count_step(tokens, accepted, truth, position, context, cost)
     result.plain = len(truth) * cost.target(1)
     return result
