@@ -93,10 +93,10 @@ def test_an_empty_batch_path_is_named_as_empty(argv, tmp_path, capsys, monkeypat
 ])
 def test_an_empty_model_or_draft_is_named_as_empty(command, flag, capsys, tmp_path, monkeypatch):
     # "" became Path("."): "edgespec: . is a directory, not a model file", a path nobody typed
-    import tui.app
+    import tui.run
     from edgespec.commands import main
 
-    monkeypatch.setattr(tui.app, "run_chat", lambda *args, **kwargs: pytest.fail("the empty name went through"))
+    monkeypatch.setattr(tui.run, "run_chat", lambda *args, **kwargs: pytest.fail("the empty name went through"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in.jsonl").write_text('"hello"\n')
     with pytest.raises(SystemExit) as exit_:

@@ -124,12 +124,12 @@ def exit_code_and_error(argv: list[str], capsys) -> tuple[int, str]:
                          [(command, *bad) for command, flags in BAD_FLAGS.items() for bad in flags])
 def test_a_bad_flag_is_a_usage_error_with_exit_code_2_on_every_command(command, flag, value, named, tmp_path,
                                                                         capsys, monkeypatch):
-    import tui.app
+    import tui.run
 
     def no_app(*args, **kwargs):
         raise AssertionError("the chat app would start: the bad flag went through")
 
-    monkeypatch.setattr(tui.app, "run_chat", no_app)
+    monkeypatch.setattr(tui.run, "run_chat", no_app)
     monkeypatch.delenv("EDGESPEC_API_KEY", raising=False)
     (tmp_path / "in.jsonl").write_text(BATCH_LINE)
     code, err = exit_code_and_error(command_line(command, flag, value, tmp_path), capsys)
@@ -146,9 +146,9 @@ SIZE_FLAG_USES = [(command, flag) for command, parser in subcommand_parsers().it
 @pytest.mark.parametrize("joined", [False, True], ids=["separate", "joined"])
 def test_a_negative_size_is_one_line_naming_the_problem(command, flag, joined, tmp_path, capsys, monkeypatch):
     # argparse took "-5GiB" for a flag: "--memory-budget: expected one argument", which says nothing of why
-    import tui.app
+    import tui.run
 
-    monkeypatch.setattr(tui.app, "run_chat", lambda *args, **kwargs: pytest.fail("the bad size went through"))
+    monkeypatch.setattr(tui.run, "run_chat", lambda *args, **kwargs: pytest.fail("the bad size went through"))
     monkeypatch.delenv("EDGESPEC_API_KEY", raising=False)
     (tmp_path / "in.jsonl").write_text(BATCH_LINE)
     argv = command_line(command, flag, "-5GiB", tmp_path)
@@ -401,9 +401,9 @@ def test_the_command_line_loads_llama_cpp_before_numpy():
 def test_a_flag_written_short_is_refused_by_its_command_naming_the_flag_it_begins(command, tmp_path, capsys,
                                                                                   monkeypatch):
     # argparse took a flag's first letters for the flag: `--mode bogus` ran with --model bogus without a word
-    import tui.app
+    import tui.run
 
-    monkeypatch.setattr(tui.app, "run_chat", lambda *args, **kwargs: pytest.fail("the short flag went through"))
+    monkeypatch.setattr(tui.run, "run_chat", lambda *args, **kwargs: pytest.fail("the short flag went through"))
     (tmp_path / "in.jsonl").write_text(BATCH_LINE)
     argv = command_line(command, "--max-tok", "5", tmp_path)
     if command in ("chat", "plan", "heads train"):  # no --max-tokens there; --model, which every command has

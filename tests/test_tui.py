@@ -471,6 +471,24 @@ async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
     assert messages[1]["content"] == stream.result.text != "" and saved.extras["pending_prompt"] is None
 
 
+@pilot_test
+async def test_quitting_mid_reply_saves_the_reply_and_the_typed_text_before_the_app_ends(models):
+    # Saved only after the app had ended, they were lost when Textual's shutdown hung on a closed terminal.
+    app = make_app(models, max_tokens=3000)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await an_endless_reply_streaming(pilot)
+            app.prompt_input.load_text("and one more thing")
+            await pilot.press("ctrl+q")
+            [chat] = app.store.list_chats()
+            messages = app.store.load_chat(chat.id).session["messages"]
+            assert [m["role"] for m in messages] == ["user", "assistant"] and messages[1].get("cancelled") is True
+            assert app.kept_at is not None
+    finally:
+        app.close_engine()
+    assert app.store.take_unsent() == "and one more thing" and app.store.take_unsent() is None  # kept once
+
+
 @pytest.mark.skipif(not STOP_SIGNALS, reason="no SIGHUP or SIGTERM here")
 @pytest.mark.parametrize("stop_signal", STOP_SIGNALS)
 @pilot_test

@@ -401,3 +401,22 @@ def test_the_chat_learns_as_run_batch_and_serve_do(smollm2_path):
         assert engine.decoder.pool is not None
     finally:
         engine.close()
+
+
+def test_a_shutdown_that_hangs_after_a_stop_signal_s_save_ends_the_process_with_its_code(monkeypatch):
+    import threading
+    from types import SimpleNamespace
+
+    import tui.run
+
+    ended, exits = threading.Event(), []
+    monkeypatch.setattr(tui.run, "HUNG_SHUTDOWN_SECONDS", 0.0)
+    monkeypatch.setattr(tui.run.os, "_exit", lambda code: (exits.append(code), ended.set()))
+    quitting = SimpleNamespace(stop_signal=None, kept_at=0.0)  # Ctrl+Q: its shutdown is waited for
+    guard = threading.Thread(target=tui.run._end_a_hung_shutdown, args=(quitting, ended))
+    guard.start()
+    guard.join(timeout=0.5)
+    assert guard.is_alive() and exits == []
+    quitting.stop_signal = 15  # SIGTERM, its save done: a shutdown that does not end is ended
+    guard.join(timeout=30)
+    assert exits == [143]

@@ -58,6 +58,10 @@ class ChatActions:
         """Show the loaded models' figures (mode, draft tokens) in the stats bar again."""
         raise NotImplementedError
 
+    async def keep_what_was_written(self) -> None:
+        """Stop the reply being written and save it, and keep the message being written, before the app ends."""
+        raise NotImplementedError
+
     def show_reply_figures(self) -> None:
         """Show the chat's reply figures (stats, context, acceptance) in the stats bar again."""
         raise NotImplementedError
@@ -272,6 +276,5 @@ class ChatActions:
         super().action_help_quit()
 
     async def action_quit(self) -> None:
-        if self.generation is not None:
-            self.chat.session.cancel()
+        await self.keep_what_was_written()
         self.exit()

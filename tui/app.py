@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 import traceback
 from dataclasses import replace
 from typing import Callable, Iterator
@@ -34,18 +35,18 @@ from edgespec.errors import EdgespecError, as_flag
 from tui import stats as stats_text
 from tui.actions import ChatActions
 from tui.chat import ChatController, ReplyStream
-from tui.config import KEY_ACTIONS, ChatConfig, load_config
+from tui.config import KEY_ACTIONS, ChatConfig
 from tui.conversation import ConversationView, Edit, Generation
-from tui.engine_host import EngineHost, default_chat_threads
+from tui.engine_host import EngineHost
 from tui.history import ChatStore, HistoryError
-from tui.paste import guard_terminal_pastes
 from tui.render import BlockRenderer
-from tui.settings import FLAG_SETTINGS, ChatSettings
+from tui.settings import ChatSettings
 from tui.widgets import ChatFooter, LoadingPanel, ModelFigures, PromptInput, StatsBar
 
 # What ends the app as Ctrl+Q does, so that the reply being written is kept: a closed terminal and `kill`
 STOP_SIGNALS = tuple(name for name in ("SIGHUP", "SIGTERM") if hasattr(signal, name))  # neither on Windows
 NO_SIGNALS_HERE = (NotImplementedError, RuntimeError, ValueError)  # a loop or thread that cannot take them
+REPLY_STOP_SECONDS = 30.0  # the most a stopped reply is waited for (it ends within a step)
 # Most important first: a narrow footer keeps the first ones (ChatFooter)
 FOOTER_ACTIONS = ("cancel", "help", "new_chat", "history", "copy_reply", "model_info", "regenerate", "cycle_mode",
                   "settings", "toggle_marks")
@@ -72,6 +73,8 @@ class ChatApp(ChatActions, App):
         self.loading: LoadingPanel | None = None
         self.editing: int | None = None  # the index of the user message the prompt input edits
         self.stop_signal: int | None = None  # the STOP_SIGNALS number that ended the app, if one did
+        self.kept_at: float | None = None  # when keep_what_was_written was done (time.monotonic)
+        self.unsent_kept = False
 
     # -- layout ------------------------------------------------------------------
 
@@ -111,14 +114,11 @@ class ChatApp(ChatActions, App):
                 loop.add_signal_handler(getattr(signal, name), self._end_on_signal, getattr(signal, name))
 
     def _end_on_signal(self, number: int) -> None:
-        self.stop_signal = number  # run_chat exits with 128 + number, as a process the signal ended would
+        self.stop_signal = number  # `edgespec chat` exits with 128 + number, as a process the signal ended would
         self.call_next(self.action_quit)
 
     def on_unmount(self) -> None:
-        # however the app ends, a half-written message is kept; a history that cannot be written has no place for
-        # it, and the app is past showing why
-        with contextlib.suppress(HistoryError):
-            self.store.keep_unsent(self.prompt_input.text)
+        self._keep_unsent()  # however the app ends
         loop = asyncio.get_running_loop()
         for name in STOP_SIGNALS:
             with contextlib.suppress(*NO_SIGNALS_HERE):
@@ -190,15 +190,38 @@ class ChatApp(ChatActions, App):
     def on_engine_host_measuring(self, event: EngineHost.Measuring) -> None:
         self.stats_bar.status = "measuring speed…" if event.active else None
 
+    async def keep_what_was_written(self) -> None:
+        """Before the app ends: stop the reply being written and save it, and keep the message being written for
+        the next start.  Done before Textual's shutdown, which after a closed terminal could hang for good
+        writing to it (1 in 4 tries), and with it a save made after the app had ended."""
+        if self.generation is not None and self.chat.session is not None:
+            self.chat.session.cancel()
+            await asyncio.to_thread(self.generation.stream.finished.wait, REPLY_STOP_SECONDS)
+        self._save_stopped_reply()
+        self._keep_unsent()
+        self.kept_at = time.monotonic()
+
+    def _save_stopped_reply(self) -> None:
+        # The session holds the reply so far, as cancelled; the save its end would make in the app
+        # (on_conversation_view_ended) comes too late once the app is ending.
+        stream = self.generation.stream if self.generation is not None else None
+        if stream is not None and stream.finished.is_set() and stream.result is not None:
+            self.chat.save()
+
+    def _keep_unsent(self) -> None:
+        if self.unsent_kept:  # once: a second row would bring the message back twice
+            return
+        self.unsent_kept = True
+        # a history that cannot be written has no place for it, and the app is past showing why
+        with contextlib.suppress(HistoryError):
+            self.store.keep_unsent(self.prompt_input.text)
+
     def close_engine(self) -> None:
         """Stop a running reply, keeping what it wrote, and free the models (call after the app has exited)."""
         if self.generation is not None and self.chat.session is not None:
             self.chat.session.cancel()
-            stream = self.generation.stream
-            if stream.finished.wait(timeout=30) and stream.result is not None:
-                # The session holds the reply so far, as cancelled; the save its end would have made in the
-                # app (on_conversation_view_ended) never comes once the app has exited.
-                self.chat.save()
+            self.generation.stream.finished.wait(timeout=REPLY_STOP_SECONDS)
+        self._save_stopped_reply()
         self.host.wait_idle(timeout=30)
         self.chat.close()
 
@@ -353,30 +376,3 @@ class ChatApp(ChatActions, App):
         """After a reply: a bit-exact switch made while it streamed loads the models again now."""
         if self.loading is None and self._needs_new_context(self.chat.settings):
             self.load_models(*self.model_spec)
-
-
-def run_chat(args=None, **overrides) -> int:
-    """Run the chat app; returns the exit code.
-
-    `args` is an argparse namespace (or None), `overrides` keyword arguments;
-    both may give model, draft, draft_tokens, n_ctx, gpu_layers,
-    draft_gpu_layers, memory_budget, bit_exact, kv_type, draft_kv_type,
-    flash_attn, temperature, top_p, top_k, min_p,
-    max_tokens, system and threads.  A value of None leaves the setting to
-    config.toml (threads: to default_chat_threads).  Raises EdgespecError for a bad config file or
-    history database.
-    """
-    values = dict(vars(args)) if args is not None else {}
-    values.update(overrides)
-    config = load_config().with_overrides(
-        system_prompt=values.get("system"), **{name: values.get(name) for name in FLAG_SETTINGS})
-    store = ChatStore()
-    threads = values.get("threads")
-    app = ChatApp(config, store, n_threads=default_chat_threads() if threads is None else threads)
-    guard_terminal_pastes()
-    try:
-        app.run()
-    finally:
-        app.close_engine()
-        store.close()
-    return 128 + app.stop_signal if app.stop_signal else app.return_code or 0

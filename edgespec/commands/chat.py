@@ -21,7 +21,7 @@ def add_chat_parser(subparsers) -> None:
 
 
 def chat(args: argparse.Namespace) -> int:
-    from tui.app import run_chat
+    from tui.run import run_chat
 
     # The app draws a full screen and reads keys: on a pipe or a file it wrote escape codes into the
     # output and, reading no keys, never ended.
