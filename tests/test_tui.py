@@ -544,6 +544,25 @@ async def test_a_half_written_message_is_back_in_the_input_at_the_next_start(mod
 
 
 @pilot_test
+async def test_reopening_a_chat_whose_prompt_got_no_reply_keeps_what_is_being_written(models):
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello world")
+        app.chat.save(pending_prompt="never answered")  # as sending does, just before a reply that a kill cut off
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.prompt_input.load_text("my own draft")
+        await pilot.press("ctrl+o")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.prompt_input.text == "my own draft"
+        assert "Up on the input's first line brings it back" in str(app.query(Note).last().render())
+        app.prompt_input.load_text("")
+
+
+@pilot_test
 async def test_ctrl_c_stops_a_reply_and_keeps_the_app(models):
     app = make_app(models, max_tokens=3000)
     async with app.run_test(size=SIZE) as pilot:

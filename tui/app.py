@@ -338,9 +338,12 @@ class ChatApp(ChatActions, App):
                 f"{stats_text.model_name(self.chat.engine.target_path)}.", "note")
         pending = stored.extras.get("pending_prompt")
         if pending:
-            self.prompt_input.load_text(pending)
-            self.conversation.add_note("The last prompt got no reply before edgespec stopped; "
-                                       "it is back in the input.", "note")
+            if self.prompt_input.text.strip():  # what is being written stays; the prompt went to the prompt history
+                where = "Up on the input's first line brings it back"
+            else:
+                self.prompt_input.load_text(pending)
+                where = "it is back in the input"
+            self.conversation.add_note(f"The last prompt got no reply before edgespec stopped; {where}.", "note")
         self.apply_settings(self.chat.settings)  # which shows the models' figures, or loads them again
         self.show_reply_figures()
 
