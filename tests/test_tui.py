@@ -25,6 +25,7 @@ from edgespec import SamplingParams
 from edgespec.engine import Step
 from tinygguf import write_model_family
 from tui.app import STOP_SIGNALS, ChatApp
+from tui.engine_host import EngineHost
 from tui.config import KEY_ACTIONS, ChatConfig, config_path
 from tui.history import ChatStore
 from tui.history_screens import HistoryScreen
@@ -560,6 +561,17 @@ async def test_reopening_a_chat_whose_prompt_got_no_reply_keeps_what_is_being_wr
         assert app.prompt_input.text == "my own draft"
         assert "Up on the input's first line brings it back" in str(app.query(Note).last().render())
         app.prompt_input.load_text("")
+
+
+@pilot_test
+async def test_a_notice_said_after_loading_is_shown_as_a_note(models):
+    # Notices came only through the loading panel: one said later (a damaged learned-priors file, read at the
+    # first reply) was dropped.
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.post_message(EngineHost.Status("the learned priors in x are not read: it is not JSON"))
+        await wait_for(pilot, lambda: any("are not read" in str(note.render()) for note in app.query(Note)))
 
 
 @pilot_test

@@ -143,6 +143,8 @@ class ChatApp(ChatActions, App):
     def on_engine_host_status(self, event: EngineHost.Status) -> None:
         if self.loading is not None:
             self.loading.show_status(event.text)
+        else:  # said after loading (a learned-priors file or a prompt snapshot that cannot be read): a note
+            self.conversation.add_note(event.text, "note")
 
     def _end_loading(self, notices: list[str]) -> None:
         if self.loading is not None:
