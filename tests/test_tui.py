@@ -297,7 +297,9 @@ async def test_up_recalls_prompts_and_ctrl_j_adds_a_line(models):
 
 @pilot_test
 async def test_settings_apply_to_the_chat_and_save_as_defaults(models):
-    app = make_app(models)
+    config_path().parent.mkdir(parents=True, exist_ok=True)
+    config_path().write_text('[keymap]\nhelp = "f9"\n')  # the file's own, which saving keeps
+    app = make_app(models, n_ctx=1024)  # the model, draft and n_ctx given for this run, as flags give them
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await pilot.press("ctrl+s")
@@ -311,6 +313,8 @@ async def test_settings_apply_to_the_chat_and_save_as_defaults(models):
         assert app.chat.engine.draft_tokens == 6
         text = config_path().read_text()
         assert "temperature = 0.5" in text and "draft_tokens = 6" in text and 'system_prompt = "Be brief."' in text
+        assert 'help = "f9"' in text and "n_ctx = 1024" not in text
+        assert str(models["target"]) not in text and str(models["draft"]) not in text
 
         await pilot.press("ctrl+s")
         app.screen.query_one("#top-p").value = "2"

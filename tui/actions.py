@@ -17,7 +17,7 @@ from edgespec.errors import EdgespecError, as_flag
 from edgespec.limits import MODES
 from tui import stats as stats_text
 from tui.chat import ChatController
-from tui.config import COMMAND_HELP, KEY_ACTIONS, ChatConfig, save_defaults
+from tui.config import COMMAND_HELP, KEY_ACTIONS, ChatConfig, load_config, save_defaults
 from tui.conversation import ConversationView, Edit, Generation
 from tui.history import ChatStore
 from tui.history_screens import HistoryScreen
@@ -226,10 +226,22 @@ class ChatActions:
             self.apply_settings(settings)
             if save:
                 self.config = replace(self.config, **settings.config_values())
-                self.notify(f"Saved as defaults in {save_defaults(self.config)}.", markup=False)
+                self._save_defaults(settings)
             self.chat.save()
 
         self.push_screen(SettingsScreen(self.chat.settings), apply)
+
+    def _save_defaults(self, settings: ChatSettings) -> None:
+        """Write the dialog's settings into config.toml over what the file holds, not over this run's flags:
+        `--n-ctx 1024 --draft none`, given for one run, became every run's."""
+        try:
+            path = save_defaults(replace(load_config(), **settings.config_values()))
+        except EdgespecError as error:  # the file was broken since the app started
+            self.notify(f"Not saved as defaults: {error.worded(as_flag)}", severity="error", markup=False)
+        except OSError as error:
+            self.notify(f"Not saved as defaults: {error.strerror or error}", severity="error", markup=False)
+        else:
+            self.notify(f"Saved as defaults in {path}.", markup=False)
 
     def action_model_info(self) -> None:
         self.push_screen(ModelInfoScreen(model_info(self.chat.engine, self.chat.plain_speed(),
