@@ -304,6 +304,7 @@ async def test_settings_apply_to_the_chat_and_save_as_defaults(models):
         await loaded(pilot)
         await pilot.press("ctrl+s")
         assert isinstance(app.screen, SettingsScreen)
+        assert app.focused is app.screen.query_one("#system-prompt")  # typing goes somewhere at once
         app.screen.query_one("#temperature").value = "0.5"
         app.screen.query_one("#draft-tokens").value = "6"
         app.screen.query_one("#system-prompt").load_text("Be brief.")

@@ -25,6 +25,8 @@ class SettingsScreen(ModalScreen[tuple[ChatSettings, bool] | None]):
     """System prompt and sampling settings; returns (settings, save as defaults) or None."""
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
+    # the first field, not the scrolling dialog (Textual's first focusable), which took what was typed
+    AUTO_FOCUS = "#system-prompt"
 
     def __init__(self, settings: ChatSettings):
         super().__init__()
