@@ -200,6 +200,8 @@ def test_the_kv_cache_settings_come_from_the_file_and_the_chat_flags(tmp_path):
     # one key for two actions left one of them out of reach without a word
     ('[keymap]\nregenerate = "ctrl+n"\n', "\\[keymap\\] regenerate: ctrl\\+n is new_chat's key too"),
     ('[keymap]\nhistory = "f5"\nsettings = "f6, f5"\n', "\\[keymap\\] settings: f5 is history's key too"),
+    ('[keymap]\nhelp = "ctrl+q"\n', "\\[keymap\\] help: ctrl\\+q is the app's own key \\(quit\\); give help another"),
+    ('[keymap]\nregenerate = "f5, enter"\n', "\\[keymap\\] regenerate: enter is the app's own key \\(send\\)"),
 ])
 def test_bad_config_names_the_problem(tmp_path, text, problem):
     path = tmp_path / "config.toml"
@@ -420,3 +422,11 @@ def test_a_shutdown_that_hangs_after_a_stop_signal_s_save_ends_the_process_with_
     quitting.stop_signal = 15  # SIGTERM, its save done: a shutdown that does not end is ended
     guard.join(timeout=30)
     assert exits == [143]
+
+
+def test_the_keys_a_keymap_may_not_take_cover_the_prompt_s_own():
+    from tui.config import APP_KEYS
+    from tui.widgets import PromptInput
+
+    prompt_keys = {key.strip() for binding in PromptInput.BINDINGS for key in binding.key.split(",")}
+    assert prompt_keys <= set(APP_KEYS)

@@ -23,7 +23,7 @@ $EDGESPEC_CONFIG_DIR).  Every key is optional:
     min_p = 0.05
     max_tokens = 1024
 
-    [keymap]                          # action = "key[,key...]", see KEY_ACTIONS
+    [keymap]                          # action = "key[,key...]", see KEY_ACTIONS (not one of APP_KEYS)
     regenerate = "ctrl+r"
 """
 
@@ -223,9 +223,23 @@ def _check_keys(action: str, keys, path: Path) -> None:
                 f'"escape" or "ctrl+comma", several separated by commas')
 
 
+# Keys that stay the app's own: Textual's quit, Ctrl+C (stop a reply, or copy) and command palette, the prompt's
+# keys (tui.widgets.PromptInput: send, new line, earlier and later prompts) and moving between fields.  An action
+# given one took it from them (help on Ctrl+Q left only the palette to quit) or never ran (regenerate on Enter).
+APP_KEYS = {"ctrl+q": "quit", "ctrl+c": "stop or copy", "ctrl+p": "the command palette", "enter": "send",
+            "shift+enter": "new line", "ctrl+j": "new line", "up": "earlier prompt", "down": "later prompt",
+            "tab": "next field", "shift+tab": "previous field"}
+
+
 def _check_keys_are_distinct(keymap: dict[str, str], path: Path) -> None:
-    """ConfigError when the keymap gives one key to two actions: only one of them would run.  The actions left
-    at their default keys claim them first, so the error names the action the file rebound."""
+    """ConfigError when the keymap gives one key to two actions, or one of APP_KEYS to an action: only one of
+    them would run.  The actions left at their default keys claim them first, so the error names the action the
+    file rebound."""
+    for action, keys in keymap.items():
+        for key in (key.strip() for key in keys.split(",")):
+            if key in APP_KEYS:
+                raise ConfigError(f"{path}: [keymap] {action}: {key} is the app's own key ({APP_KEYS[key]}); "
+                                  f"give {action} another key")
     owners: dict[str, str] = {}
     unchanged = [action for action in KEY_ACTIONS if action not in keymap]
     for action in unchanged + [action for action in KEY_ACTIONS if action in keymap]:
