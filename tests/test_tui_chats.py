@@ -201,6 +201,7 @@ async def test_an_edit_too_long_for_the_context_changes_nothing(models):
         assert [str(view.render()) for view in app.query(UserMessage)] == ["First question", "Second question"]
         assert app.store.load_chat(app.chat.chat_id).session["messages"] == stored_before
         assert app.prompt_input.text == too_long.strip(), "nothing typed is lost"
+        assert app.editing == 0 and "editing message 1" in app.prompt_input.border_title  # Enter edits, not sends
 
 
 @pilot_test

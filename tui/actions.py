@@ -89,13 +89,13 @@ class ChatActions:
         if not users:
             self.notify("No message to edit yet.")
             return
-        self._begin_editing(users[-1])
+        self.begin_editing(users[-1])
 
     def on_user_message_edit_requested(self, event: UserMessage.EditRequested) -> None:
         if self.chat.session is not None:
-            self._begin_editing(event.index)
+            self.begin_editing(event.index)
 
-    def _begin_editing(self, index: int) -> None:
+    def begin_editing(self, index: int) -> None:
         if self._busy():
             return
         messages = self.chat.session.messages
@@ -120,7 +120,7 @@ class ChatActions:
         once the reply ends: one that fails (the edited conversation does not fit) undoes the edit
         (app._reply_failed), and a kill meanwhile leaves the chat stored as it was."""
         index, session, sampling = self.editing, self.chat.session, self.chat.settings.sampling
-        edit = Edit(text, list(session.messages), list(session.turn_stats), session.first_visible)
+        edit = Edit(index, text, list(session.messages), list(session.turn_stats), session.first_visible)
         self.end_editing()
         session.edit_user_message(index, text)
         self.rebuild_conversation()

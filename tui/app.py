@@ -294,14 +294,17 @@ class ChatApp(ChatActions, App):
 
     def _reply_failed(self, generation: Generation, error: str) -> None:
         edit, session = generation.edit, self.chat.session
-        if edit is not None and session.messages and session.messages[-1]["role"] == "user":
+        edit_undone = edit is not None and session.messages and session.messages[-1]["role"] == "user"
+        if edit_undone:
             # An edit that cannot be answered (too long for the context, say) changes nothing: the chat
             # goes back to what it was, and the edited text to the input.
             session.messages, session.turn_stats = edit.messages, edit.turn_stats
             session.first_visible = edit.first_visible
-            if not self.prompt_input.text:
-                self.prompt_input.load_text(edit.text)
         self.rebuild_conversation()
+        if edit_undone and not self.prompt_input.text:  # still an edit: Enter must not send it as a new message
+            self.begin_editing(edit.index)
+            self.prompt_input.load_text(edit.text)
+            self.prompt_input.move_cursor(self.prompt_input.document.end)
         self.conversation.add_note(error)
         refused = self.chat.reply_failed(generation.prompt)
         if refused and not self.prompt_input.text:  # nothing typed is lost: the message is back in the input

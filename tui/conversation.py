@@ -42,9 +42,10 @@ class Generation:
 
 @dataclass(frozen=True)
 class Edit:
-    """An earlier message edited: its new text, and the conversation as it was before (ChatSession's
+    """An earlier message edited: its index and new text, and the conversation as it was before (ChatSession's
     messages, turn_stats and first_visible), to go back to when the edited one cannot be answered."""
 
+    index: int
     text: str
     messages: list
     turn_stats: list
