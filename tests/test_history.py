@@ -156,3 +156,19 @@ def test_a_schema_3_history_gains_a_place_for_an_unsent_message(tmp_path):
     assert [c.title for c in store.list_chats()] == ["kept"]
     store.keep_unsent("typed")
     assert store.take_unsent() == "typed"
+
+
+def test_text_that_is_not_utf8_is_read_with_replacement_characters_not_refused(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    store = ChatStore(path)
+    chat = store.save_chat(None, "kept", "m", {}, {"messages": [{"role": "user", "content": "hi"}]}, {})
+    store.close()
+    db = sqlite3.connect(path)  # as another program might write it: bytes that are not UTF-8, stored as text
+    db.execute("UPDATE chats SET title = CAST(X'6b65ff74' AS TEXT), "
+               "session = CAST(X'7b226d65737361676573223a205b7b22726f6c65223a202275736572222c2022636f6e74656e74223a20226869ff227d5d7d' AS TEXT)"
+               " WHERE id = ?", (chat,))
+    db.commit()
+    db.close()
+    reopened = ChatStore(path)
+    assert [c.title for c in reopened.list_chats()] == ["ke\ufffdt"]
+    assert reopened.load_chat(chat).session["messages"][0]["content"] == "hi\ufffd"

@@ -143,6 +143,9 @@ class ChatStore:
     def _connect(self) -> sqlite3.Connection:
         """Open the file, check it and bring its schema up to date; _Corrupt if it is damaged."""
         db = sqlite3.connect(self.path, isolation_level=None, timeout=self.lock_wait_seconds)
+        # Text another program wrote as bytes that are not UTF-8 is read with U+FFFD in their place: read strictly,
+        # one such title refused the whole history list, and one such chat only an SQLite error.
+        db.text_factory = lambda data: data.decode("utf-8", "replace")
         try:
             db.execute("PRAGMA journal_mode=WAL")
             # Damage in pages the start-up does not read would only show in a later query.
