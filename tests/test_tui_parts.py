@@ -430,3 +430,15 @@ def test_the_keys_a_keymap_may_not_take_cover_the_prompt_s_own():
 
     prompt_keys = {key.strip() for binding in PromptInput.BINDINGS for key in binding.key.split(",")}
     assert prompt_keys <= set(APP_KEYS)
+
+
+@pytest.mark.parametrize("saved", [{"sampling": {"stop": 5}}, {"sampling": [1, 2]}])
+def test_a_chat_s_saved_sampling_that_is_not_settings_keeps_the_fallback_s(saved):
+    # A hand edit's "stop": 5 refused the whole chat ("'int' object is not iterable") instead of keeping the default.
+    from tui.config import chat_sampling
+    from tui.settings import ChatSettings
+
+    config = ChatConfig()
+    fallback = ChatSettings(config.system_prompt, chat_sampling(config), config.draft_tokens, config.bit_exact)
+    restored = ChatSettings.from_dict({**saved, "draft_tokens": 6}, "be brief", fallback)
+    assert restored.sampling == fallback.sampling and restored.draft_tokens == 6

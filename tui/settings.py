@@ -87,11 +87,11 @@ class ChatSettings:
     @classmethod
     def from_dict(cls, data: dict, system_prompt: str, fallback: ChatSettings) -> ChatSettings:
         """Settings saved with a chat; anything missing or invalid keeps the fallback's value."""
-        sampling = dict(data.get("sampling", {}))
-        if "stop" in sampling:
-            sampling["stop"] = tuple(sampling["stop"])
         known = {f.name for f in dataclasses.fields(SamplingParams)}
-        try:
+        try:  # a hand edit's "stop": 5 or "sampling": [] keeps the fallback's sampling, as any invalid value does
+            sampling = dict(data.get("sampling", {}))
+            if "stop" in sampling:
+                sampling["stop"] = tuple(sampling["stop"])
             params = dataclasses.replace(fallback.sampling, **{k: v for k, v in sampling.items() if k in known})
         except (TypeError, ValueError):
             params = fallback.sampling
