@@ -442,3 +442,32 @@ def test_a_chat_s_saved_sampling_that_is_not_settings_keeps_the_fallback_s(saved
     fallback = ChatSettings(config.system_prompt, chat_sampling(config), config.draft_tokens, config.bit_exact)
     restored = ChatSettings.from_dict({**saved, "draft_tokens": 6}, "be brief", fallback)
     assert restored.sampling == fallback.sampling and restored.draft_tokens == 6
+
+
+@pytest.mark.parametrize("data, rows", [
+    ((0.99,) * 10, ["█" * 10, "█" * 10]),  # near-full acceptance is near-full bars, not a flat bottom line
+    ((0.5,), ["▁", "█"]),  # one step at half is half a bar, not a full one
+    ((0.0, 1.0) * 20, ["▁" * 10, "█" * 10]),  # 40 steps in 10 columns: each the mean of its 4, half
+])
+def test_acceptance_bars_keep_a_fixed_0_to_100_scale(data, rows):
+    import asyncio
+
+    from textual.app import App
+
+    from tui.widgets import AcceptanceBars
+
+    class Bars(App):
+        CSS = "AcceptanceBars { width: 10; height: 2; }"
+
+        def compose(self):
+            yield AcceptanceBars()
+
+    async def rendered():
+        app = Bars()
+        async with app.run_test(size=(20, 4)) as pilot:
+            bars = app.query_one(AcceptanceBars)
+            bars.data = data
+            await pilot.pause()
+            return bars.render().plain.split("\n")
+
+    assert asyncio.run(rendered()) == rows

@@ -13,7 +13,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import Footer, LoadingIndicator, Sparkline, Static, TextArea
+from textual.widgets import Footer, LoadingIndicator, Static, TextArea
 
 from edgespec.stats import Stats
 from tui import stats as stats_text
@@ -253,6 +253,33 @@ class ModelFigures:
                    draft_tokens=engine.draft_tokens, n_ctx=engine.n_ctx)
 
 
+class AcceptanceBars(Widget):
+    """Acceptance per draft/verify step as bars on a fixed 0-100% scale: one column a step, the newest last, or
+    one a bucket of steps once there are more steps than columns.
+
+    Textual's Sparkline scales between the lowest and highest value it is given: 99% at every step drew a flat
+    bottom line beside "accept 99%", and a single step at 50% a full bar.
+    """
+
+    BARS = "▁▂▃▄▅▆▇█"
+    data: reactive[tuple[float, ...]] = reactive((), layout=False)
+
+    def render(self) -> Text:
+        width, height, data = self.size.width, max(1, self.size.height), self.data
+        if not width or not data:
+            return Text("")
+        per_column = max(1, -(-len(data) // width))  # ceiling: every step shown, in as few columns as fit
+        means = [sum(data[i:i + per_column]) / len(data[i:i + per_column]) for i in range(0, len(data), per_column)]
+        levels = len(self.BARS) * height
+        columns = [min(levels - 1, int(mean * levels)) for mean in means]
+        rows = []
+        for row in reversed(range(height)):  # the top row first; each holds len(BARS) of the levels
+            low = row * len(self.BARS)
+            rows.append("".join(" " if level < low else "█" if level >= low + len(self.BARS)
+                                else self.BARS[level - low] for level in columns))
+        return Text("\n".join(rows), style="green")
+
+
 class StatsBar(Horizontal):
     """Mode, models and live numbers, with a sparkline of acceptance per draft/verify step.
 
@@ -270,8 +297,8 @@ class StatsBar(Horizontal):
     def __init__(self):
         super().__init__(id="stats")
         self.line = Static("", id="stats-line")
-        self.sparkline = Sparkline([], id="acceptance", summary_function=lambda values: sum(values) / len(values))
-        self.sparkline.tooltip = "acceptance per draft/verify step"
+        self.sparkline = AcceptanceBars(id="acceptance")
+        self.sparkline.tooltip = "acceptance per draft/verify step (0-100%)"
 
     def compose(self):
         yield self.line
@@ -283,7 +310,7 @@ class StatsBar(Horizontal):
         self._fit()
 
     def watch_acceptance(self, acceptance: tuple[float, ...]) -> None:
-        self.sparkline.data = list(acceptance)
+        self.sparkline.data = tuple(acceptance)
 
     def on_resize(self) -> None:
         self._fit()
