@@ -180,7 +180,7 @@ class LearnedAcceptance:
         self.model = model_identity(model_path)
         self.writable = writable  # False: start from the store, never add to it (a benchmark's runs)
         self.notice = notice  # where a file that is not a store is said, once per store
-        self._said_unreadable = False
+        self._said = False
 
     def prior(self, drafter: str) -> dict[int, tuple[list[float], list[float]]] | None:
         """The counts a new controller of this drafter starts from, or None for the built-in priors."""
@@ -195,10 +195,15 @@ class LearnedAcceptance:
             data = self._read()
             if data is None:
                 return
-            if not isinstance(data.get(self.model), dict):
-                data[self.model] = {}  # none yet, or a hand-edited entry of another shape: start it afresh
-            old = _stored_entry(data[self.model], drafter) or {}
-            data[self.model][drafter] = {str(s): entry for s, entry in sorted(add_generation(old, counts).items())}
+            entry = data.get(self.model)
+            damaged = entry is not None and not isinstance(entry, dict)
+            if not isinstance(entry, dict):
+                entry = data[self.model] = {}  # none yet, or a hand-edited entry of another shape: start it afresh
+            old = _stored_entry(entry, drafter)
+            if damaged or (old is None and drafter in entry):
+                self._say_once(f"the learned priors of this model in {self.path} are not counts (a hand edit?); "
+                               f"began its counts for {drafter} drafts anew")
+            entry[drafter] = {str(s): kept for s, kept in sorted(add_generation(old or {}, counts).items())}
             self._write(data)
 
     def forget(self) -> bool:
@@ -244,11 +249,15 @@ class LearnedAcceptance:
                 moved = True
             except OSError:
                 pass  # then the next write fails alike, and learning is only not kept
-        if not self._said_unreadable:
-            self._said_unreadable = True
-            where = f"; moved it to {aside.name} and began a new one" if moved else ""
-            self.notice(f"the learned priors in {self.path} are not read: {why}{where}")
+        where = f"; moved it to {aside.name} and began a new one" if moved else ""
+        self._say_once(f"the learned priors in {self.path} are not read: {why}{where}")
         return None if keep else {}
+
+    def _say_once(self, text: str) -> None:
+        """Say what is wrong with the file once per store, not at every generation's read."""
+        if not self._said:
+            self._said = True
+            self.notice(text)
 
     def _write(self, models: dict) -> None:
         try:

@@ -242,3 +242,16 @@ def test_forget_learning_from_the_command_line(tiny_models, capsys):
     store.learn("ngram", copying_counts())
     assert main(["models", "forget-learning"]) == 0
     assert not store.path.exists()
+
+
+@pytest.mark.parametrize("entry", [[1, 2], {"ngram": {"1": {"hits": "lots"}}}])
+def test_a_model_s_entry_that_is_not_counts_is_said_once_as_it_is_begun_anew(model_file, tmp_path, entry):
+    path = tmp_path / "learned.json"
+    said = []
+    store = LearnedAcceptance(model_file, path, notice=said.append)
+    path.write_text(json.dumps({"format": 4, "models": {store.model: entry}}))
+    store.learn("ngram", copying_counts())
+    store.learn("ngram", copying_counts())
+    assert store.prior("ngram") is not None
+    assert said == [f"the learned priors of this model in {path} are not counts (a hand edit?); began its counts "
+                    "for ngram drafts anew"]
