@@ -17,6 +17,7 @@ with n-grams, their lengths chosen together for the shared pass.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Iterator, Sequence
 
@@ -61,7 +62,7 @@ class Decoder:
 
     def start(self, prompt_ids: Sequence[int], params: SamplingParams, drafter_set: DrafterSet, seq: int = 0,
               shift: bool = False, prediction: Sequence[int] | None = None, pool: NgramPool | None = None,
-              chunked: bool = False) -> Generation:
+              chunked: bool = False, stop: threading.Event | None = None) -> Generation:
         """A generation after prompt_ids, its prompt in sequence seq's cache (all but the last token).
 
         shift: the caller accepts a cache with a dropped span shifted out
@@ -71,8 +72,9 @@ class Decoder:
         its n-gram drafts may come from (None: the decoder's).  chunked: what
         no cache holds of the prompt is fed by the next steps, in chunks inside
         their passes (the scheduler's generations decoded together, which draft
-        with n-grams or heads, never the draft model).  Raises EdgespecError
-        for a prompt that cannot run.
+        with n-grams or heads, never the draft model).  stop: once set, the
+        prefill ends after its current chunk and the generation is cancelled
+        (a job's cancel).  Raises EdgespecError for a prompt that cannot run.
         """
         self.check_prompt(prompt_ids)
         planner = self.planner
@@ -95,7 +97,9 @@ class Decoder:
                 generation.prefilling = counters.prompt_tokens_reused < len(prompt_ids) - 1
                 generation.prefill_start = started
             else:
-                counters.prompt_tokens_reused = self._prefill(generation, shift and self.shifts_context)
+                counters.prompt_tokens_reused = self._prefill(generation, shift and self.shifts_context, stop)
+                if stop is not None and stop.is_set():  # the cache may hold only part of the prompt: no step
+                    generation.finish("cancelled")
         except EdgespecError:
             self.target.rewind(0, seq)
             raise
@@ -121,15 +125,16 @@ class Decoder:
                 f"the prompt is too long: it has {len(prompt_ids)} tokens{no_room}, and this model's maximum "
                 f"context length is {self.n_ctx} tokens (raise ", Setting("n_ctx"), " or shorten the prompt)")
 
-    def _prefill(self, generation: Generation, shift: bool) -> int:
+    def _prefill(self, generation: Generation, shift: bool, stop: threading.Event | None) -> int:
         """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);
-        return how many the target had cached already."""
+        return how many the target had cached already.  Once stop is set, the prefill ends early (and start
+        ends the generation)."""
         context, seq = generation.context, generation.seq
-        reused = self.cache.prefill(context, seq, shift=shift and seq == 0)
+        reused = self.cache.prefill(context, seq, shift=shift and seq == 0, stop=stop)
         # A draft model its controller does not expect to draft with (one asked for on a machine where its
         # tokens cost too much to pay) is not fed the prompt: on a CPU that would cost about as much as the
         # target's own prefill.  Should it draft after all, its first proposal catches its cache up.
-        if (self._drafts_with_draft_model(generation)
+        if not (stop is not None and stop.is_set()) and (self._drafts_with_draft_model(generation)
                 and self.planner.may_draft("draft-model", generation.drafter_set)):
             self.draft_cache.prepare(context, 0, shift=shift)
             generation.drafter_set.drafters["draft-model"].prefill(context)

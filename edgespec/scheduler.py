@@ -128,7 +128,7 @@ class Scheduler:
                 decoder.cache.share_prefix(list(job.prompt_ids), seq, among=self.parallel)
             return decoder.start(job.prompt_ids, job.params, self._drafter_set(seq), seq,
                                  shift=job.shift_dropped_span and self.parallel == 1, prediction=job.prediction,
-                                 pool=job.pool, chunked=self.parallel > 1)
+                                 pool=job.pool, chunked=self.parallel > 1, stop=job.cancel)
         except EdgespecError as err:
             return Failed(err)
 

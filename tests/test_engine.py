@@ -232,6 +232,39 @@ def test_cancel_stops_within_a_step(engine):
     assert engine.generate(PROMPTS[2], params, raw=True).token_ids == after.token_ids
 
 
+@pytest.fixture
+def long_prompt_engine(tiny_models):
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=4096, draft_tokens=3, cost_curve=FIXED_COST)
+    yield engine
+    engine.close()
+
+
+def test_a_cancel_during_a_long_prefill_stops_it_after_the_current_chunk(long_prompt_engine):
+    # The prompt went into the cache whole before a cancel was looked at: an Esc in a long prompt's
+    # prefill waited for all of it (13 s for 9,000 characters on SmolLM2 with one thread).
+    engine = long_prompt_engine
+    prompt = engine.prompt_tokens(" ".join(PROMPTS) * 40, raw=True)[:3 * engine.target.n_batch]
+    assert len(prompt) > 2 * engine.target.n_batch
+    cancel, decode = threading.Event(), engine.target.decode
+
+    def decode_then_cancel(*args, **kwargs):  # the real pass, then the user's Esc
+        rows = decode(*args, **kwargs)
+        cancel.set()
+        return rows
+
+    engine.target.decode = decode_then_cancel
+    try:
+        [done] = engine.stream_tokens(prompt, SamplingParams(temperature=0.0, max_tokens=20), cancel=cancel)
+    finally:
+        del engine.target.decode
+    assert done.result.finish_reason == "cancelled" and done.result.token_ids == []
+    assert engine.target.cached == prompt[:engine.target.n_batch]  # one chunk of three, and a consistent cache
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    after = engine.generate(PROMPTS[2], params, raw=True)
+    engine.configure(mode="none")
+    assert engine.generate(PROMPTS[2], params, raw=True).token_ids == after.token_ids
+
+
 def test_text_is_never_split_inside_a_utf8_character():
     text = TextAssembler(stops=())
     data = "héllo 世界 🙂".encode()
