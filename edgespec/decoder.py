@@ -28,10 +28,11 @@ from .calibration import StepTimeWatch
 from .costs import prefill_rows
 from .drafting import Draft, DraftChoice, DraftPlanner
 from .drafters import NgramDrafter
-from .errors import ContextOverflowError, CorruptModelError, EdgespecError, Setting
+from .errors import CorruptModelError, EdgespecError
 from .generation import Done, DrafterSet, Failed, Generation, PlainPace, Step, Token
 from .limits import MAX_OUTPUT_ROWS
 from .ngram_pool import NgramPool, TokenIndex
+from .prompts import check_prompt_ids
 from .sampling import SamplingParams, SparseProbs, to_probs
 from .sequence_cache import SequenceCache
 from .stats import Counters
@@ -109,21 +110,8 @@ class Decoder:
         return generation
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
-        """Refuse a prompt that cannot run: an empty one, or one that leaves no room in the context."""
-        if not prompt_ids:
-            raise EdgespecError("the prompt is empty (give some text to continue)")
-        # llama.cpp fails an id outside the vocabulary with a bare status, or reads past its tables
-        ids = np.asarray(prompt_ids)
-        if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= self.target.n_vocab:
-            raise EdgespecError(f"the prompt must be token ids from 0 to {self.target.n_vocab - 1} (the model's "
-                                "vocabulary), as engine.tokenize gives them")
-        if len(prompt_ids) >= self.n_ctx:
-            # Worded as OpenAI words it ("This model's maximum context length is ..."): litellm, aider and
-            # LangChain tell a context overflow from other refusals by the message alone.
-            no_room = ", which leaves no room for a reply" if len(prompt_ids) == self.n_ctx else ""
-            raise ContextOverflowError(
-                f"the prompt is too long: it has {len(prompt_ids)} tokens{no_room}, and this model's maximum "
-                f"context length is {self.n_ctx} tokens (raise ", Setting("n_ctx"), " or shorten the prompt)")
+        """Refuse a prompt that cannot run here (prompts.check_prompt_ids)."""
+        check_prompt_ids(prompt_ids, self.target.n_vocab, self.n_ctx)
 
     def _prefill(self, generation: Generation, shift: bool, stop: threading.Event | None) -> int:
         """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);

@@ -9,7 +9,12 @@ prompt, written so on purpose) become control tokens.
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
+
 from .chat_template import ChatTemplate
+from .errors import ContextOverflowError, EdgespecError, Setting
 from .prediction import prediction_text
 from .text import check_text
 
@@ -52,3 +57,22 @@ class PromptBuilder:
         text = prediction if isinstance(prediction, str) else prediction_text(prediction)
         check_text(text, "the prediction")
         return self.model.tokenize(text, add_special=False) if text else None
+
+
+def check_prompt_ids(prompt_ids: Sequence[int], n_vocab: int, n_ctx: int) -> None:
+    """Refuse a prompt of token ids that cannot run: an empty one, one with ids outside the vocabulary, or one that
+    leaves no room in a context of n_ctx tokens."""
+    if not prompt_ids:
+        raise EdgespecError("the prompt is empty (give some text to continue)")
+    # llama.cpp fails an id outside the vocabulary with a bare status, or reads past its tables
+    ids = np.asarray(prompt_ids)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= n_vocab:
+        raise EdgespecError(f"the prompt must be token ids from 0 to {n_vocab - 1} (the model's "
+                            "vocabulary), as engine.tokenize gives them")
+    if len(prompt_ids) >= n_ctx:
+        # Worded as OpenAI words it ("This model's maximum context length is ..."): litellm, aider and
+        # LangChain tell a context overflow from other refusals by the message alone.
+        no_room = ", which leaves no room for a reply" if len(prompt_ids) == n_ctx else ""
+        raise ContextOverflowError(
+            f"the prompt is too long: it has {len(prompt_ids)} tokens{no_room}, and this model's maximum "
+            f"context length is {n_ctx} tokens (raise ", Setting("n_ctx"), " or shorten the prompt)")
