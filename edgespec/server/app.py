@@ -164,16 +164,16 @@ class _Server:
         """
         loop = asyncio.get_running_loop()
         state = request.state  # one request's own, kept from one event to the next
-        if not hasattr(state, "client_seen_at"):
-            state.client_seen_at = loop.time()
+        if not hasattr(state, "client_checked_at"):
+            state.client_checked_at = loop.time()
         while True:
-            left = state.client_seen_at + DISCONNECT_POLL_SECONDS - loop.time()
+            left = state.client_checked_at + DISCONNECT_POLL_SECONDS - loop.time()
             if left > 0:
                 try:
                     return await asyncio.wait_for(job.events.get(), left)
                 except asyncio.TimeoutError:
                     pass
-            state.client_seen_at = loop.time()
+            state.client_checked_at = loop.time()
             if await request.is_disconnected():
                 self.worker.withdraw(job)
                 raise _ClientGone()
