@@ -580,6 +580,22 @@ async def test_a_notice_said_after_loading_is_shown_as_a_note(models):
 
 
 @pilot_test
+async def test_a_mode_chosen_mid_reply_shows_in_the_stats_bar_once_the_reply_ends(models):
+    # The bar switched at once, beside a reply still drafting in the old mode and a notice saying "from the next".
+    app = make_app(models, max_tokens=3000)
+    async with app.run_test(size=SIZE) as pilot:
+        stream = await an_endless_reply_streaming(pilot)
+        before = app.stats_bar.models.mode
+        try:
+            await pilot.press("ctrl+g")
+            assert app.chat.engine.mode != before and app.stats_bar.models.mode == before
+        finally:
+            app.chat.session.cancel()
+        await wait_for(pilot, lambda: stream.finished.is_set() and app.generation is None)
+        assert app.stats_bar.models.mode == app.chat.engine.mode != before
+
+
+@pilot_test
 async def test_ctrl_c_stops_a_reply_and_keeps_the_app(models):
     app = make_app(models, max_tokens=3000)
     async with app.run_test(size=SIZE) as pilot:

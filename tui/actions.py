@@ -188,8 +188,10 @@ class ChatActions:
             self.notify("No draft model is loaded; use “Load model…” with a draft.", severity="warning")
             return
         self.chat.engine.configure(mode=mode)
-        when = " from the next reply" if self.generation is not None else ""
-        self.notify(f"Drafting: {stats_text.MODE_LABELS[mode]}{when}.")
+        if self.generation is not None:  # the stats bar keeps the streaming reply's mode until it ends
+            self.notify(f"Drafting: {stats_text.MODE_LABELS[mode]} from the next reply.")
+            return
+        self.notify(f"Drafting: {stats_text.MODE_LABELS[mode]}.")
         self.show_models()
 
     def action_toggle_marks(self) -> None:

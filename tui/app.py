@@ -279,6 +279,7 @@ class ChatApp(ChatActions, App):
     def on_conversation_view_ended(self, event: ConversationView.Ended) -> None:
         generation, self.generation = self.generation, None
         self.refresh_bindings()
+        self.show_models()  # a mode chosen while the reply streamed shows from now, as it applies
         stream = event.stream
         if stream.error is not None or stream.result is None:
             self._reply_failed(generation, stream.error or "the reply ended without a result")
