@@ -461,6 +461,15 @@ async def an_endless_reply_streaming(pilot):
     return app.generation.stream
 
 
+def assert_the_stopped_reply_is_saved(app, stream) -> None:
+    """The app's one chat holds the prompt and the reply stream wrote, marked cancelled, and no pending prompt."""
+    [chat] = app.store.list_chats()
+    saved = app.store.load_chat(chat.id)
+    messages = saved.session["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"] and messages[1].get("cancelled") is True
+    assert messages[1]["content"] == stream.result.text != "" and saved.extras["pending_prompt"] is None
+
+
 @pilot_test
 async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
     app = make_app(models, max_tokens=3000)
@@ -470,11 +479,7 @@ async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
     app.close_engine()  # waits for the worker (up to 30 s) before it frees the models
     assert stream.finished.is_set() and stream.result.finish_reason == "cancelled"
     assert app.chat.engine is None
-    [chat] = app.store.list_chats()  # the reply on screen is kept, as an Esc keeps it
-    saved = app.store.load_chat(chat.id)
-    messages = saved.session["messages"]
-    assert [m["role"] for m in messages] == ["user", "assistant"] and messages[1].get("cancelled") is True
-    assert messages[1]["content"] == stream.result.text != "" and saved.extras["pending_prompt"] is None
+    assert_the_stopped_reply_is_saved(app, stream)  # the reply on screen is kept, as an Esc keeps it
 
 
 @pilot_test
@@ -520,11 +525,7 @@ async def test_a_closed_terminal_or_kill_mid_reply_keeps_the_reply(models, stop_
         signal.signal(number, previous)
     app.close_engine()
     assert stream.result.finish_reason == "cancelled" and app.chat.engine is None
-    [chat] = app.store.list_chats()
-    saved = app.store.load_chat(chat.id)
-    messages = saved.session["messages"]
-    assert [m["role"] for m in messages] == ["user", "assistant"] and messages[1].get("cancelled") is True
-    assert messages[1]["content"] == stream.result.text != "" and saved.extras["pending_prompt"] is None
+    assert_the_stopped_reply_is_saved(app, stream)
 
 
 @pilot_test
