@@ -88,7 +88,9 @@ def test_a_base_url_without_v1_is_told_to_add_it(client, path):
     # openai.OpenAI(base_url="http://127.0.0.1:8080") posts to /chat/completions: the 404 named no fix
     reply = client.post(path, json={})
     assert reply.status_code == 404
-    assert f"/v1{path}" in reply.json()["error"]["message"] and "base URL" in reply.json()["error"]["message"]
+    error = reply.json()["error"]
+    assert f"/v1{path}" in error["message"] and "base URL" in error["message"]
+    assert error["type"] == "invalid_request_error"  # as OpenAI types its own 404 for a path it lacks
 
 
 @pytest.mark.parametrize("method, path", [("POST", "/v1/chat/completions/"), ("POST", "/v1/completions/"),

@@ -20,7 +20,6 @@ def api_error(request: Request, error: ApiError) -> Response:
 
 
 def http_error(request: Request, error: HTTPException) -> Response:
-    kind = "not_found" if error.status_code == 404 else "invalid_request_error"
     message, code = f"{request.method} {request.url.path}: {error.detail}", None
     allowed = (error.headers or {}).get("Allow", "")
     if error.status_code == 405 and allowed:  # each route takes one method (a GET route HEAD too, which nobody means)
@@ -28,7 +27,8 @@ def http_error(request: Request, error: HTTPException) -> Response:
         message, code = f"{message}; use {method}", "method_not_allowed"
     elif error.status_code == 404:
         message += "; " + _where_the_routes_are(request)
-    return api_error(request, ApiError(error.status_code, message, type=kind, code=code, headers=error.headers))
+    # OpenAI's own 404 for a path it does not have is an invalid_request_error, which clients map by status
+    return api_error(request, ApiError(error.status_code, message, code=code, headers=error.headers))
 
 
 def _where_the_routes_are(request: Request) -> str:
