@@ -93,6 +93,19 @@ def test_only_a_torn_edgespec_record_is_cut_off(tmp_path, tail):
     assert torn and set(finished) == {"r0", "r1"} and out.read_bytes() == good
 
 
+@pytest.mark.parametrize("zeros", [b"", b"\0" * 512], ids=["newline-lost", "then-zero-bytes"])
+def test_a_whole_last_record_without_its_newline_is_kept_not_redone(tmp_path, zeros):
+    # an editor that drops the last newline must not cost an answer already written (the old code cut it off)
+    last = batch_output.encode_record(batch_output.error_record("r2", "x", "y", "f"))
+    out, good = out_with_tail(tmp_path, last.rstrip(b"\n") + zeros)
+    writer = batch_output.RecordWriter(out)
+    try:
+        finished, torn = writer.load_finished()
+    finally:
+        writer.close()
+    assert not torn and set(finished) == {"r0", "r1", "r2"} and out.read_bytes() == good + last
+
+
 @pytest.mark.parametrize("tail", [b"a note", b'{"custom_id": "r9"}', b"not a record\n", b'{"id": "batch_req_9"}\n'])
 def test_any_other_last_line_is_refused_untouched(tmp_path, tail):
     out, good = out_with_tail(tmp_path, tail)

@@ -68,7 +68,8 @@ class RecordWriter:
 
         A run killed mid-write leaves a last line without its newline, maybe
         followed by zero bytes after a power loss: when that line starts like a
-        record, it is truncated away so its request is redone. Anything else
+        record but is not a whole one, it is truncated away so its request is
+        redone. A whole record missing only its newline is kept. Anything else
         that is not a record is refused, and OUT is left as it is.
 
         A custom_id whose last record is one a resume redoes (see
@@ -86,6 +87,15 @@ class RecordWriter:
             self._keep_loaded(record, finished)
         tail = data[end:]
         if not tail:
+            return finished, False
+        last_line = tail.rstrip(b"\0")
+        if (record := parse_record(last_line)) is not None:
+            # A whole record that lost only its newline (an editor that drops the last one): an answer
+            # already written, kept, its newline restored (OUT is opened to append), never redone.
+            self._keep_loaded(record, finished)
+            os.ftruncate(self._fd, end + len(last_line))
+            os.write(self._fd, b"\n")
+            os.fsync(self._fd)
             return finished, False
         if not _is_torn_record(tail, after_records=end > 0):
             raise _not_a_record(self._path, data[:end].count(b"\n") + 1)
