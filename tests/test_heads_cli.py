@@ -30,3 +30,26 @@ def test_train_then_show_then_refuse_a_damaged_file(tiny_models, tmp_path, monke
     assert main(["run", "hello", "--model", model, "--draft", "heads", "--max-tokens", "4", "--threads", "1"]) == 1
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].startswith("edgespec: heads file") and "damaged" in err
+
+
+def test_training_again_keeps_the_heads_it_replaces_and_refuses_to_write_over_other_files(tiny_models, tmp_path,
+                                                                                          monkeypatch, capsys):
+    # the old code wrote over both without a word: a better heads file, and a notes file named by --output
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "a.txt").write_text("the cat sat on the mat and the cat sat on the mat. " * 20)
+    train = ["heads", "train", str(tmp_path / "a.txt"), "--model", str(tiny_models["target"]), "--minutes", "1",
+             "--threads", "1", "--vocab", "64", "--max-tokens", "300"]
+    assert main(train) == 0
+    heads_file = default_heads_path(tiny_models["target"])
+    first = heads_file.read_bytes()
+    capsys.readouterr()
+
+    assert main(train) == 0
+    kept = heads_file.with_name(heads_file.stem + ".previous.npz")
+    assert kept.read_bytes() == first and f"the heads this run replaced are kept at {kept}" in capsys.readouterr().err
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    assert main([*train, "--output", str(notes)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a heads file" in err and notes.read_text() == "my notes\n"

@@ -81,6 +81,7 @@ def train_command(args: argparse.Namespace) -> int:
     path, _, plan, _ = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False,
                                  notice=print_notice)
     heads_path = args.output or default_heads_path(path)
+    replaced = _heads_to_replace(heads_path, named=args.output is not None)
     if args.restart:
         resume_path_for(heads_path).unlink(missing_ok=True)
     elif resume_path_for(heads_path).exists():
@@ -97,7 +98,37 @@ def train_command(args: argparse.Namespace) -> int:
         model.close()
     print(f"heads for {path.name}: {heads_path}")
     print(_summary(record))
+    if replaced is not None:
+        earlier, kept_at = replaced
+        print(f"the heads this run replaced are kept at {kept_at}: {_summary(earlier)}", file=sys.stderr)
+        if earlier.heldout_top1[:1] > record.heldout_top1[:1]:
+            print(f"they scored better on head 1; to use them again: mv {kept_at} {heads_path}", file=sys.stderr)
     return 0
+
+
+def _heads_to_replace(heads_path: Path, named: bool):
+    """The heads file a run will write over, copied beside it first: (its record, the copy), or None.  A file
+    named by --output that is not heads is refused before the training, not found out by writing over it."""
+    import shutil
+
+    from ..heads.store import HeadsFileError, read_heads
+
+    if not heads_path.exists():
+        return None
+    try:
+        record, _ = read_heads(heads_path)
+    except HeadsFileError:
+        if not named:  # the model's own heads file, damaged: what training again is for
+            return None
+        raise UsageError(f"--output {heads_path} is there and is not a heads file; give another path, "
+                         "or move that file away") from None
+    kept_at = heads_path.with_name(heads_path.name.removesuffix(".npz") + ".previous.npz")
+    try:
+        shutil.copyfile(heads_path, kept_at)
+    except OSError as error:
+        raise EdgespecError(f"cannot keep a copy of the heads this run would replace at {kept_at}: "
+                            f"{error.strerror}; free some space, or give --output another path") from None
+    return record, kept_at
 
 
 def show_command(args: argparse.Namespace) -> int:
