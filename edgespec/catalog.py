@@ -260,13 +260,17 @@ def _hf_cached_file(source: Source) -> Path | None:
 # ---------------------------------------------------------------- importing
 
 
-def import_model(file: str | os.PathLike, name: str | None = None, draft_for: str | None = None) -> ModelEntry:
+def import_model(file: str | os.PathLike, name: str | None = None, draft_for: str | None = None,
+                 replace: bool = False) -> ModelEntry:
     """Register a local GGUF under a name, so it lists and resolves like catalog models.
 
     draft_for: the name of a catalog model this one drafts for.  `--draft auto` then picks it for that
     target, before any draft the shipped catalog pairs with it; a later import for the same target replaces
     it.  A draft whose GGUF header already shows another tokenizer than the target's is refused here; the
     token-by-token check is the engine's, when it loads the pair.
+
+    A name already imported for another file is refused unless replace is set, and even then when a pair
+    the name is in would no longer share a vocabulary.
     """
     path = Path(file).expanduser().resolve()
     info = read_gguf_info(path)
@@ -278,6 +282,11 @@ def import_model(file: str | os.PathLike, name: str | None = None, draft_for: st
     existing = catalog.models.get(name)
     if existing is not None and not existing.imported:
         raise EdgespecError(f"{name} is already a catalog model; import under another name with --name")
+    if existing is not None and Path(existing.sources[0].path).expanduser().resolve() != path:
+        if not replace:
+            raise EdgespecError(f"{name} already names {existing.sources[0].path}; import under another name "
+                                f"with --name, or add --replace to point {name} at {path.name}")
+        _check_pairs_still_hold(info, name, catalog)
     if draft_for is not None:
         _check_drafts_for(info, name, catalog, draft_for)
     record = {
@@ -311,7 +320,31 @@ def _check_drafts_for(draft: GGUFInfo, name: str, catalog: Catalog, target_name:
     target_file = local_path(catalog.get(target_name))
     if target_file is None:
         return  # not pulled yet: the engine checks the pair when it loads it
-    target = read_gguf_info(target_file)
+    differences = _vocabulary_differences(read_gguf_info(target_file), draft)
+    if differences:
+        raise EdgespecError(f"{draft.path.name} cannot draft for {target_name}: its vocabulary is not the target's "
+                            f"({'; '.join(differences)}); pair it with a model of its own family")
+
+
+def _check_pairs_still_hold(info: GGUFInfo, name: str, catalog: Catalog) -> None:
+    """EdgespecError when name, pointed at the file info describes, would leave a pair of it (as target or
+    draft, with the other's file here) without a shared vocabulary."""
+    for pair in catalog.pairs:
+        for draft_name in pair.drafts:
+            if name not in (pair.target, draft_name):
+                continue
+            other_entry = catalog.models.get(draft_name if name == pair.target else pair.target)
+            other_file = local_path(other_entry) if other_entry is not None else None
+            if other_file is None:
+                continue  # not here: the engine checks the pair when it loads it
+            other = read_gguf_info(other_file)
+            differences = _vocabulary_differences(*((info, other) if name == pair.target else (other, info)))
+            if differences:
+                raise EdgespecError(f"{name} cannot be pointed at {info.path.name}: {draft_name} drafts for "
+                                    f"{pair.target}, and their vocabularies would differ ({'; '.join(differences)})")
+
+
+def _vocabulary_differences(target: GGUFInfo, draft: GGUFInfo) -> list[str]:
     differences = [
         f"{what} {theirs!r} vs {ours!r}" for what, theirs, ours in (
             ("tokenizer", target.tokenizer_model, draft.tokenizer_model),
@@ -321,9 +354,7 @@ def _check_drafts_for(draft: GGUFInfo, name: str, catalog: Catalog, target_name:
     ]
     if abs(target.vocab_size - draft.vocab_size) > MAX_VOCAB_SIZE_DIFFERENCE:
         differences.append(f"vocabulary sizes {target.vocab_size} vs {draft.vocab_size}")
-    if differences:
-        raise EdgespecError(f"{draft.path.name} cannot draft for {target_name}: its vocabulary is not the target's "
-                            f"({'; '.join(differences)}); pair it with a model of its own family")
+    return differences
 
 
 def name_problem(name: str) -> str | None:

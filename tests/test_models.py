@@ -462,3 +462,21 @@ def test_smollm2_from_the_real_store_reads_like_gguf_reader():
     # Checked once against gguf.GGUFReader, which takes seconds on this file.
     assert (info.tensor_bytes, info.file_size) == (96_576_768, 98_362_432)
     assert info.chat_template.startswith("{% for message in messages %}")
+
+
+def test_a_name_imported_before_is_pointed_at_another_file_only_with_replace(store, tiny_models, capsys):
+    # the old code pointed the name at the new file without a word, out from under the pair it drafted in
+    import_model(tiny_models["target"], name="tiny-target")
+    import_model(tiny_models["draft"], name="tiny-draft", draft_for="tiny-target")
+    assert run_cli("import", str(tiny_models["mismatch"]), "--name", "tiny-draft") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tiny-draft already names" in err and "--replace" in err
+    with pytest.raises(EdgespecError, match="vocabularies would differ") as refused:
+        import_model(tiny_models["mismatch"], name="tiny-draft", replace=True)
+    assert "BOS/EOS ids" in str(refused.value)
+    assert resolve_model("tiny-draft", pull=False) == tiny_models["draft"]
+    import_model(tiny_models["draft"], name="tiny-draft")  # the same file again is no change
+    twin = tiny_models["draft"].with_name("draft-copy.gguf")
+    twin.write_bytes(tiny_models["draft"].read_bytes())
+    assert run_cli("import", str(twin), "--name", "tiny-draft", "--replace") == 0
+    assert resolve_model("tiny-draft", pull=False) == twin

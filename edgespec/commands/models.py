@@ -35,6 +35,8 @@ def add_models_parser(subparsers) -> None:
     importing.add_argument("--name", type=_catalog_name, help="catalog name to use (default: from the file name)")
     importing.add_argument("--draft-for", metavar="TARGET",
                            help="a catalog model this one drafts for: --draft auto then uses it with TARGET")
+    importing.add_argument("--replace", action="store_true",
+                           help="point a name imported before at this file (its pairs must still share a vocabulary)")
     importing.set_defaults(func=_import)
 
     forgetting = commands.add_parser(
@@ -159,7 +161,7 @@ def _path(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    entry = import_model(args.file, name=args.name, draft_for=args.draft_for)
+    entry = import_model(args.file, name=args.name, draft_for=args.draft_for, replace=args.replace)
     print(f"imported {entry.name}: {entry.architecture} {entry.quantization}, "
           f"{format_size(entry.size)}, {entry.sources[0].path}")
     if args.draft_for:
