@@ -64,6 +64,21 @@ def test_a_command_whose_results_go_to_a_closed_stdout_says_so(argv):
     assert "stdout is closed" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("argv, code", [(["plan", "--json", "--gpu-layers", "2"], 0),
+                                        (["run", "hi", "--model", "missing.gguf"], 1)])
+def test_with_stderr_closed_notices_and_errors_stay_out_of_stdout(argv, code, tiny_models):
+    # with fd 2 closed, print(file=sys.stderr) printed on stdout: `plan --json 2>&-` put its no-GPU notice
+    # above the JSON, and an error read as a result
+    argv = [*argv, "--model", str(tiny_models["target"])] if "--model" not in argv else argv
+    done = subprocess.run([*EDGESPEC, *argv], preexec_fn=lambda: os.close(2), stdout=subprocess.PIPE, text=True,
+                          timeout=120)
+    assert done.returncode == code
+    if code == 0:
+        assert json.loads(done.stdout)["device"] == "cpu"  # the JSON alone
+    else:
+        assert done.stdout == ""
+
+
 @pytest.mark.parametrize("argv", [["batch", "missing.jsonl", "-o", "out.jsonl"], ["--version"]])
 def test_a_command_that_prints_no_results_runs_with_stdout_closed(argv, tmp_path):
     done = subprocess.run([*EDGESPEC, *argv], preexec_fn=lambda: os.close(1), stderr=subprocess.PIPE, text=True,

@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     if argv is not None:
         return _run_command(argv)
+    _hold_closed_standard_streams()
     signal.signal(signal.SIGINT, _interrupt_once)
     try:
         try:
@@ -126,6 +127,26 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # a Ctrl-C that landed as the command ended, outside its own handling
         print("edgespec: interrupted", file=sys.stderr)
         return 130
+
+
+def _hold_closed_standard_streams() -> None:
+    """Hold a standard stream the process was started without (`2>&-`) open on /dev/null.
+
+    Else the next file opened takes that number, and what llama.cpp writes to the stream lands in it; and
+    with no stderr, print(file=sys.stderr) prints on stdout, so notices and errors were mixed into the
+    results (`plan --json 2>&-` printed a notice above its JSON).  A closed stdout stays None to Python,
+    for the commands that print results there to refuse it (_run_command).
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one, or a lower one also closed
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")
 
 
 def _interrupt_once(signum, frame) -> None:
