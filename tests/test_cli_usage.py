@@ -171,6 +171,7 @@ def test_only_a_negative_number_after_a_size_flag_is_joined_to_it():
 
 @pytest.mark.parametrize("argv, named", [
     (["run", "hello", "--flash-attn", "--bit-exact"], "--flash-attn"),
+    (["plan", "--flash-attn", "on", "--bit-exact"], "--flash-attn"),  # plan showed a setup nothing could load
     (["serve", "--port", "0", "--parallel", "2", "--bit-exact"], "--parallel"),
 ])
 def test_flags_that_cannot_go_together_exit_2_too(argv, named, tmp_path, capsys):

@@ -226,17 +226,23 @@ def sampling_params(args: argparse.Namespace):
         raise UsageError(f"bad sampling setting: {error}") from None
 
 
+def refuse_engine_flags_that_cannot_go_together(args: argparse.Namespace) -> None:
+    """UsageError, before anything loads, for cache flags no load could keep (--flash-attn on --bit-exact)."""
+    from ..exactness import kv_cache_notice
+
+    try:
+        kv_cache_notice(args.kv_type, args.draft_kv_type or args.kv_type, args.flash_attn, args.bit_exact)
+    except EdgespecError as error:
+        raise UsageError(*error.message) from None
+
+
 def engine_from_args(args: argparse.Namespace, notice: Callable[[str], None] = print_notice, **overrides):
     """The Engine the flags of add_engine_options describe; what loading and the prompt cache say goes to notice
     (by default printed on stderr, naming flags), and a download shows its progress.  overrides: load_engine's
     other keywords."""
-    from ..exactness import kv_cache_notice
     from ..loading import load_engine, use_learning, use_prompt_cache
 
-    try:  # flags that cannot go together are a usage error, found before anything loads
-        kv_cache_notice(args.kv_type, args.draft_kv_type or args.kv_type, args.flash_attn, args.bit_exact)
-    except EdgespecError as error:
-        raise UsageError(*error.message) from None
+    refuse_engine_flags_that_cannot_go_together(args)
     engine = load_engine(
         args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
         draft_gpu_layers=args.draft_gpu_layers, draft_tokens=args.draft_tokens,

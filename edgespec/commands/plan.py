@@ -8,7 +8,7 @@ import json
 from ..errors import flag_worded
 from ..loading import plan_load
 from ..notices import print_notice
-from .options import add_engine_options, add_prompt_cache_ram_option, setting
+from .options import add_engine_options, add_prompt_cache_ram_option, refuse_engine_flags_that_cannot_go_together, setting
 
 
 def add_plan_parser(subparsers) -> None:
@@ -29,6 +29,7 @@ def plan(args: argparse.Namespace) -> int:
 
     from ..plan_table import format_plan_table
 
+    refuse_engine_flags_that_cannot_go_together(args)  # a plan shows a setup run, batch and serve can load
     memory_plan = plan_load(args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
                             draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget,
                             kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn,
