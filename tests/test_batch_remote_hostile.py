@@ -178,3 +178,14 @@ def test_absurd_token_counts_are_left_out_of_the_summary_on_every_run(fake_serve
         assert (figures["prompt_tokens"], figures["completion_tokens"], figures["total_tokens"]) == (3, 4, 5)
     content = last_by_id(out)["big"]["response"]["body"]["choices"][0]["message"]["content"]
     assert content == "kept" and server.attempts == {"big": 1, "ok": 1}
+
+
+@pytest.mark.parametrize("header, asked", [("0", None), ("-5", None), ("nan", None),
+                                           ("Wed, 21 Oct 2099 07:28:00 GMT", None), ("2.5", 2.5)])
+def test_only_a_retry_after_that_asks_for_a_wait_replaces_the_backoff(fake_server, header, asked):
+    # "0" and "-5" from a struggling server had every attempt of a request spent within a second
+    server = fake_server({"Hello": [json_reply({"error": {"message": "busy"}}, 503, {"Retry-After": header})]})
+    with pytest.raises(endpoint.Unanswered) as unanswered:
+        endpoint.Endpoint.parse(server.url, None).post("/v1/chat/completions",
+                                                        {"messages": [{"role": "user", "content": "Hello"}]})
+    assert unanswered.value.status == 503 and unanswered.value.retry_after == asked

@@ -91,10 +91,14 @@ def _failure_reason(error: BaseException) -> str:
 
 
 def _seconds(header: str | None) -> float | None:
+    """A Retry-After's seconds; None (the backoff decides) for none, an HTTP date, or a wait that is no wait:
+    "0" or "-5" from a struggling server had every attempt spent within a second (as openai-python, which
+    honours only a positive one)."""
     try:
-        return max(0.0, float(header)) if header else None
+        seconds = float(header) if header else None
     except ValueError:
-        return None  # an HTTP date: fall back to the backoff
+        return None
+    return seconds if seconds is not None and seconds > 0 else None  # NaN is not > 0
 
 
 class Deadline:
