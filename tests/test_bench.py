@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -385,6 +386,24 @@ def test_plots_are_written_when_matplotlib_is_installed(models, tmp_path):
     report.plot_cost_curve(microbench.run_cost_curve(models["target"], max_tokens=3, repeats=1, n_threads=1), tmp_path / "cost.png")
     for name in ("speedup.png", "cost.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_baseline_alone_plots_without_a_legend_to_fill(models, tmp_path):
+    pytest.importorskip("matplotlib")
+    # matplotlib refused the legend of no bars (ncol=0): a traceback after the whole bench had run
+    report.plot_speedups(quick_bench(models, configs=["baseline"], suites=["chat"]), tmp_path / "speedup.png")
+    assert (tmp_path / "speedup.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_reader_that_goes_away_ends_the_bench_as_it_ends_every_command(models):
+    # rich's own answer to a broken pipe was exit 1 without a word: what bench says of a failed exactness check
+    bench_run = subprocess.Popen([sys.executable, "-m", "edgespec", "bench", "--model", str(models["target"]),
+                                  "--suites", "chat", "--configs", "baseline", "--prompts", "1", "--repeats", "1",
+                                  "--temperature", "0", "--max-tokens", "4", "--threads", "1"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    bench_run.stdout.close()  # before the report's first line: `| head -n 0`
+    err = bench_run.stderr.read()
+    assert bench_run.wait(timeout=300) == 141 and "Traceback" not in err, err
 
 
 def test_cost_curve_times_every_width(models):

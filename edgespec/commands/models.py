@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from edgespec.catalog import default_pair, import_model, load_catalog, local_path, name_problem, store_dir
+from edgespec.commands.console import ResultsConsole
 from edgespec.fetch import pull, resolve_model
 from edgespec.units import format_size
 
@@ -57,7 +58,7 @@ TSV_MODEL_COLUMNS = ("name", "role", "status", "size_bytes", "quant", "arch", "w
 
 def _list(args: argparse.Namespace) -> int:
     rows, pairs = _model_rows(), load_catalog().pairs
-    console = Console()
+    console = ResultsConsole()
     if not console.is_terminal:
         _print_tsv(rows, pairs)
         return 0

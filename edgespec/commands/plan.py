@@ -25,7 +25,7 @@ def add_plan_parser(subparsers) -> None:
 
 
 def plan(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from .console import ResultsConsole
 
     from ..plan_table import format_plan_table
 
@@ -41,5 +41,5 @@ def plan(args: argparse.Namespace) -> int:
                   "warnings": [flag_worded(warning) for warning in memory_plan.warnings]}
         print(json.dumps(memory_plan.to_dict() | worded, indent=2))
     else:
-        Console().print(format_plan_table(memory_plan))
+        ResultsConsole().print(format_plan_table(memory_plan))
     return 0

@@ -159,11 +159,11 @@ def summarize_overhead(runs: list[dict], plan: list[BenchConfig], plain_step_sec
 
 
 def _stdout_console():
-    from rich.console import Console
+    from ..console import ResultsConsole
 
-    console = Console()
+    console = ResultsConsole()
     # A pipe or a file gets the whole table rather than 80 columns of ellipses.
-    return console if console.is_terminal else Console(width=170)
+    return console if console.is_terminal else ResultsConsole(width=170)
 
 
 def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
@@ -309,7 +309,8 @@ def plot_speedups(results: dict, path: Path) -> None:
         ax.set_xticks(range(len(suites)), suites)
         ax.set_ylabel("decode speedup vs baseline")
         ax.set_title(f"{Path(results['meta']['model']).name}, T = {temperature:g}")
-        ax.legend(fontsize="small", ncol=min(4, len(configs)))
+        if configs:  # with the baseline alone there is no bar to name (matplotlib refused ncol=0)
+            ax.legend(fontsize="small", ncol=min(4, len(configs)))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
