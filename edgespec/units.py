@@ -18,7 +18,8 @@ class InvalidSizeError(EdgespecError, ValueError):
 
 
 def parse_size(text: str) -> int:
-    """Bytes in "6GiB", "512MB", "1.5G", "2048": MB/GB are decimal, MiB/GiB and a bare M/G binary."""
+    """Bytes in "6GiB", "512MB", "1.5G", "4194304": MB/GB are decimal, MiB/GiB and a bare M/G binary.  A bare
+    number is bytes, and under a MiB is refused as a size written without its unit."""
     signless = str(text).strip().removeprefix("-")
     if signless != str(text).strip() and _SIZE_PATTERN.match(signless):  # a size, but for its sign
         raise InvalidSizeError(f"memory size {text!r} is negative; give a positive size like 6GiB")
@@ -33,6 +34,10 @@ def parse_size(text: str) -> int:
     size = float(number) * (1000 if decimal else 1024) ** _POWERS[prefix]
     if size < 1:
         raise InvalidSizeError(f"memory size {text!r} is zero; give a positive size like 6GiB")
+    if not (prefix or byte_suffix or match.group(5)) and size < MiB:
+        # `--memory-budget 5` meant 5 GiB, not a budget of 5 bytes that only a warning questioned
+        raise InvalidSizeError(f"memory size {text!r} without a unit is {int(size)} bytes; write its unit, like "
+                               f"{number}GiB or {number}MiB (or {number}B if bytes are meant)")
     return int(size)
 
 
