@@ -19,6 +19,12 @@ from .prediction import prediction_text
 from .text import check_text
 
 
+# A token is a few bytes of text: about 4 in English, and at most the longest vocabulary entry, a run
+# of spaces or of one symbol (81 bytes in SmolLM2's vocabulary, 128 in Qwen2.5's). A prompt of more
+# than this many bytes per token of the context cannot fit in it whatever it says.
+MAX_PROMPT_BYTES_PER_TOKEN = 256
+
+
 class PromptBuilder:
     """Tokens for a model (a LlamaModel or a HiddenStateModel): its template, its tokenizer, its BOS rule."""
 
@@ -44,6 +50,12 @@ class PromptBuilder:
     def user_prompt_tokens(self, prompt: str, raw: bool = False) -> list[int]:
         """prompt as one user message (raw: as written, its control-token spellings parsed on purpose)."""
         check_text(prompt, "the prompt")
+        n_ctx = self.model.n_ctx
+        if len(prompt) > n_ctx * MAX_PROMPT_BYTES_PER_TOKEN:  # a character is a byte at least
+            # refused before the tokenizer spends seconds and gigabytes on it (a 30 MB batch prompt did)
+            raise ContextOverflowError(
+                f"the prompt is too long: its {len(prompt):,} characters are more tokens than fit, and this model's "
+                f"maximum context length is {n_ctx} tokens (raise ", Setting("n_ctx"), " or shorten the prompt)")
         if raw:
             return self.model.tokenize(prompt, add_special=True, parse_special=True)
         return self.chat_tokens([{"role": "user", "content": prompt}])

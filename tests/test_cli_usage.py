@@ -17,7 +17,8 @@ import pytest
 
 from edgespec.commands import build_parser, main
 from edgespec.commands.options import SIZE_FLAGS, joined_negative_sizes
-from edgespec.commands.run import MAX_PROMPT_BYTES_PER_TOKEN, read_text_bytes
+from edgespec.commands.run import read_text_bytes
+from edgespec.prompts import MAX_PROMPT_BYTES_PER_TOKEN
 from edgespec.errors import EdgespecError
 from edgespec.fetch import ModelUnavailableError, resolve_model
 

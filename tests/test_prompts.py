@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from edgespec.backend import LlamaModel
-from edgespec.prompts import PromptBuilder
+from edgespec.errors import ContextOverflowError
+from edgespec.prompts import MAX_PROMPT_BYTES_PER_TOKEN, PromptBuilder
 from tinygguf import bos_eos_ids, write_tiny_model
 
 BOS, EOS = bos_eos_ids()
@@ -51,3 +52,12 @@ def test_a_message_that_spells_the_bos_token_stays_text_and_the_real_one_is_adde
     tokens = builder.chat_tokens([{"role": "user", "content": "<|bos|>hello"}], add_generation_prompt=False)
     assert tokens[0] == BOS and tokens.count(BOS) == 1
     assert tokens[1:] == builder.model.tokenize("<|bos|>hello\n", add_special=False)
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_a_prompt_no_context_could_hold_is_refused_before_the_tokenizer_reads_it(builders, raw, monkeypatch):
+    # a 30 MB /v1/completions prompt in a batch was tokenized whole (17 s, 1.3 GB) before the context refused it
+    builder = builders["own"]
+    monkeypatch.setattr(builder.model, "tokenize", lambda *args, **kwargs: pytest.fail("tokenized"))
+    with pytest.raises(ContextOverflowError, match="maximum context length is 256 tokens"):
+        builder.user_prompt_tokens("x" * (256 * MAX_PROMPT_BYTES_PER_TOKEN + 1), raw=raw)

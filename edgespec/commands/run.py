@@ -9,15 +9,11 @@ import sys
 
 from ..control_chars import terminal_text
 from ..errors import EdgespecError
+from ..prompts import MAX_PROMPT_BYTES_PER_TOKEN
 from ..stats import MIN_REPLY_TOKENS, Stats, plausible_speedup
 from ..units import format_size
 from .options import add_engine_options, add_sampling_options, engine_from_args, sampling_params
 
-# A token is a few bytes of text: about 4 in English, and at most the longest vocabulary entry, a run
-# of spaces or of one symbol (81 bytes in SmolLM2's vocabulary, 128 in Qwen2.5's). A prompt of more
-# than this many bytes per token of the context cannot fit in it whatever it says, so reading stops
-# there instead of filling memory (1 MiB for a 4096-token context).
-MAX_PROMPT_BYTES_PER_TOKEN = 256
 STDIN_CHUNK_BYTES = 64 * 1024
 # A stray NUL is a byte like any other to the tokenizer, and stays text; this many, and this big a
 # share of what was read, is binary data or UTF-16/32 text.
@@ -71,6 +67,7 @@ def read_prompt(source: str, n_ctx: int) -> str:
     if sys.stdin is None:
         raise EdgespecError("stdin is closed; pipe the prompt in, or give it as an argument instead of -")
     try:
+        # reading stops where no context could hold more, instead of filling memory (1 MiB for 4096 tokens)
         data = read_text_bytes(sys.stdin.buffer, n_ctx * MAX_PROMPT_BYTES_PER_TOKEN, n_ctx)
     except OSError as error:
         raise EdgespecError(f"cannot read the prompt from stdin: {error.strerror or error}") from None
