@@ -66,6 +66,8 @@ def resolve_model(name_or_path: str | os.PathLike, *, pull: bool = True,
     present = local_path(entry)
     if present is not None:
         return present
+    if entry.imported:
+        raise _imported_file_gone(entry)
     if not pull:
         raise ModelUnavailableError(f"model {entry.name} is not downloaded; run `edgespec models pull {entry.name}`")
     size = f" ({format_size(entry.size)})" if entry.size else ""
@@ -106,7 +108,16 @@ def pull(name: str, progress: bool = True) -> Path:
     present = local_path(entry)
     if present is not None:
         return present
+    if entry.imported:
+        raise _imported_file_gone(entry)
     return _pull_entry(entry, progress=progress)
+
+
+def _imported_file_gone(entry: ModelEntry) -> ModelUnavailableError:
+    # no network could bring it back (the fix the other models' message names)
+    return ModelUnavailableError(
+        f"model {entry.name} was imported from {entry.sources[0].path}, which is no longer that file (moved, deleted "
+        f"or changed); import it again: edgespec models import FILE --name {entry.name} --replace")
 
 
 def _pull_entry(entry: ModelEntry, progress: bool, before_fetch: Callable[[], None] = lambda: None) -> Path:

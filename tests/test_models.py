@@ -480,3 +480,14 @@ def test_a_name_imported_before_is_pointed_at_another_file_only_with_replace(sto
     twin.write_bytes(tiny_models["draft"].read_bytes())
     assert run_cli("import", str(twin), "--name", "tiny-draft", "--replace") == 0
     assert resolve_model("tiny-draft", pull=False) == twin
+
+
+def test_an_imported_model_whose_file_is_gone_says_to_import_it_again_not_to_go_online(store, tmp_path, capsys):
+    # it said "connect to the network" (run) and "run `edgespec models pull`" (path): neither could bring it back
+    tiny = write_tiny_model(tmp_path / "mine.gguf", seed=0)
+    import_model(tiny, name="mine")
+    tiny.unlink()
+    for argv in (["path", "mine"], ["pull", "mine"]):
+        assert run_cli(*argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "was imported from" in err and "models import FILE --name mine" in err, err
