@@ -157,8 +157,10 @@ class ChatSession:
             if self.context_policy == "error" or next_turn is None:
                 self.first_visible -= dropped
                 raise ContextOverflowError(
-                    f"the conversation needs {len(prompt_ids)} tokens plus {reserve} for the reply, "
-                    f"but the context holds {self.engine.n_ctx} (start a new chat, shorten the message, or raise ",
+                    # Not "start a new chat": a shifting chat gets here with its last message alone in view, and
+                    # a batch has no chat. OpenAI's words for the limit are how litellm and LangChain tell it.
+                    f"the conversation needs {len(prompt_ids)} tokens plus {reserve} for the reply, and this "
+                    f"model's maximum context length is {self.engine.n_ctx} tokens (shorten the messages, or raise ",
                     Setting("n_ctx"), ")")
             dropped += next_turn - self.first_visible
             self.first_visible = next_turn
