@@ -5,6 +5,8 @@ from __future__ import annotations
 import codecs
 import json
 
+import pytest
+
 from edgespec.chat_template import MAX_RENDER_CHARS
 from edgespec.commands import batch
 from edgespec.commands.batch import requests as batch_requests
@@ -63,3 +65,13 @@ def test_settings_beside_a_plain_prompt_are_its_body_s_not_dropped():
     assert isinstance(both, batch_requests.InvalidRequest) and '"prompt" or "messages"' in both.message
     plain = batch_requests.parse_line(json.dumps({"prompt": "Hello", "custom_id": "mine"}).encode(), 4)
     assert isinstance(plain, batch_requests.BatchRequest) and plain.body is None
+
+
+@pytest.mark.parametrize("line", [{"prompt": "Hello", "custom_id": 5}, {"prompt": "Hello", "custom_id": ""},
+                                  {"custom_id": None, "method": "POST", "url": "/v1/chat/completions",
+                                   "body": {"messages": [{"role": "user", "content": "Hello"}]}}])
+def test_a_custom_id_that_is_not_a_string_is_an_error_record_not_a_line_number(line):
+    # the old code answered it under line-4, where nobody would look for the answer to id 5
+    entry = batch_requests.parse_line(json.dumps(line).encode(), 4)
+    assert isinstance(entry, batch_requests.InvalidRequest) and entry.custom_id == "line-4"
+    assert '"custom_id" must be a non-empty string' in entry.message

@@ -99,6 +99,10 @@ def parse_line(raw: bytes, line_no: int) -> BatchRequest | InvalidRequest:
     if not isinstance(custom_id, str) or not custom_id:
         custom_id = fallback_id
     try:
+        if isinstance(value, dict) and "custom_id" in value and custom_id == fallback_id:
+            # a 5 or "" given as the id was answered under line-N, where the user would never look for it
+            raise _LineError("invalid_field", f'"custom_id" must be a non-empty string, not '
+                             f'{json.dumps(value["custom_id"])[:40]}; write it in quotes, e.g. "5"')
         request = _parse_value(value, custom_id, line_no)
     except _LineError as err:
         return InvalidRequest(custom_id, line_no, err.code, f"line {line_no}: {err.message}", fingerprint)
