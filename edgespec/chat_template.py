@@ -94,6 +94,8 @@ class ChatTemplate:
         })
         if problem := surrogate_problem(text) or surrogate_problem(skeleton):  # no tokenizer takes it
             raise _failure(f"its output {problem}")
+        if not text.strip() and any(content.strip() for content in contents):  # else "the prompt is empty"
+            raise _failure("it wrote nothing of the messages")
         pieces = _SENTINEL.split(skeleton)  # template text, content index, template text, ...
         spans = _locate_contents(text, pieces, contents)
         if spans is not None:

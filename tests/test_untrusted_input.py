@@ -126,6 +126,7 @@ BROKEN_TEMPLATES = {
     "writes no text": "{{ '\\ud800' }}{% for m in messages %}{{ m['content'] }}{% endfor %}",  # a lone surrogate
     # the sentinel that finds a content, cut: the model would get its fragment and lose the message
     "slices contents": "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'][1:] }}{% endfor %}",
+    "renders nothing": "{% if false %}{{ messages }}{% endif %}",  # was refused as "the prompt is empty"
 }
 
 
