@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from edgespec.commands import main
 from edgespec.heads.store import default_heads_path
 
@@ -53,3 +55,14 @@ def test_training_again_keeps_the_heads_it_replaces_and_refuses_to_write_over_ot
     assert main([*train, "--output", str(notes)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a heads file" in err and notes.read_text() == "my notes\n"
+
+
+def test_a_path_that_is_neither_a_file_nor_a_folder_is_named_as_such(tiny_models, tmp_path, monkeypatch, capsys):
+    # a FIFO or /dev/zero gave "no training text ... (give more --minutes)", which no minutes could mend
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert main(["heads", "train", str(fifo), "--model", str(tiny_models["target"]), "--minutes", "1",
+                 "--threads", "1", "--no-builtin"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a file or a folder" in err

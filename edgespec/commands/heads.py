@@ -178,6 +178,8 @@ def _text_files(paths: list[Path]):
     for root in paths:
         if not root.exists():
             raise EdgespecError(f"{root} does not exist (name text files or folders to train on)")
+        if not (root.is_file() or root.is_dir()):  # a device or a FIFO: no text to learn, or no end to it
+            raise EdgespecError(f"{root} is not a file or a folder (name text files or folders to train on)")
         files = [root] if root.is_file() else sorted(
             p for p in root.rglob("*") if p.is_file() and not (set(p.relative_to(root).parts[:-1]) & _SKIPPED_FOLDERS)
             and not any(part.startswith(".") for part in p.relative_to(root).parts))
