@@ -215,6 +215,9 @@ def _read_user_catalog() -> dict:
         data = parse_json(read_regular(path, MAX_USER_CATALOG_BYTES))  # not a FIFO, /dev/zero or a huge file
     except FileNotFoundError:
         return {}
+    except NotADirectoryError:
+        raise CatalogError(f"the models folder {path.parent} is a file, or a file stands in its path "
+                           "(EDGESPEC_MODELS_DIR?); point it at a folder") from None
     except (OSError, ValueError) as error:
         raise CatalogError(f"cannot read {path}: {error}; fix or delete that file") from None
     if not isinstance(data, dict) or not all(isinstance(data.get(key, []), list) for key in ("models", "pairs")):

@@ -491,3 +491,12 @@ def test_an_imported_model_whose_file_is_gone_says_to_import_it_again_not_to_go_
         assert run_cli(*argv) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "was imported from" in err and "models import FILE --name mine" in err, err
+
+
+def test_a_models_folder_that_is_a_file_is_named_so(store, tmp_path, monkeypatch, capsys):
+    # it said "cannot read .../models.json: [Errno 20] ...; fix or delete that file", a file that does not exist
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "a-file"))
+    assert run_cli("list") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the models folder" in err and "EDGESPEC_MODELS_DIR" in err
