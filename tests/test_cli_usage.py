@@ -433,3 +433,14 @@ def test_a_flag_typed_as_the_last_word_of_another_is_suggested_beside_the_flags_
     # `--k` begins --kv-type, but the user as likely meant --top-k
     code, err = exit_code_and_error(["run", "hello", "--k", "4"], capsys)
     assert code == 2 and "unrecognized arguments: --k 4; did you mean --kv-type or --top-k?" in err, err
+
+
+@pytest.mark.parametrize("argv, told", [
+    # argparse read the prompt as -h with "i there", and named nothing of the way around
+    (["run", "-hi there"], 'goes after --, e.g. edgespec run -- "-hi there"'),
+    # a flag after -- is text: "did you mean --max-tokens?" named the flag that was written
+    (["run", "--", "-hi", "--max-tokens", "2"], "--max-tokens after -- is text, not a flag"),
+])
+def test_a_prompt_that_starts_with_a_dash_is_told_about_double_dash(argv, told, capsys):
+    code, err = exit_code_and_error(argv, capsys)
+    assert code == 2 and told in err and len(err.strip().splitlines()) == 1, err

@@ -43,6 +43,8 @@ class _Parser(argparse.ArgumentParser):
         return action
 
     def error(self, message: str):
+        if "ignored explicit argument" in message:  # `run "-hi there"`: the prompt read as -h with "i there"
+            message += "; text that starts with - goes after --, e.g. edgespec run -- \"-hi there\""
         # argparse quotes the arguments it refuses: escape sequences in them are drawn, not obeyed
         self.exit(2, f"{self.prog}: {terminal_text(message)} (see {self.prog} --help)\n")
 
@@ -69,6 +71,8 @@ class _Parser(argparse.ArgumentParser):
         close = sorted(flag for flag in flags if word and (flag.startswith(first_flag) or flag.endswith("-" + word)))
         close = close or difflib.get_close_matches(first_flag, flags, n=1)
         meant = f"; did you mean {' or '.join(close)}?" if close else ""
+        if first_flag in flags:  # a flag of this command, left over: it came after --, which makes it text
+            meant = f"; {first_flag} after -- is text, not a flag: put the flags before --"
         self.error(f"unrecognized arguments: {' '.join(unknown)}{meant}")
 
     def parse_known_args(self, args=None, namespace=None):
