@@ -302,8 +302,9 @@ def parallel_for(engine, asked: int | None, pending: int) -> int:
     if parallel > 1:
         print_notice(f"decoding {parallel} requests together (the most tokens per second on this machine's "
                      "cost curve; --parallel N to choose)")
-    if parallel > 1 and engine.mode in ("draft-model", "combined"):
-        print_notice("each request drafts with n-grams: the draft model drafts for one sequence at a time")
+    # requests decoded together keep their n-grams and heads; only a draft model's cache holds one sequence
+    if parallel > 1 and engine.mode in ("draft-model", "combined") and engine.draft_path is not None:
+        print_notice("each request drafts without the draft model, which drafts for one sequence at a time")
     return parallel
 
 
