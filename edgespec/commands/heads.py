@@ -149,7 +149,8 @@ def show_command(args: argparse.Namespace) -> int:
 def _summary(record) -> str:
     heads = ", ".join(f"head {i + 1} {a:.1%} (top-3 {b:.1%})"
                       for i, (a, b) in enumerate(zip(record.heldout_top1, record.heldout_top3)))
-    return (f"{record.form} heads trained on {record.training_tokens:,} tokens in {record.training_seconds / 60:.1f} min; "
+    took = f"{record.training_seconds / 60:.1f} min" if record.training_seconds >= 60 else f"{record.training_seconds:.0f} s"
+    return (f"{record.form} heads trained on {record.training_tokens:,} tokens in {took}; "
             f"held-out accuracy on {record.heldout_tokens} tokens: {heads}")
 
 

@@ -231,7 +231,8 @@ def _warn_changed_requests(entries, finished: dict[str, dict], out_path: Path) -
               f" (first: {changed[0].custom_id!r}, line {changed[0].line}); {superseding}", file=sys.stderr)
     if resampled:
         first = resampled[0]
-        print(f"edgespec batch: {_requests(len(resampled))} in {out_path} were answered with other sampling settings"
+        were = "was" if len(resampled) == 1 else "were"
+        print(f"edgespec batch: {_requests(len(resampled))} in {out_path} {were} answered with other sampling settings"
               f" than this run's (first: {first.custom_id!r}, {changed_sampling(first, finished[first.custom_id])});"
               f" {superseding}", file=sys.stderr)
     unmarked = sum(1 for e in known if FINGERPRINT_FIELD not in finished[e.custom_id])
