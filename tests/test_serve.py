@@ -597,3 +597,33 @@ def test_concurrent_clients_decode_together_with_the_same_replies(start_server, 
         thread.join(timeout=WAIT_SECONDS)
     assert [replies[i][0] for i in range(5)] == alone
     assert together.health()["busy"] is False
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    sock.settimeout(WAIT_SECONDS)  # a guard for a hang, far past the deadlines under test
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def test_a_connection_whose_request_head_never_comes_is_closed(start_server):
+    # uvicorn waited for a head for ever: 1,100 idle connections used up the file descriptors, and the
+    # server answered nobody
+    server = start_server("--request-timeout", "1")
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as idle, socket.create_connection((host, int(port))) as slow:
+        slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + f"{host}:{port}".encode() + b"\r\n")
+        assert _read_until_closed(idle) == b"" and _read_until_closed(slow) == b""
+    assert server.health()["status"] == "ok"
+
+
+def test_a_body_that_never_comes_whole_gets_408(start_server):
+    server = start_server("--request-timeout", "1")
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                     f"Authorization: Bearer {API_KEY}\r\nContent-Length: 1000\r\n\r\n".encode() + b'{"messages": [')
+        answer = _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive whole" in answer, answer[:300]
+    assert server.health()["status"] == "ok"

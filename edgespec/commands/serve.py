@@ -84,7 +84,7 @@ def serve(args: argparse.Namespace) -> int:
             host, port = sock.getsockname()[:2]
             print(f"edgespec: serving {config.model_name} ({engine.mode}) on http://{url_host(host)}:{port}/v1",
                   file=sys.stderr, flush=True)
-            run_app(app, sock)
+            run_app(app, sock, config.request_timeout)
         finally:
             engine.close()
     return 0

@@ -29,6 +29,7 @@ from starlette.routing import Route
 from ..engine import Done, Engine, Step
 from ..monitor import AcceptanceMonitor
 from ..sampling import SamplingParams
+from .deadlines import BODY_SECONDS, http_protocol
 from .error_answers import AnswerErrorsInJson, api_error, http_error
 from .guard import RequestGuard
 from .metrics import ServerMetrics
@@ -235,13 +236,19 @@ class _Server:
         if declared.isdigit() and (len(declared) > 15 or int(declared) > limit):
             raise too_large
         body = bytearray()
+        seconds = min(BODY_SECONDS, self.config.request_timeout)
         try:
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:
-                    raise too_large
+            async with asyncio.timeout(seconds):  # a body declared and never sent held its connection for good
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > limit:
+                        raise too_large
         except ClientDisconnect:
             raise _ClientGone() from None
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive whole within {seconds:g} s; send all of it "
+                                "(as many bytes as Content-Length says)", type="timeout",
+                           code="request_timeout") from None
         return _json_value(bytes(body))
 
 
@@ -358,7 +365,9 @@ class _HttpServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def run_app(app: Starlette, sock: socket.socket) -> None:
-    """Serve on a bound, listening socket until SIGINT or SIGTERM."""
-    config = uvicorn.Config(app, log_config=None, log_level="warning", timeout_graceful_shutdown=5)
+def run_app(app: Starlette, sock: socket.socket, request_timeout: float) -> None:
+    """Serve on a bound, listening socket until SIGINT or SIGTERM; a request's head must come within
+    request_timeout (at most deadlines.HEAD_SECONDS)."""
+    config = uvicorn.Config(app, log_config=None, log_level="warning", timeout_graceful_shutdown=5,
+                            http=http_protocol(request_timeout))
     _HttpServer(config).run(sockets=[sock])
