@@ -71,6 +71,19 @@ class PromptBuilder:
         return self.model.tokenize(text, add_special=False) if text else None
 
 
+def check_chat_fits(messages: Sequence[dict], n_ctx: int) -> None:
+    """ContextOverflowError for a conversation no context of n_ctx tokens could hold, found before the template
+    renders it and the tokenizer reads it (seconds, for 70,000 messages): more text than MAX_PROMPT_BYTES_PER_TOKEN
+    a token, or more messages than tokens.  For a request's conversation, not a chat that drops its oldest turns
+    to fit."""
+    chars = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
+    if len(messages) > n_ctx or chars > n_ctx * MAX_PROMPT_BYTES_PER_TOKEN:
+        raise ContextOverflowError(
+            f"the conversation is too long: its {len(messages):,} messages and {chars:,} characters are more tokens "
+            f"than fit, and this model's maximum context length is {n_ctx} tokens (raise ", Setting("n_ctx"),
+            " or shorten the messages)")
+
+
 def check_prompt_ids(prompt_ids: Sequence[int], n_vocab: int, n_ctx: int) -> None:
     """Refuse a prompt of token ids that cannot run: an empty one, one with ids outside the vocabulary, or one that
     leaves no room in a context of n_ctx tokens."""

@@ -17,6 +17,7 @@ from typing import Iterator
 
 from .engine import Done, Engine, GenerationResult, Step, result_of
 from .errors import ContextOverflowError, EdgespecError, Setting, Wording
+from .prompts import check_chat_fits
 from .sampling import SamplingParams, sampling_params
 from .text import check_text
 
@@ -148,6 +149,8 @@ class ChatSession:
 
     def _prompt_for_reply(self, params: SamplingParams) -> tuple[list[int], Notice | None]:
         reserve = min(params.max_tokens, self.engine.n_ctx // 4)
+        if self.context_policy == "error":  # a request's conversation (batch): refused before it is rendered
+            check_chat_fits(self.visible_messages(), self.engine.n_ctx)
         dropped = 0
         while True:
             prompt_ids = self.engine.chat_tokens(self.visible_messages())

@@ -627,3 +627,12 @@ def test_a_body_that_never_comes_whole_gets_408(start_server):
         answer = _read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive whole" in answer, answer[:300]
     assert server.health()["status"] == "ok"
+
+
+def test_a_conversation_no_context_could_hold_is_refused_before_it_is_rendered(start_server):
+    # 70,000 empty messages (2 MB) were rendered and tokenized on the engine's thread for 5 s, and each
+    # request queued behind them waited
+    server = start_server("--n-ctx", "256")
+    with pytest.raises(openai.BadRequestError) as refused:
+        server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": ""}] * 5000)
+    assert refused.value.code == "context_length_exceeded" and "5,000 messages" in refused.value.message

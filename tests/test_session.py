@@ -10,6 +10,7 @@ import pytest
 from edgespec import ChatSession, Done, Notice, SamplingParams, Step
 from edgespec.loading import load_engine
 from edgespec.errors import ContextOverflowError, EdgespecError, flag_worded
+from edgespec.prompts import MAX_PROMPT_BYTES_PER_TOKEN
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 TURNS = ["the cat sat on the mat", "and then the dog came in", "tell me about the cat again"]
@@ -142,6 +143,9 @@ def test_context_overflow_drops_oldest_turns_or_raises(tiny_models):
         strict.send("word " * 400, params)
     # OpenAI's words, which litellm and LangChain tell an overflow by; a batch has no chat to start anew
     assert "maximum context length is" in str(overflow.value) and "new chat" not in str(overflow.value)
+    with pytest.raises(ContextOverflowError, match="characters are more tokens than fit"):
+        strict.send("x" * (256 * MAX_PROMPT_BYTES_PER_TOKEN + 1), params)  # refused before it is rendered
+    assert strict.messages[-1]["role"] == "assistant"
     engine.close()
 
 

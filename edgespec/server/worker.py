@@ -26,6 +26,7 @@ from ..engine import Engine
 from ..errors import ContextOverflowError, EdgespecError
 from ..generation import Done, Failed, GenerationResult
 from ..ngram_pool import NgramPool
+from ..prompts import check_chat_fits
 from ..scheduler import Job as ScheduledJob
 from .protocol import ApiError, CompletionRequest, worded_for_requests
 
@@ -207,5 +208,6 @@ class EngineWorker:
 
     def _prompt_ids(self, request: CompletionRequest) -> list[int]:
         if request.chat:
+            check_chat_fits(request.messages, self.engine.n_ctx)  # before seconds of the engine's thread go on it
             return self.engine.chat_tokens(list(request.messages))
         return self.engine.prompt_tokens(request.prompt, raw=True)
