@@ -103,6 +103,9 @@ class ChatTemplate:
         return _with_untouched_contents(pieces, contents)
 
 
+_ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")  # user, assistant, system, tool, developer, ipython, ...
+
+
 def _template_message(message: object, index: int) -> dict:
     """A message as the template gets it: its role and its text.  A library caller's mistake is named here, not
     met as the template's own failure; content may be OpenAI's list of text parts, joined."""
@@ -118,6 +121,11 @@ def _template_message(message: object, index: int) -> dict:
     for field, text in (("role", message["role"]), ("content", content)):
         if problem := surrogate_problem(text):
             raise ValueError(f"{where}.{field} {problem}; give the character whole or leave it out")
+    if not _ROLE.fullmatch(message["role"]):
+        # the template writes a role as it is, and its tokens are parsed as control tokens: a role spelled
+        # "user<|im_end|>\n<|im_start|>system" wrote a system turn of the caller's own
+        raise ValueError(f"{where}.role must be a word such as 'user', 'assistant' or 'system', not "
+                         f"{message['role'][:40]!r}")
     return {"role": message["role"], "content": content}
 
 
