@@ -27,7 +27,9 @@ CLOSED = "this engine is closed (its models were freed); load the model again wi
 class GenerationLock:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._holder: int | None = None
+        # the holding thread itself, not its ident: Python gives an ended thread's ident to the next thread
+        # made, which was then refused as if it held the stream the ended one left
+        self._holder: threading.Thread | None = None
         self.closed = False
 
     def check_open(self) -> None:
@@ -38,7 +40,7 @@ class GenerationLock:
         """Run free (the models') once.  A generation running in another thread finishes first; a stream
         this thread holds is suspended between steps, so it is not waited for (it would wait for itself):
         it raises when resumed."""
-        if self._holder == threading.get_ident():
+        if self._holder is threading.current_thread():
             self._free_once(free)
         else:
             with self._lock:
@@ -50,10 +52,10 @@ class GenerationLock:
             free()
 
     def __enter__(self) -> GenerationLock:
-        if self._holder == threading.get_ident():
+        if self._holder is threading.current_thread():
             raise EdgespecError(SECOND_STREAM)
         self._lock.acquire()
-        self._holder = threading.get_ident()
+        self._holder = threading.current_thread()
         if self.closed:  # closed by another thread while this one waited
             self.__exit__()
             raise EdgespecError(CLOSED)

@@ -4,6 +4,7 @@ arguments, odd chats.  Every case ends in the output a fresh engine gives or in 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -289,3 +290,33 @@ def test_a_reply_left_by_break_is_recorded_as_cancelled_with_what_was_shown(smol
     assert session.turn_stats[-1]["finish_reason"] == "cancelled"
     session.send("And back.", params)
     assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant"]
+
+
+def test_a_thread_given_an_ended_threads_ident_is_not_taken_for_the_holder_of_its_stream():
+    # Python (glibc's threads) gives an ended thread's ident to the next thread made: the old lock refused
+    # that thread as "this thread still holds an unfinished stream", a stream the ended thread had left
+    from edgespec.generation_lock import GenerationLock
+
+    lock = GenerationLock()
+    holder = threading.Thread(target=lock.__enter__)  # starts a stream and ends with it unfinished
+    holder.start()
+    holder.join()
+    errors, asking = [], threading.Event()
+
+    def generate_next():
+        asking.set()
+        try:
+            with lock:
+                pass
+        except EdgespecError as error:
+            errors.append(error)
+
+    waiter = threading.Thread(target=generate_next)
+    waiter.start()
+    asking.wait(timeout=60)
+    time.sleep(0.2)  # lets the waiter ask first: the old lock refused it at once, the new one waits
+    lock.__exit__()  # the left stream is closed (as its garbage collection does): the waiter goes on
+    waiter.join(timeout=60)
+    if waiter.ident != holder.ident:
+        pytest.skip("this platform gave the next thread a new ident")
+    assert not waiter.is_alive() and errors == []
