@@ -63,11 +63,11 @@ def user_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def make_app(models, cost_curve=COST_CURVE, **settings) -> ChatApp:
+def make_app(models, cost_curve=COST_CURVE, store: ChatStore | None = None, **settings) -> ChatApp:
     values = dict(model=str(models["target"]), draft=str(models["draft"]), temperature=0.0, max_tokens=40,
                   draft_tokens=4)
     values.update(settings)
-    return ChatApp(ChatConfig(**values), ChatStore(), n_threads=1, cost_curve=cost_curve)
+    return ChatApp(ChatConfig(**values), store or ChatStore(), n_threads=1, cost_curve=cost_curve)
 
 
 async def wait_for(pilot, condition, timeout: float = 60.0) -> None:

@@ -4,6 +4,7 @@ copying one code block, and the draft tint of a reopened chat (tests/test_tui.py
 from __future__ import annotations
 
 import random
+import sqlite3
 
 from rich.style import Style
 from rich.text import Text
@@ -323,6 +324,28 @@ async def test_the_code_tint_of_a_streamed_reply_is_the_same_after_a_restart(mod
         await pilot.pause()
         [reply] = replies(app)
         assert [(view.block.kind, tinted(view, app.config.draft_tint)) for view in reply.query(BlockView)] == live
+
+
+@pilot_test
+async def test_a_history_that_cannot_be_written_is_said_once_and_the_chat_is_saved_whole_later(models):
+    """Another program holding the history (as a full disk or a read-only folder would) ended the app with a
+    traceback, and lost the message being sent and the reply."""
+    app = make_app(models, store=ChatStore(lock_wait_seconds=0.0))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        holder = sqlite3.connect(app.store.path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        use_script(app.chat.engine, ScriptedReply("First."))
+        await send(pilot, "Hello")
+        said = [str(note.render()) for note in app.query(Note) if "locked" in str(note.render())]
+        assert len(said) == 1 and app.chat.session.messages[-1]["content"] == "First."
+        holder.execute("ROLLBACK")
+        holder.close()
+        use_script(app.chat.engine, ScriptedReply("Second."))
+        await send(pilot, "Again")
+        stored = app.store.load_chat(app.chat.chat_id)
+        assert [m["content"] for m in stored.session["messages"]] == ["Hello", "First.", "Again", "Second."]
+        assert any("can be written again" in str(note.render()) for note in app.query(Note))
 
 
 @pilot_test

@@ -38,7 +38,7 @@ from tui.chat import ChatController, ReplyStream
 from tui.config import KEY_ACTIONS, ChatConfig
 from tui.conversation import ConversationView, Edit, Generation
 from tui.engine_host import EngineHost
-from tui.history import ChatStore, HistoryError
+from tui.history import ChatStore
 from tui.render import BlockRenderer
 from tui.settings import ChatSettings
 from tui.widgets import ChatFooter, LoadingPanel, ModelFigures, PromptInput, StatsBar
@@ -214,9 +214,7 @@ class ChatApp(ChatActions, App):
         if self.unsent_kept:  # once: a second row would bring the message back twice
             return
         self.unsent_kept = True
-        # a history that cannot be written has no place for it, and the app is past showing why
-        with contextlib.suppress(HistoryError):
-            self.store.keep_unsent(self.prompt_input.text)
+        self.store.keep_unsent(self.prompt_input.text)  # a history that cannot be written says so
 
     def close_engine(self) -> None:
         """Stop a running reply, keeping what it wrote, and free the models (call after the app has exited)."""

@@ -124,12 +124,41 @@ def _recovering(query):
     return run
 
 
+def _kept_in_memory_if_unwritable(fallback: Callable[..., object]):
+    """A write of what the app keeps (a chat, a sent or unsent message), run so that a history that cannot be
+    written now (another program holding it past the wait, a full disk, a read-only folder) is said through
+    the notices, once until a write succeeds again, and the call returns fallback(*its arguments): the app goes
+    on with what it holds, and the next save writes the chat whole.  It ended the app with a traceback, and
+    lost the message being sent."""
+
+    def wrap(write):
+        @functools.wraps(write)
+        def run(self, *args, **kwargs):
+            try:
+                done = write(self, *args, **kwargs)
+            except HistoryError as error:
+                if not self.unwritable:
+                    self.unwritable = True
+                    self._say(f"{error}; what is on screen stays, and is written at the next save that can be "
+                              "(free some space, or end the program holding the file)")
+                return fallback(*args, **kwargs)
+            if self.unwritable:
+                self.unwritable = False
+                self._say(f"chat history {self.path} can be written again")
+            return done
+
+        return run
+
+    return wrap
+
+
 class ChatStore:
     def __init__(self, path: Path | None = None, lock_wait_seconds: float = 5.0):
         self.path = path or data_dir() / HISTORY_FILE
         self.lock_wait_seconds = lock_wait_seconds  # how long a write waits for another app holding the file
         self.notices: list[str] = []  # what the app should tell the user: each said once
         self.on_notice: Callable[[str], None] | None = None
+        self.unwritable = False  # the last write failed (and was said): the next that works says so
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = self._connect()
@@ -215,6 +244,7 @@ class ChatStore:
     def close(self) -> None:
         self._db.close()
 
+    @_kept_in_memory_if_unwritable(lambda chat_id, *rest: chat_id)
     @_recovering
     def save_chat(self, chat_id: int | None, title: str, target: str,
                   settings: dict, session: dict, extras: dict) -> int:
@@ -274,11 +304,13 @@ class ChatStore:
         with self._transaction():
             self._db.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
 
+    @_kept_in_memory_if_unwritable(lambda *args: None)
     @_recovering
     def add_prompt(self, text: str) -> None:
         with self._transaction():
             self._db.execute("INSERT INTO prompts (text, created_at) VALUES (?, ?)", (text, time.time()))
 
+    @_kept_in_memory_if_unwritable(lambda *args: None)
     @_recovering
     def keep_unsent(self, text: str) -> None:
         """Keep a message that was being written when the app ended (nothing for blank text)."""
@@ -286,6 +318,7 @@ class ChatStore:
             with self._transaction():
                 self._db.execute("INSERT INTO unsent (text, saved_at) VALUES (?, ?)", (text, time.time()))
 
+    @_kept_in_memory_if_unwritable(lambda *args: None)
     @_recovering
     def take_unsent(self) -> str | None:
         """The newest message kept by keep_unsent, removed from the store; None when there is none."""

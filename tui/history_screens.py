@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -69,6 +69,16 @@ class HistoryScreen(ModalScreen[int | None]):
         option_list = lists.first()
         return self.chats[int(option_list.get_option_at_index(option_list.highlighted).id)]
 
+    def _done(self, change: Callable[[], None]) -> bool:
+        """Make a change to the history; one it refuses (locked by another program, a read-only folder) is
+        said, and the list stays as the file is."""
+        try:
+            change()
+        except EdgespecError as error:
+            self.app.notify(f"Not changed: {error}", severity="error", markup=False)
+            return False
+        return True
+
     def action_delete_chat(self) -> None:
         chat = self._highlighted()
         if chat is None:
@@ -76,7 +86,8 @@ class HistoryScreen(ModalScreen[int | None]):
 
         def delete(confirmed: bool | None) -> None:
             if confirmed:
-                self.actions.delete(chat.id)
+                if not self._done(lambda: self.actions.delete(chat.id)):
+                    return
                 del self.chats[chat.id]
                 self.query_one(OptionList).remove_option(str(chat.id))
 
@@ -91,7 +102,8 @@ class HistoryScreen(ModalScreen[int | None]):
 
         def rename(title: str | None) -> None:
             if title is not None:
-                self.actions.rename(chat.id, title)
+                if not self._done(lambda: self.actions.rename(chat.id, title)):
+                    return
                 renamed = ChatSummary(chat.id, title, chat.updated_at, chat.target, chat.n_messages)
                 self.chats[chat.id] = renamed
                 self.query_one(OptionList).replace_option_prompt(str(chat.id), self._option(renamed).prompt)

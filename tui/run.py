@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -43,6 +44,8 @@ def run_chat(args=None, **overrides) -> int:
         app.run()
     finally:
         ended.set()
+        # what the history says from here on (a last save that cannot be written) has no chat to show it in
+        store.on_notice = lambda text: print(f"edgespec: {text}", file=sys.stderr)
         app.close_engine()
         store.close()
     return 128 + app.stop_signal if app.stop_signal else app.return_code or 0
