@@ -270,3 +270,29 @@ def test_run_draws_a_replys_escapes_on_a_terminal_and_pipes_them_as_they_are(tty
         assert shown == "ok \u241b]2;pwned\u2407 rm -rf ~\u240dls \ufffd31m\r\n", repr(shown)
     else:
         assert shown == reply + "\n"
+
+
+@pytest.mark.parametrize("stderr", ["file", "closed"])
+def test_chat_with_its_stderr_redirected_says_so_on_the_terminal(stderr, tmp_path):
+    # Textual draws on stderr: `edgespec chat 2>log` drew the screen into the file and read keys blind, and
+    # `2>&-` hung for good (only kill -9 ended it). The guard below is for a hang, not a timing.
+    import pty
+
+    from pty_output import read_until_closed
+
+    reader, terminal = pty.openpty()
+    log = open(tmp_path / "log", "w")
+
+    def redirect_stderr():
+        if stderr == "closed":
+            os.close(2)
+        else:
+            os.dup2(log.fileno(), 2)
+
+    done = subprocess.run([*EDGESPEC, "chat"], stdin=terminal, stdout=terminal, preexec_fn=redirect_stderr,
+                          timeout=120, env={**os.environ, "EDGESPEC_DATA_DIR": str(tmp_path / "data")})
+    os.close(terminal)
+    shown = read_until_closed(reader).decode("utf-8", "replace")
+    os.close(reader)
+    log.close()
+    assert done.returncode == 2 and "draws its screen on stderr" in shown and "\x1b[" not in shown, shown[-300:]

@@ -28,5 +28,11 @@ def chat(args: argparse.Namespace) -> int:
     if not all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stdout)):
         raise UsageError("edgespec chat needs a terminal for its input and output, not a pipe or a file; "
                          "to answer a prompt from a pipe, use `edgespec run -`")
+    if not (sys.__stderr__ is not None and sys.__stderr__.isatty()):
+        # Textual draws on stderr: redirected, the screen went into the file and the keys were read blind;
+        # closed, the app hung for good.  Said on the terminal, where this command has no results to keep apart.
+        print("edgespec: edgespec chat draws its screen on stderr, which is redirected or closed; run it without "
+              "2> (its notices are in the chat)", file=sys.stdout)
+        return 2
 
     return run_chat(args)
