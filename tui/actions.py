@@ -274,11 +274,15 @@ class ChatActions:
 
     def get_system_commands(self, screen) -> Iterator[SystemCommand]:
         yield from super().get_system_commands(screen)
+        # only what can run now: the palette skips check_action, and "Edit prompt" while the models loaded
+        # ended the app with a traceback; a drafting mode only where its drafter is loaded
         for action, (_, description) in KEY_ACTIONS.items():
-            yield SystemCommand(description, COMMAND_HELP[action], getattr(self, f"action_{action}"))
-        for mode in MODES:
+            if self.check_action(action, ()):
+                yield SystemCommand(description, COMMAND_HELP[action], getattr(self, f"action_{action}"))
+        modes = self.chat.available_modes() if self.chat.engine is not None else ()
+        for mode in (mode for mode in MODES if mode in modes):
             yield SystemCommand(f"Drafting: {stats_text.MODE_LABELS[mode]}", f"Use {mode} drafting from the next reply",
-                                lambda mode=mode: self.chat.engine and self.set_mode(mode))
+                                lambda mode=mode: self.set_mode(mode))
         yield SystemCommand("Load model…", "Load another target model and drafter", self.action_load_model)
 
     def action_help_quit(self) -> None:
