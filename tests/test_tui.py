@@ -156,6 +156,21 @@ async def test_prompt_streams_a_reply_with_draft_marks_stats_and_footer(models):
 
 
 @pilot_test
+async def test_a_message_is_not_sent_to_the_old_models_while_new_ones_load(models):
+    # a reply of the old models, still running when the new ones came, froze the screen while they were
+    # swapped, and was lost
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.prompt_input.load_text("Hello")
+        app.load_models(str(models["target"]), "ngram")
+        app.on_prompt_input_submitted(PromptInput.Submitted("Hello"))  # before the load can end
+        assert app.generation is None and app.prompt_input.text == "Hello"
+        await wait_for(pilot, lambda: app.loading is None)
+        assert app.chat.session.messages == []
+
+
+@pilot_test
 async def test_the_palette_offers_only_what_can_run_while_the_models_load(models):
     # "Edit prompt" from the palette while the models loaded ended the app with a traceback: the palette
     # skipped the check the keys go through

@@ -24,7 +24,7 @@ from tui.history_screens import HistoryScreen
 from tui.screens import LoadModelScreen, ModelInfoScreen, SettingsScreen, model_info
 from tui.settings import ChatSettings
 from tui.reply import BlockView
-from tui.widgets import KeysPanel, PromptInput, UserMessage
+from tui.widgets import KeysPanel, LoadingPanel, PromptInput, UserMessage
 
 
 class ChatActions:
@@ -37,6 +37,7 @@ class ChatActions:
     generation: Generation | None  # the reply being generated, if one is
     editing: int | None  # the index of the user message the prompt input edits, if one is
     model_spec: tuple[str, str]  # the target and draft asked for last
+    loading: LoadingPanel | None  # shown while models load
 
     # ... and its methods
     def start_reply(self, events: Callable[[], Iterator], prompt: str | None = None) -> None:
@@ -269,6 +270,11 @@ class ChatActions:
             return True
         if self.generation is not None:
             self.notify("A reply is still streaming; Esc stops it.", severity="warning")
+            return True
+        if self.loading is not None:
+            # a reply of the old models, still running when the new ones came, froze the screen while they
+            # were swapped, and was lost
+            self.notify("Models are loading; send when they are ready.", severity="warning")
             return True
         return False
 
