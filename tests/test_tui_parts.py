@@ -9,7 +9,7 @@ from textual import events
 from textual._xterm_parser import XTermParser
 
 from edgespec import Notice
-from edgespec.errors import Setting, Wording
+from edgespec.errors import EdgespecError, Setting, Wording
 from tui.chat import ChatController, ReplyStream
 from tui.config import ChatConfig, ConfigError, load_config, save_defaults
 from edgespec.control_chars import plain_text
@@ -214,6 +214,15 @@ def test_saved_defaults_read_back(tmp_path):
     config = ChatConfig(model="x", system_prompt='say "hi"\nthen stop', temperature=0.2,
                         keymap={"regenerate": "f5"})
     assert load_config(save_defaults(config, tmp_path / "config.toml")) == config
+
+
+def test_defaults_the_next_start_would_refuse_are_not_saved(tmp_path):
+    # a 1 MB system prompt was saved, and the next start refused config.toml, with every setting in it
+    path = tmp_path / "config.toml"
+    save_defaults(ChatConfig(temperature=0.2), path)
+    with pytest.raises(EdgespecError, match="shorten the system prompt"):
+        save_defaults(ChatConfig(system_prompt="line\n" * 200_000), path)
+    assert load_config(path).temperature == 0.2  # the file as it was
 
 
 def test_reply_footer_names_the_drafters_whose_tokens_were_kept_and_the_tokens_per_drafting_step():

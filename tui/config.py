@@ -267,8 +267,12 @@ def save_defaults(config: ChatConfig, path: Path | None = None) -> Path:
     if config.keymap:
         lines += ["", "[keymap]"]
         lines += [f"{action} = {_toml_value(keys)}" for action, keys in sorted(config.keymap.items())]
+    text = "\n".join(lines) + "\n"
+    if len(text.encode("utf-8")) > MAX_CONFIG_BYTES:  # the next start would refuse the file, all its settings too
+        raise EdgespecError(f"these settings take {len(text.encode('utf-8')):,} bytes as config.toml, more than it "
+                            f"may hold ({MAX_CONFIG_BYTES:,}); shorten the system prompt")
     path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, "\n".join(lines) + "\n")
+    return atomic_write(path, text)
 
 
 def _toml_value(value) -> str:
