@@ -172,3 +172,20 @@ def test_text_that_is_not_utf8_is_read_with_replacement_characters_not_refused(t
     reopened = ChatStore(path)
     assert [c.title for c in reopened.list_chats()] == ["ke\ufffdt"]
     assert reopened.load_chat(chat).session["messages"][0]["content"] == "hi\ufffd"
+
+
+def test_a_chat_saved_by_another_app_since_it_was_opened_keeps_its_turns_and_this_copy_becomes_a_new_chat(tmp_path):
+    # two apps on one chat: the last to save wrote over the other's turns without a word
+    path = tmp_path / "h.sqlite3"
+    first, second = ChatStore(path), ChatStore(path)
+    turns = lambda *texts: {"messages": [{"role": "user", "content": text} for text in texts]}  # noqa: E731
+    chat = first.save_chat(None, "shared", "m", {}, turns("one"), {})
+    second.open_chat(chat)
+    assert second.save_chat(chat, "shared", "m", {}, turns("one", "from the second app"), {}) == chat
+    copy = first.save_chat(chat, "shared", "m", {}, turns("one", "from the first app"), {})
+    assert copy != chat and f"saved as chat {copy}" in first.notices[-1]
+    assert first.load_chat(chat).session == turns("one", "from the second app")
+    assert first.load_chat(copy).session == turns("one", "from the first app")
+    assert first.save_chat(copy, "shared", "m", {}, turns("one", "again"), {}) == copy  # its own from now on
+    first.close()
+    second.close()

@@ -213,7 +213,7 @@ class ChatController:
         """Continue a saved chat with the loaded engine; raises EdgespecError for a damaged one.  Its settings
         become the chat's, and the caller applies them to the engine (apply_settings), which bit-exact under
         flash attention's auto cannot take without loading the models again."""
-        stored = self.store.load_chat(chat_id)
+        stored = self.store.open_chat(chat_id)
         # All read and checked before any is applied: a damaged chat must leave the open one as it was, or its
         # next save would write the open chat's id over with half of the damaged one.
         try:

@@ -86,6 +86,7 @@ class StoredChat:
     settings: dict
     session: dict
     extras: dict
+    updated_at: float = 0.0  # when it was saved last (time.time())
 
 
 def content_key(text: str) -> str:
@@ -159,6 +160,7 @@ class ChatStore:
         self.notices: list[str] = []  # what the app should tell the user: each said once
         self.on_notice: Callable[[str], None] | None = None
         self.unwritable = False  # the last write failed (and was said): the next that works says so
+        self._seen: dict[int, float] = {}  # chat id -> its updated_at as this store last read or wrote it
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = self._connect()
@@ -259,15 +261,25 @@ class ChatStore:
         row = (title, now, target, len(session.get("messages", ())),
                json.dumps(settings), json.dumps(session), json.dumps(extras))
         with self._transaction():
-            if chat_id is not None and self._db.execute(
+            stored = None if chat_id is None else self._db.execute(
+                "SELECT updated_at FROM chats WHERE id = ?", (chat_id,)).fetchone()
+            # another app (a second window on the same chat) saved it since this store read or wrote it: its
+            # turns are kept, and this one's copy becomes a chat of its own
+            elsewhere = stored is not None and chat_id in self._seen and stored[0] != self._seen[chat_id]
+            if stored is not None and not elsewhere:
+                self._db.execute(
                     "UPDATE chats SET title = CASE WHEN renamed THEN title ELSE ? END, updated_at = ?, target = ?,"
-                    " n_messages = ?,"
-                    " settings = ?, session = ?, extras = ? WHERE id = ?", (*row, chat_id)).rowcount:
+                    " n_messages = ?, settings = ?, session = ?, extras = ? WHERE id = ?", (*row, chat_id))
+                self._seen[chat_id] = now
                 return chat_id
-            cursor = self._db.execute(
+            saved = self._db.execute(
                 "INSERT INTO chats (title, updated_at, target, n_messages, settings, session,"
-                " extras, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (*row, now))
-            return cursor.lastrowid
+                " extras, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (*row, now)).lastrowid
+        self._seen[saved] = now
+        if elsewhere:
+            self._say(f"chat {chat_id} was saved by another edgespec since this one opened it; its turns are kept "
+                      f"there, and this chat is saved as chat {saved}")
+        return saved
 
     @_recovering
     def list_chats(self, limit: int = 500) -> list[ChatSummary]:
@@ -279,19 +291,26 @@ class ChatStore:
     @_recovering
     def load_chat(self, chat_id: int) -> StoredChat:
         row = self._db.execute(
-            "SELECT id, title, target, settings, session, extras FROM chats WHERE id = ?",
+            "SELECT id, title, target, settings, session, extras, updated_at FROM chats WHERE id = ?",
             (chat_id,)).fetchone()
         if row is None:
             raise HistoryError(f"chat {chat_id} is not in {self.path}; it may have been deleted")
-        id, title, target, settings, session, extras = row
+        id, title, target, settings, session, extras, updated_at = row
         try:
             parts = [parse_json(part) for part in (settings, session, extras)]
             if not all(isinstance(part, dict) for part in parts):
                 raise ValueError("its settings, messages or marks are not JSON objects")
-            return StoredChat(id, title, target, *parts)
+            return StoredChat(id, title, target, *parts, updated_at=updated_at)
         except (TypeError, ValueError) as error:
             raise HistoryError(f"chat {chat_id} in {self.path} is damaged ({error}); delete it from the history "
                                "list") from None
+
+    def open_chat(self, chat_id: int) -> StoredChat:
+        """load_chat for the app to go on with: a later save of it that finds it saved by another app since
+        keeps that one's turns and is saved as a chat of its own (save_chat)."""
+        stored = self.load_chat(chat_id)
+        self._seen[chat_id] = stored.updated_at
+        return stored
 
     @_recovering
     def rename_chat(self, chat_id: int, title: str) -> None:
