@@ -92,7 +92,9 @@ class ChatSession:
         params = sampling_params(params, {})
         self._check_no_reply_open()
         self.messages.pop()
-        self.turn_stats.pop()
+        # the reply's figures, where it has them: a chat saved with replies of no figures (edited by hand,
+        # or written by another program) failed here with the reply already dropped
+        self.turn_stats = [s for s in self.turn_stats if s["message_index"] < len(self.messages)]
         return self.stream_reply(replace(params, seed=secrets.randbits(32)))
 
     def stream_reply(self, params: SamplingParams) -> Iterator[Step | Done | Notice]:

@@ -100,6 +100,14 @@ def test_a_cancel_before_the_first_step_stops_the_reply_too(engines):
     assert result.finish_reason == "cancelled" and session.messages[-1].get("cancelled") is True
 
 
+def test_a_reply_saved_without_its_figures_regenerates(engines):
+    # a chat written by hand or by another program has no turn_stats: regenerating raised IndexError
+    session = ChatSession.from_dict(engines[0], {"messages": [{"role": "user", "content": TURNS[0]},
+                                                              {"role": "assistant", "content": "hi"}]})
+    session.regenerate(GREEDY)
+    assert [m["role"] for m in session.messages] == ["user", "assistant"] and len(session.turn_stats) == 1
+
+
 def test_regenerate_and_edit_roll_back(engines):
     engine, fresh = engines
     engine.configure(mode="draft-model")
