@@ -499,6 +499,25 @@ def assert_the_stopped_reply_is_saved(app, stream) -> None:
 
 
 @pilot_test
+async def test_copying_mid_reply_copies_nothing_but_says_so(models):
+    # Ctrl+L copied the reply before the one on screen, as if it were that one
+    app = make_app(models, max_tokens=3000)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            use_script(app.chat.engine, ScriptedReply("An earlier reply."))
+            await send(pilot, "Hello")
+            app.copy_to_clipboard("")
+            await an_endless_reply_streaming(pilot)
+            app.action_copy_reply()
+            assert app.clipboard == ""
+            app.chat.session.cancel()
+            await wait_for(pilot, lambda: app.generation is None)
+    finally:
+        app.close_engine()
+
+
+@pilot_test
 async def test_quitting_mid_reply_stops_the_worker_and_frees_the_models(models):
     app = make_app(models, max_tokens=3000)
     async with app.run_test(size=SIZE) as pilot:

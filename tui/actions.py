@@ -169,6 +169,9 @@ class ChatActions:
             self._reopen(last[0].id)
 
     def action_copy_reply(self) -> None:
+        if self.generation is not None:  # it copied the reply before, as if it were the one on screen
+            self.notify("The reply is still being written; copy it once it ends.", severity="warning")
+            return
         text = self.chat.last_reply_text()
         if not text:
             self.notify("No reply to copy yet.")
