@@ -31,12 +31,15 @@ _ESCAPE_SEQUENCE = re.compile(
     """,
     re.VERBOSE | re.MULTILINE,  # `.` stops at a newline: an unterminated string costs one line at most
 )
-# C0 but tab, newline and carriage return (which Rich drops), DEL, and C1: what visible_controls draws
-_SHOWN_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# The bidirectional embeddings, overrides and isolates: a terminal or editor that honours them draws the text
+# after one in another order than it is read (code that shows one thing and runs another, a reversed title).
+_BIDI = "\u202a-\u202e\u2066-\u2069"
+# C0 but tab, newline and carriage return (which Rich drops), DEL, C1 and bidi: what visible_controls draws
+_SHOWN_CONTROL = re.compile(f"[\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f-\\x9f{_BIDI}]")
 # ... and carriage return: what terminal_text draws
-_TERMINAL_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-# C0 but tab and newline (carriage returns are turned into newlines first), DEL, and C1
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_TERMINAL_CONTROL = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_BIDI}]")
+# C0 but tab and newline (carriage returns are turned into newlines first), DEL, C1 and bidi
+_CONTROL = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_BIDI}]")
 
 
 def plain_text(text: str) -> str:
@@ -48,7 +51,7 @@ def plain_text(text: str) -> str:
 
 def visible_controls(text: str) -> str:
     """text with each control character but tab, newline and carriage return drawn as a symbol: C0 as its
-    Unicode control picture (ESC as ␛), DEL as ␡, C1 as �; one character for one."""
+    Unicode control picture (ESC as ␛), DEL as ␡, C1 and the bidi controls as �; one character for one."""
     return _SHOWN_CONTROL.sub(_control_picture, text)
 
 

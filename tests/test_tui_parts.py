@@ -12,7 +12,7 @@ from edgespec import Notice
 from edgespec.errors import EdgespecError, Setting, Wording
 from tui.chat import ChatController, ReplyStream
 from tui.config import ChatConfig, ConfigError, load_config, save_defaults
-from edgespec.control_chars import plain_text
+from edgespec.control_chars import plain_text, terminal_text, visible_controls
 from tui.engine_host import SMALL_MACHINE_CORES, default_chat_threads
 from tui.export import chat_markdown
 from tui.history import ChatStore, StoredChat, content_key
@@ -254,9 +254,17 @@ def test_the_stats_line_drops_its_least_important_figures_to_fit_a_width():
     ("one\r\ntwo\rthree\n\tfour", "one\ntwo\nthree\n\tfour"),  # line breaks kept as \n, tabs kept
     ("cut \x1b]0;no end\nnext line", "cut \nnext line"),  # an unterminated string costs its line only
     ("café 日本 😀 ~[31m", "café 日本 😀 ~[31m"),  # text that only looks like a sequence stays
+    ("if x\u202e } \u2066{\u2069", "if x } {"),  # bidi overrides and isolates, which reorder what is drawn
+    ("עברית \u200f. العربية", "עברית \u200f. العربية"),  # right-to-left text and its marks stay
 ])
 def test_plain_text_drops_escape_sequences_and_control_characters(text, plain):
     assert plain_text(text) == plain
+
+
+def test_bidi_overrides_are_drawn_one_for_one_not_obeyed():
+    # a reply or title holding U+202E was drawn reversed by a terminal that honours it
+    assert visible_controls("ab\u202ecd\u2067e") == "ab\ufffdcd\ufffde"
+    assert terminal_text("x\u202dy") == "x\ufffdy"
 
 
 def parsed(parser, reads: list[str]) -> list[tuple[str, str]]:
