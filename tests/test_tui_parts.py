@@ -14,7 +14,7 @@ from tui.chat import ChatController, ReplyStream
 from tui.config import ChatConfig, ConfigError, load_config, save_defaults
 from edgespec.control_chars import plain_text, terminal_text, visible_controls
 from tui.engine_host import SMALL_MACHINE_CORES, default_chat_threads
-from tui.export import chat_markdown
+from tui.export import chat_markdown, default_export_path
 from tui.history import ChatStore, StoredChat, content_key
 from tui.paste import PasteSafeParser
 from tui.render import DEFAULT_DRAFT_TINT, BlockRenderer, split_blocks
@@ -488,3 +488,12 @@ def test_acceptance_bars_keep_a_fixed_0_to_100_scale(data, rows):
             return bars.render().plain.split("\n")
 
     assert asyncio.run(rendered()) == rows
+
+
+def test_an_export_is_offered_a_name_no_file_has_yet(tmp_path):
+    # a second export of a chat was offered the first's name, which the export refuses to write over
+    first = default_export_path(tmp_path, "Sum: the numbers!")
+    assert first == tmp_path / "sum-the-numbers.md"
+    first.write_text("exported")
+    assert default_export_path(tmp_path, "Sum: the numbers!") == tmp_path / "sum-the-numbers-2.md"
+    assert default_export_path(tmp_path, "/../") == tmp_path / "chat.md"

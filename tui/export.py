@@ -113,7 +113,12 @@ def write_new_file(path: Path, text: str) -> Path:
     return path
 
 
-def default_export_name(title: str) -> str:
-    """A file name from a chat's title: letters, digits and dashes."""
-    slug = re.sub(r"[^\w]+", "-", title.lower(), flags=re.ASCII).strip("-")[:40]
-    return f"{slug or 'chat'}.md"
+def default_export_path(folder: Path, title: str) -> Path:
+    """A path in folder for a chat's export, named from its title (letters, digits and dashes), that no file
+    has yet: a second export of a chat proposed the first's name, which the export refuses to write over."""
+    slug = re.sub(r"[^\w]+", "-", title.lower(), flags=re.ASCII).strip("-")[:40] or "chat"
+    path, n = folder / f"{slug}.md", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{slug}-{n}.md"
+    return path

@@ -16,7 +16,7 @@ from textual.widgets.option_list import Option
 
 from edgespec.control_chars import plain_text, visible_controls
 from edgespec.errors import EdgespecError
-from tui.export import default_export_name
+from tui.export import default_export_path
 from tui.history import ChatSummary
 
 
@@ -175,7 +175,7 @@ class ExportScreen(ModalScreen[Path | None]):
         with Vertical(classes="dialog", id="export") as dialog:
             dialog.border_title = "Export chat to Markdown (Esc cancels)"
             yield Label("File (a new one: an existing file is never overwritten)")
-            yield Input(str(Path.cwd() / default_export_name(self.chat.title)), id="path")
+            yield Input(str(default_export_path(Path.cwd(), self.chat.title)), id="path")
             yield Checkbox("Mark the text the draft guessed", True, id="mark-drafts")
             yield Static("", classes="dialog-error")
             with Horizontal(classes="buttons"):
