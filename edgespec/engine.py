@@ -73,6 +73,7 @@ class Engine:
             self.draft_model.close()
 
     def __enter__(self) -> Engine:
+        self._lock.check_open()
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -246,6 +247,7 @@ class Engine:
             raise EdgespecError("bit-exact verification needs flash attention off: load the model with ",
                                 Setting("flash_attn", "off"))
         if hasattr(self, "planner"):
+            self._lock.check_open()  # a closed engine's every use raises
             self.planner.configure(mode=mode, draft_tokens=draft_tokens, bit_exact=bit_exact)
 
     @property
@@ -298,6 +300,7 @@ class Engine:
         return self.target.tokenize(text, add_special=add_special, parse_special=True)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        self._lock.check_open()
         return self.prompts.render(messages, add_generation_prompt)
 
     def prompt_tokens(self, prompt: str, raw: bool = False) -> list[int]:

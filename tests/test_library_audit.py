@@ -100,7 +100,10 @@ def test_a_closed_engine_refuses_every_use_and_closes_twice(tiny_models):
     for use in (lambda: engine.generate(PROMPTS[0], **GREEDY), lambda: list(engine.stream(PROMPTS[0])),
                 lambda: engine.chat([{"role": "user", "content": "hi"}]), lambda: engine.tokenize("hi"),
                 lambda: list(engine.stream_tokens([1, 2], SamplingParams())), engine.forget_cache,
-                lambda: engine.n_ctx, lambda: ChatSession(engine).send("hi", SamplingParams(max_tokens=2))):
+                lambda: engine.n_ctx, lambda: ChatSession(engine).send("hi", SamplingParams(max_tokens=2)),
+                # these three went on working on a closed engine
+                lambda: engine.configure(mode="none"), lambda: engine.render_chat([{"role": "user", "content": "hi"}]),
+                lambda: engine.__enter__()):
         with pytest.raises(EdgespecError, match=r"closed.*edgespec\.load"):
             use()
 
