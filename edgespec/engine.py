@@ -24,6 +24,7 @@ from .drafters import DraftModelDrafter, Drafter, NgramDrafter, NoDrafter
 from .drafting import DraftPlanner
 from .generation import Done, Failed, GenerationResult, Step, Token, result_of
 from .generation_lock import GenerationLock
+from .limits import checked_switch
 from .ngram_pool import NgramPool
 from .errors import EdgespecError, Setting
 from .notices import log_notice
@@ -243,6 +244,8 @@ class Engine:
     def configure(self, *, mode: str | None = None, draft_tokens: int | str | None = None,
                   bit_exact: bool | None = None) -> None:
         """Switch the drafting mode, the draft length and/or the exactness guarantee; what is left None stays."""
+        if bit_exact is not None:
+            checked_switch("bit_exact", bit_exact)
         if bit_exact and self.flash_attn:
             raise EdgespecError("bit-exact verification needs flash attention off: load the model with ",
                                 Setting("flash_attn", "off"))
@@ -306,6 +309,7 @@ class Engine:
     def prompt_tokens(self, prompt: str, raw: bool = False) -> list[int]:
         """prompt as a user message in the chat template (raw: as written, control tokens included)."""
         self._lock.check_open()
+        checked_switch("raw", raw)
         return self.prompts.user_prompt_tokens(prompt, raw)
 
     def chat_tokens(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:

@@ -115,6 +115,14 @@ def kv_cache_label(type_k: str, type_v: str, flash_attn: bool) -> str:
     return f"K {type_k}, V {type_v}, flash attention {'on' if flash_attn else 'off'}"
 
 
+def checked_switch(name: str, value) -> bool:
+    """value if it is True or False; else SettingError.  A library caller's raw="no" or bit_exact=1 read as
+    True, the opposite of what "no" says."""
+    if not isinstance(value, bool):
+        raise SettingError(f"{name} must be True or False, not {value!r}")
+    return value
+
+
 def checked_setting(name: str, value) -> int | str:
     """value if it is in the range of setting `name` (draft_tokens may also be "auto"); else SettingError."""
     low, high, note = RANGES[name]

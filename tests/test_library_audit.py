@@ -323,3 +323,17 @@ def test_a_thread_given_an_ended_threads_ident_is_not_taken_for_the_holder_of_it
     if waiter.ident != holder.ident:
         pytest.skip("this platform gave the next thread a new ident")
     assert not waiter.is_alive() and errors == []
+
+
+@pytest.mark.parametrize("use", ["raw", "bit_exact"])
+def test_a_switch_given_anything_but_true_or_false_is_refused(tiny_models, use):
+    # raw="no" and bit_exact="no" read as True, the opposite of what they say
+    engine = load(tiny_models["target"])
+    try:
+        with pytest.raises(EdgespecError, match=f"{use} must be True or False, not 'no'"):
+            if use == "raw":
+                engine.generate(PROMPTS[0], max_tokens=2, raw="no")
+            else:
+                engine.configure(bit_exact="no")
+    finally:
+        engine.close()
