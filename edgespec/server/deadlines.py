@@ -4,8 +4,8 @@ uvicorn waits for a request's head for ever: a connection that sends nothing, or
 held a file descriptor until the client left, and 1,100 of them (no API key needed, nothing is checked
 before the head is whole) used up the usual 1,024, after which the server answered nobody and logged the
 failed accept without end.  A head must now arrive within HEAD_SECONDS of the connection (or of the last
-answer on it, which uvicorn's keep-alive timer closes sooner when nothing at all comes); the body is read
-within BODY_SECONDS by the app (app.RequestReader).
+answer on it, which uvicorn's keep-alive timer closes sooner when nothing at all comes); the body must
+come whole within BODY_SECONDS of its head, or the app answers 408 (app.py, where it reads the body).
 """
 
 from __future__ import annotations
