@@ -89,6 +89,8 @@ def test_reply_footer_gives_speedup_only_once_plain_speed_is_known():
     assert "120 tokens" in footer and "40.0 tok/s" in footer and "accepted 75% (75/100)" in footer
     assert "2.50× vs plain 16.0 tok/s (measured)" in footer
     assert reply_footer(replace(STATS, finish_reason="cancelled"), (16.0, "measured")).startswith("stopped")
+    assert reply_footer(replace(STATS, finish_reason="length"), (16.0, "measured")).startswith("cut at max tokens")
+    assert not reply_footer(replace(STATS, finish_reason="stop"), (16.0, "measured")).startswith("cut")
     plain = replace(STATS, mode="none", draft_tokens_proposed=0)
     assert "baseline" in reply_footer(plain, (16.0, "measured"))
 

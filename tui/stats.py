@@ -152,6 +152,8 @@ def reply_footer(stats: Stats, plain: tuple[float, str] | None) -> str:
         parts.append("stopped")
     elif stats.finish_reason == "context":
         parts.append("context full")
+    elif stats.finish_reason == "length":  # the reply may be unfinished: say so, as "stopped" does
+        parts.append("cut at max tokens")
     parts.append(f"{tokens} tokens")
     speed = stats.decode_tokens_per_second
     parts.append(f"{speed:.1f} tok/s")
