@@ -51,10 +51,12 @@ def resolve_model(name_or_path: str | os.PathLike, *, pull: bool = True,
     notice) unless ``pull`` is False; with ``progress`` (the command line's
     choice) a progress bar on stderr shows the download.
     """
+    text = str(name_or_path)
+    if not text.strip():  # Path("") is the current folder, which would be called "a directory"
+        raise ModelFileError("the model name is empty; name one from `edgespec models list` or pass a .gguf file")
     as_path = Path(name_or_path).expanduser()
     if as_path.is_file():
         return as_path
-    text = str(name_or_path)
     looks_like_a_path = os.sep in text or text.endswith(".gguf")
     if as_path.is_dir() and (looks_like_a_path or text not in load_catalog().models):
         raise ModelFileError(f"{as_path} is a directory, not a model file; pass the .gguf file inside it")

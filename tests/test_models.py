@@ -104,6 +104,21 @@ def test_missing_path_is_a_file_error_not_a_name(store, tmp_path):
         resolve_model(tmp_path / "nowhere.gguf")
 
 
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_model_name_is_named_not_called_a_directory(store, name):
+    # Path("") is the current folder: the library called it "a directory", which nobody typed
+    with pytest.raises(ModelFileError, match="the model name is empty"):
+        resolve_model(name)
+
+
+@pytest.mark.parametrize("command", [["pull", ""], ["path", ""], ["forget-learning", ""], ["import", ""]])
+def test_the_models_commands_refuse_an_empty_name_in_one_line(store, command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(*command)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "empty" in err
+
+
 # ------------------------------------------------------------------ pypi source
 
 

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from edgespec.catalog import default_pair, import_model, load_catalog, local_path, name_problem, store_dir
 from edgespec.commands.console import ResultsConsole
+from edgespec.commands.options import file_path, model_text
 from edgespec.fetch import pull, resolve_model
 from edgespec.units import format_size
 
@@ -23,16 +24,16 @@ def add_models_parser(subparsers) -> None:
     listing.set_defaults(func=_list)
 
     pulling = commands.add_parser("pull", help="download a catalog model (size and sha256 checked)")
-    pulling.add_argument("name", help="catalog model name, e.g. qwen2.5-coder-1.5b-instruct")
+    pulling.add_argument("name", type=model_text, help="catalog model name, e.g. qwen2.5-coder-1.5b-instruct")
     pulling.add_argument("--quiet", action="store_true", help="no progress bar")
     pulling.set_defaults(func=_pull)
 
     locating = commands.add_parser("path", help="print the local path of a present model")
-    locating.add_argument("name", help="catalog model name")
+    locating.add_argument("name", type=model_text, help="catalog model name")
     locating.set_defaults(func=_path)
 
     importing = commands.add_parser("import", help="register a local GGUF file under a name")
-    importing.add_argument("file", help="path to a .gguf file")
+    importing.add_argument("file", type=file_path, help="path to a .gguf file")
     importing.add_argument("--name", type=_catalog_name, help="catalog name to use (default: from the file name)")
     importing.add_argument("--draft-for", metavar="TARGET",
                            help="a catalog model this one drafts for: --draft auto then uses it with TARGET")
@@ -42,7 +43,7 @@ def add_models_parser(subparsers) -> None:
 
     forgetting = commands.add_parser(
         "forget-learning", help="drop what a model's drafters learned on this machine (new runs start from neutral priors)")
-    forgetting.add_argument("name", nargs="?", help="catalog model name or GGUF path (default: every model)")
+    forgetting.add_argument("name", nargs="?", type=model_text, help="catalog model name or GGUF path (default: every model)")
     forgetting.set_defaults(func=_forget_learning)
 
 
