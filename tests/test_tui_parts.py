@@ -336,6 +336,13 @@ def test_a_config_file_that_is_not_utf8_names_the_problem(tmp_path, data):
         load_config(path)
 
 
+def test_a_config_file_saved_with_a_byte_order_mark_is_read(tmp_path):
+    # Notepad starts UTF-8 with one, and tomllib called it an invalid statement
+    path = tmp_path / "config.toml"
+    path.write_bytes(b"\xef\xbb\xbfdraft_tokens = 5\n")
+    assert load_config(path).draft_tokens == 5
+
+
 CONTROLS = "\x1b]2;PWNED\x07 \x1b[5;41mred\x9b2J\x00\x7f"
 
 

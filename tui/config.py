@@ -113,7 +113,8 @@ def load_config(path: Path | None = None) -> ChatConfig:
     """Read config.toml; a missing file means the defaults."""
     path = path or config_path()
     try:
-        data = tomllib.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))  # not a FIFO or /dev/zero
+        # not a FIFO or /dev/zero; utf-8-sig, as Windows editors start UTF-8 with a byte-order mark
+        data = tomllib.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8-sig"))
     except FileNotFoundError:
         return ChatConfig()
     except (OSError, tomllib.TOMLDecodeError) as error:
