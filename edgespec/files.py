@@ -10,14 +10,17 @@ more memory than it holds, is an OSError or a ValueError like any other bad file
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
 import stat
 import tempfile
+import time
 import zipfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 import numpy as np
 
@@ -62,6 +65,36 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
     with AtomicFile(path) as out:
         out.handle.write(data.encode("utf-8") if isinstance(data, str) else data)
         return out.commit()
+
+
+@contextlib.contextmanager
+def update_lock(path: str | os.PathLike, wait_seconds: float = 2.0) -> Iterator[None]:
+    """An exclusive lock on ``path``.lock for a read, change and write of path, so that two processes
+    changing it at once (a server and a chat) do not drop each other's change.
+
+    A lock still held after wait_seconds (by a stopped process) or not to be had at all (a read-only folder)
+    lets the update go ahead unlocked: the files updated so are savings, which must never stop the caller.
+    """
+    try:
+        descriptor = os.open(f"{os.fspath(path)}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.005)
+            except OSError:  # a file system without flock
+                break
+        yield
+    finally:
+        os.close(descriptor)  # which releases the lock
 
 
 class NotARegularFile(OSError):

@@ -35,7 +35,7 @@ from typing import Callable, Mapping, Sequence
 
 from .acceptance import LEARNED_WEIGHT_MAX
 from .calibration import cache_dir
-from .files import FileTooLarge, NotARegularFile, atomic_write, parse_json, read_regular
+from .files import FileTooLarge, NotARegularFile, atomic_write, parse_json, read_regular, update_lock
 from .notices import log_notice
 
 LEARNED_FILE = "learned-acceptance.json"
@@ -172,7 +172,8 @@ def model_identity(model_path: str | os.PathLike) -> str:
 class LearnedAcceptance:
     """One model's learned priors, per drafter, in the shared file."""
 
-    _write_lock = threading.Lock()  # the server's and a batch's threads finish generations concurrently
+    _write_lock = threading.Lock()  # the server's and a batch's threads finish generations concurrently;
+    # update_lock keeps other processes' updates (a chat beside a server) from being written over
 
     def __init__(self, model_path: str | os.PathLike, path: Path | None = None, writable: bool = True,
                  notice: Callable[[str], None] = log_notice) -> None:
@@ -191,7 +192,7 @@ class LearnedAcceptance:
         """Add one generation's observed counts of this drafter to the store."""
         if not counts or not self.writable:
             return
-        with self._write_lock:
+        with self._write_lock, update_lock(self.path):
             data = self._read()
             if data is None:
                 return
@@ -208,7 +209,7 @@ class LearnedAcceptance:
 
     def forget(self) -> bool:
         """Drop this model's learned priors; True when there were some."""
-        with self._write_lock:
+        with self._write_lock, update_lock(self.path):
             data = self._read()
             if data is None or data.pop(self.model, None) is None:
                 return False

@@ -1,6 +1,9 @@
 """Learned priors: what a model's drafters were accepted at here before, kept between processes."""
 
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -255,3 +258,33 @@ def test_a_model_s_entry_that_is_not_counts_is_said_once_as_it_is_begun_anew(mod
     assert store.prior("ngram") is not None
     assert said == [f"the learned priors of this model in {path} are not counts (a hand edit?); began its counts "
                     "for ngram drafts anew"]
+
+
+LEARN_IN_A_PROCESS = """
+import sys
+from pathlib import Path
+from edgespec.hindsight import COPY_BUCKETS
+from edgespec.learned import LearnedAcceptance
+store = LearnedAcceptance(Path(sys.argv[1]), Path(sys.argv[2]))
+counts = {c: ([40.0], [40.0]) for c in range(COPY_BUCKETS.index(4), len(COPY_BUCKETS))}
+Path(sys.argv[3]).touch()
+while not Path(sys.argv[4]).exists():  # both processes start learning together
+    pass
+for _ in range(int(sys.argv[5])):
+    store.learn("ngram", counts)
+"""
+
+
+def test_two_processes_learning_at_once_keep_every_generation(model_file, tmp_path):
+    # each read the store, added its generation and wrote it back, so one wrote over the other's
+    path, go, rounds = tmp_path / "learned.json", tmp_path / "go", 30
+    processes = [subprocess.Popen([sys.executable, "-c", LEARN_IN_A_PROCESS, str(model_file), str(path),
+                                   str(tmp_path / f"ready{i}"), str(go), str(rounds)]) for i in range(2)]
+    while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
+        time.sleep(0.01)
+    go.touch()
+    assert [process.wait(timeout=120) for process in processes] == [0, 0]
+    alone = LearnedAcceptance(model_file, tmp_path / "alone.json")
+    for _ in range(2 * rounds):
+        alone.learn("ngram", copying_counts())
+    assert json.loads(path.read_text()) == json.loads(alone.path.read_text())
