@@ -220,9 +220,9 @@ def test_config_values_the_app_cannot_use_are_refused_by_the_loader(tmp_path, to
 def test_config_keys_textual_knows_are_accepted(tmp_path):
     path = tmp_path / "config.toml"
     # escape is cancel's by default: moved, so that no key is two actions' (test_tui_parts)
-    path.write_text('draft_tint = "dark_green"\n[keymap]\nregenerate = "ctrl+comma,f5,escape,ctrl+shift+up,plus,a"\n'
+    path.write_text('draft_tint = "dark_green"\n[keymap]\nregenerate = "ctrl+comma,f5,escape,ctrl+shift+up,alt+plus,alt+a"\n'
                     'cancel = "f9"\n')
-    assert load_config(path).keymap == {"regenerate": "ctrl+comma,f5,escape,ctrl+shift+up,plus,a", "cancel": "f9"}
+    assert load_config(path).keymap == {"regenerate": "ctrl+comma,f5,escape,ctrl+shift+up,alt+plus,alt+a", "cancel": "f9"}
 
 
 # ---------------------------------------------------------------- the chat history

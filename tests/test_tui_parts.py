@@ -201,9 +201,14 @@ def test_the_kv_cache_settings_come_from_the_file_and_the_chat_flags(tmp_path):
     ('model = "m\\u009b2J.gguf"\n', "model holds a control character \\(U\\+009B\\)"),
     # one key for two actions left one of them out of reach without a word
     ('[keymap]\nregenerate = "ctrl+n"\n', "\\[keymap\\] regenerate: ctrl\\+n is new_chat's key too"),
-    ('[keymap]\nhistory = "f5"\nsettings = "f6, f5"\n', "\\[keymap\\] settings: f5 is history's key too"),
+    ('[keymap]\nhistory = "f5"\nsettings = "f8, f5"\n', "\\[keymap\\] settings: f5 is history's key too"),
     ('[keymap]\nhelp = "ctrl+q"\n', "\\[keymap\\] help: ctrl\\+q is the app's own key \\(quit\\); give help another"),
     ('[keymap]\nregenerate = "f5, enter"\n', "\\[keymap\\] regenerate: enter is the app's own key \\(send\\)"),
+    # the prompt took these while typing, so the action ran only with the focus elsewhere
+    ('[keymap]\nregenerate = "r"\n', "regenerate: the prompt takes r while you type.*ctrl\\+r or f5"),
+    ('[keymap]\nhistory = "f5,shift+h"\n', "history: the prompt takes shift\\+h while you type"),
+    ('[keymap]\nsettings = "space"\n', "settings: the prompt takes space while you type"),
+    ('[keymap]\nhelp = "ctrl+w"\n', "help: the prompt takes ctrl\\+w while you type"),
 ])
 def test_bad_config_names_the_problem(tmp_path, text, problem):
     path = tmp_path / "config.toml"

@@ -23,7 +23,7 @@ $EDGESPEC_CONFIG_DIR).  Every key is optional:
     min_p = 0.05
     max_tokens = 1024
 
-    [keymap]                          # action = "key[,key...]", see KEY_ACTIONS (not one of APP_KEYS)
+    [keymap]                          # action = "key[,key...]", see KEY_ACTIONS (not one of APP_KEYS, nor a key that types)
     regenerate = "ctrl+r"
 """
 
@@ -36,6 +36,7 @@ from pathlib import Path
 import platformdirs
 from rich.color import Color, ColorParseError
 from textual.keys import REPLACED_KEYS, Keys, key_to_character
+from textual.widgets import TextArea
 
 from edgespec.errors import EdgespecError
 from edgespec.files import atomic_write, read_regular
@@ -232,15 +233,30 @@ APP_KEYS = {"ctrl+q": "quit", "ctrl+c": "stop or copy", "ctrl+p": "the command p
             "tab": "next field", "shift+tab": "previous field"}
 
 
+# The prompt's editing keys (TextArea's: ctrl+a, ctrl+w, home, ...), which it takes before the app's bindings.
+PROMPT_EDITING_KEYS = {key.strip() for binding in TextArea.BINDINGS for key in binding.key.split(",")}
+
+
+def _typed_into_the_prompt(key: str) -> bool:
+    """True for a key the prompt takes while it has the focus, so that an action bound to it would not run
+    while you type: a character (shifted too) or one of PROMPT_EDITING_KEYS."""
+    *modifiers, name = key.split("+")
+    character = name if len(name) == 1 else key_to_character(name)
+    return bool(character and character.isprintable() and set(modifiers) <= {"shift"}) or key in PROMPT_EDITING_KEYS
+
+
 def _check_keys_are_distinct(keymap: dict[str, str], path: Path) -> None:
-    """ConfigError when the keymap gives one key to two actions, or one of APP_KEYS to an action: only one of
-    them would run.  The actions left at their default keys claim them first, so the error names the action the
-    file rebound."""
+    """ConfigError when the keymap gives one key to two actions, or one of APP_KEYS or a key the prompt types
+    with to an action: only one of them would run.  The actions left at their default keys claim them first, so
+    the error names the action the file rebound."""
     for action, keys in keymap.items():
         for key in (key.strip() for key in keys.split(",")):
             if key in APP_KEYS:
                 raise ConfigError(f"{path}: [keymap] {action}: {key} is the app's own key ({APP_KEYS[key]}); "
                                   f"give {action} another key")
+            if _typed_into_the_prompt(key):
+                raise ConfigError(f"{path}: [keymap] {action}: the prompt takes {key} while you type, so {action} "
+                                  f"would not run; give it a key like ctrl+{key.split('+')[-1]} or f5")
     owners: dict[str, str] = {}
     unchanged = [action for action in KEY_ACTIONS if action not in keymap]
     for action in unchanged + [action for action in KEY_ACTIONS if action in keymap]:
