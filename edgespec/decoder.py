@@ -63,7 +63,7 @@ class Decoder:
 
     def start(self, prompt_ids: Sequence[int], params: SamplingParams, drafter_set: DrafterSet, seq: int = 0,
               shift: bool = False, prediction: Sequence[int] | None = None, pool: NgramPool | None = None,
-              chunked: bool = False, stop: threading.Event | None = None) -> Generation:
+              chunked: bool = False, stop: threading.Event | None = None, scope: str = "") -> Generation:
         """A generation after prompt_ids, its prompt in sequence seq's cache (all but the last token).
 
         shift: the caller accepts a cache with a dropped span shifted out
@@ -75,7 +75,8 @@ class Decoder:
         their passes (the scheduler's generations decoded together, which draft
         with n-grams or heads, never the draft model).  stop: once set, the
         prefill ends after its current chunk and the generation is cancelled
-        (a job's cancel).  Raises EdgespecError for a prompt that cannot run.
+        (a job's cancel).  scope: whose prompt it is (SequenceCache.claim), ""
+        for the user's own.  Raises EdgespecError for a prompt that cannot run.
         """
         self.check_prompt(prompt_ids)
         planner = self.planner
@@ -92,8 +93,12 @@ class Decoder:
                                 TextAssembler(params.stop), seq, pool=pool, prediction=prediction or (),
                                 pace=PlainPace(planner.cost.relative() if planner.cost is not None else ()))
         started = time.perf_counter()
+        self.cache.claim(seq, scope)
+        if seq == 0 and self.draft_cache is not None:
+            self.draft_cache.claim(0, scope)
         try:
-            if chunked:
+            if chunked:  # a lone generation's cache is its own (and may be shifted first)
+                self.cache.share_prefix(list(prompt_ids), seq, among=self.target.n_seq)
                 counters.prompt_tokens_reused = self.cache.prepare(generation.context, seq)
                 generation.prefilling = counters.prompt_tokens_reused < len(prompt_ids) - 1
                 generation.prefill_start = started

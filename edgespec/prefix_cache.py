@@ -45,21 +45,27 @@ class SnapshotKey:
     """What a KV snapshot is valid for: one model's content (edgespec.model_identity, whatever its path), one
     KV setup (its K and V types and flash attention, which lays the values out otherwise), one llama.cpp build,
     and contexts of one number of sequences (llama.cpp refuses a state from a context whose KV buffers are
-    laid out otherwise, as one per sequence was; `batch --parallel` reserves several sequences)."""
+    laid out otherwise, as one per sequence was; `batch --parallel` reserves several sequences).
+
+    scope is whose prompts it holds: "" for the user's own, a server client's id for that client's.  A
+    snapshot serves only prompts of its own scope, since how many tokens a prompt finds cached (or how soon
+    it is answered) tells what another client sent."""
 
     model_identity: str
     kv_type: str
     n_seq: int
     runtime: str
+    scope: str = ""  # a field added after the first snapshots: theirs are the user's own
 
     @classmethod
-    def for_model(cls, model, kv_type: str, n_seq: int, runtime: str) -> SnapshotKey:
+    def for_model(cls, model, kv_type: str, n_seq: int, runtime: str, scope: str = "") -> SnapshotKey:
         """The key for a loaded model (a LlamaModel): its file's identity as it was when first asked."""
-        return cls(loaded_model_identity(model), kv_type, n_seq, runtime)
+        return cls(loaded_model_identity(model), kv_type, n_seq, runtime, scope)
 
     def same_model(self, other: SnapshotKey) -> bool:
-        """Same model, KV type and sequence count, whatever the build."""
-        return (self.model_identity, self.kv_type, self.n_seq) == (other.model_identity, other.kv_type, other.n_seq)
+        """Same model, KV type, sequence count and scope, whatever the build."""
+        return ((self.model_identity, self.kv_type, self.n_seq, self.scope)
+                == (other.model_identity, other.kv_type, other.n_seq, other.scope))
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ class DiskPrefixCache(PrefixStore):
 
     def _reusable_length(self, key, tokens) -> int:
         try:
-            seen = self._sightings.seen_then_note(key.model_identity, tokens)
+            seen = self._sightings.seen_then_note(key.model_identity + key.scope, tokens)
         except OSError as error:
             self._cannot_write(error)
             return 0  # nothing can be kept here

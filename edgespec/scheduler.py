@@ -51,6 +51,7 @@ class Job:
     shift_dropped_span: bool = False  # a chat that dropped its oldest turn accepts it shifted out (parallel = 1)
     prediction: Sequence[int] | None = None  # tokens the output is expected to mostly repeat (a draft source)
     pool: NgramPool | None = None  # the pool of other texts its drafts may come from (None: the decoder's)
+    cache_scope: str = ""  # whose prompt it is: its cache is shared only with this scope's (SequenceCache.claim)
 
     def __post_init__(self):
         # a library caller's cancel=True would otherwise fail in the middle of the generation
@@ -96,7 +97,7 @@ class Scheduler:
                 job = next_job(not active)
                 if job is None:
                     break
-                seq = self.decoder.cache.place(job.prompt_ids, free)
+                seq = self.decoder.cache.place(job.prompt_ids, free, job.cache_scope)
                 free.remove(seq)
                 started = self._start(job, seq)
                 if isinstance(started, Failed):
@@ -123,12 +124,9 @@ class Scheduler:
         """The job's generation, its prompt in sequence seq's cache; Failed when the prompt cannot run."""
         decoder = self.decoder
         try:
-            decoder.check_prompt(job.prompt_ids)
-            if self.parallel > 1:  # a lone generation's cache is its own (and may be shifted first)
-                decoder.cache.share_prefix(list(job.prompt_ids), seq, among=self.parallel)
             return decoder.start(job.prompt_ids, job.params, self._drafter_set(seq), seq,
                                  shift=job.shift_dropped_span and self.parallel == 1, prediction=job.prediction,
-                                 pool=job.pool, chunked=self.parallel > 1, stop=job.cancel)
+                                 pool=job.pool, chunked=self.parallel > 1, stop=job.cancel, scope=job.cache_scope)
         except EdgespecError as err:
             return Failed(err)
 

@@ -17,6 +17,11 @@ prefix with waits for that prefix's cells, then shares them.
 
 When a sequence's generation ends, its cache is offered to the prompt cache,
 which keeps what pays.  The target and the draft model each have one.
+
+Each sequence is claimed for a scope, whose prompts alone it shares cells and
+snapshots with: "" for the user's own, a server client's id for that client's
+(how much of a prompt is found cached, or how soon it is answered, would
+tell one client what another sent).
 """
 
 from __future__ import annotations
@@ -41,6 +46,18 @@ class SequenceCache:
         self.model = model
         self.stores = stores  # shared by the target's and the draft's caches; the engine's owner adds to it
         self._shifted_at: int | None = None  # where sequence 0's cache holds shifted keys and values
+        self._scopes: dict[int, str] = {}  # whose prompts each sequence's cache holds, "" where unclaimed
+
+    def claim(self, seq: int, scope: str) -> None:
+        """Give sequence seq to scope's prompts; a cache holding another scope's is emptied first."""
+        if self._scopes.get(seq, "") != scope:
+            self.model.rewind(0, seq)
+            if seq == 0:
+                self._shifted_at = None
+            self._scopes[seq] = scope
+
+    def _same_scope(self, seq: int, other: int) -> bool:
+        return self._scopes.get(seq, "") == self._scopes.get(other, "")
 
     def prefill(self, context: list[int], seq: int = 0, shift: bool = False,
                 stop: threading.Event | None = None) -> int:
@@ -68,16 +85,20 @@ class SequenceCache:
         self.model.rewind(reused, seq)
         return reused
 
-    def place(self, ids: Sequence[int], free: Sequence[int]) -> int:
-        """The free sequence whose cache shares the longest prefix with ids (the lowest on a tie)."""
-        return max(sorted(free), key=lambda seq: common_prefix_length(self.model.cached_of(seq), ids))
+    def place(self, ids: Sequence[int], free: Sequence[int], scope: str = "") -> int:
+        """The free sequence whose cache, of scope's prompts, shares the longest prefix with ids (the lowest on
+        a tie)."""
+        def shared(seq: int) -> int:
+            return common_prefix_length(self.model.cached_of(seq), ids) if self._scopes.get(seq, "") == scope else 0
+        return max(sorted(free), key=shared)
 
     def share_prefix(self, ids: list[int], seq: int, among: int) -> int:
-        """Leave in sequence seq's cache the longest prefix of ids that any of the first `among` sequences
-        holds (shared from it if that pays); return its length, at most len(ids) - 1 (the last token is
+        """Leave in sequence seq's cache the longest prefix of ids that any of the first `among` sequences of its
+        scope holds (shared from it if that pays); return its length, at most len(ids) - 1 (the last token is
         evaluated by the first step)."""
         model = self.model
-        shared = {other: common_prefix_length(model.cached_of(other), ids) for other in range(among)}
+        shared = {other: common_prefix_length(model.cached_of(other), ids)
+                  for other in range(among) if self._same_scope(seq, other)}
         best = max(shared, key=lambda other: (shared[other], other == seq))
         keep = min(shared[seq], len(ids) - 1)
         if shared[best] - shared[seq] >= MIN_COPIED_PREFIX:
@@ -109,6 +130,8 @@ class SequenceCache:
     def _computing_prefix_of(self, context: list[int], seq: int, other_seq: int, other: list[int]) -> bool:
         """Whether sequence other_seq, being fed prompt other, has yet to compute a prefix it shares with
         context that is worth sharing with sequence seq."""
+        if not self._same_scope(seq, other_seq):
+            return False  # its cells are not this prompt's to share
         common = common_prefix_length(other[:-1], context[:-1])
         return (common - len(self.model.cached_of(seq)) >= MIN_COPIED_PREFIX
                 and len(self.model.cached_of(other_seq)) < common)
@@ -122,7 +145,7 @@ class SequenceCache:
             self._shifted_at = None  # the shifted part is rewound: what follows is computed afresh
         if not self.stores:
             return reused
-        key = snapshot_key(model)
+        key = snapshot_key(model, self._scopes.get(seq, ""))
         found = [(snapshot, store) for store in self.stores
                  if (snapshot := store.longest_prefix(key, context[:-1], model.n_ctx)) is not None]
         if not found:
@@ -145,7 +168,7 @@ class SequenceCache:
         """Offer sequence seq's KV cache, exactly the tokens in it, to the prefix stores; they keep what pays."""
         if not self.stores or (seq == 0 and self._shifted_at is not None):
             return  # shifted keys and values are not what a prefill computes: a restore must give its logits
-        model, key = self.model, snapshot_key(self.model)
+        model, key = self.model, snapshot_key(self.model, self._scopes.get(seq, ""))
         for store in self.stores:
             store.save(key, model.cached_of(seq), lambda: model.state_bytes(seq))
 
@@ -166,6 +189,7 @@ class SequenceCache:
                 self._shifted_at = span[0] if self._shifted_at is None else min(span[0], self._shifted_at)
 
 
-def snapshot_key(model: LlamaModel) -> SnapshotKey:
-    """What a snapshot of model's KV cache is valid for; its KV setup (K and V types, flash attention) by label."""
-    return SnapshotKey.for_model(model, model.kv_cache_label or "f16", model.n_seq, RUNTIME)
+def snapshot_key(model: LlamaModel, scope: str = "") -> SnapshotKey:
+    """What a snapshot of model's KV cache, of scope's prompts, is valid for; its KV setup (K and V types, flash
+    attention) by label."""
+    return SnapshotKey.for_model(model, model.kv_cache_label or "f16", model.n_seq, RUNTIME, scope)

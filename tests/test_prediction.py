@@ -182,3 +182,9 @@ def test_the_server_never_shares_a_pool_between_api_keys():
     for n in range(MAX_CLIENT_POOLS):
         worker.pool_for(job(f"Bearer other-{n}"))
     assert worker.pool_for(job("Bearer alice")) is not alice  # bounded: the least recently used pool went
+
+
+def test_a_client_is_known_to_the_shared_caches_by_a_hash_of_its_key():
+    # the scope of its KV cells and snapshots (SequenceCache.claim), which a snapshot file keeps
+    alice, bob, nobody = (Job(None, None, 60.0, client=client).client_id for client in ("Bearer alice", "Bearer bob", ""))
+    assert alice != bob and "alice" not in alice and nobody == ""

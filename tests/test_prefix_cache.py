@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -332,6 +333,49 @@ def test_a_cache_with_a_shifted_turn_is_never_saved_as_a_snapshot(tiny_models):
         [*engine.stream_tokens(system + [9] * 200, params)]
     assert store.longest_prefix(key, system + [9] * 200).n_common == len(system) + 200
     engine.close()
+
+
+def runs_one_at_a_time(engine, parallel, jobs):
+    """Each of jobs, (key, prompt, cache scope), run alone and in order through the sequences of one context."""
+    from edgespec.scheduler import Job
+
+    results = {}
+    for key, prompt, scope in jobs:
+        waiting = [Job(key, prompt, GREEDY, cache_scope=scope)]
+        for _, event in engine.scheduler(parallel).run(lambda wait: waiting.pop() if waiting else None):
+            if hasattr(event, "result"):
+                results[key] = event.result
+    return results
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_server_client_is_given_no_cells_or_snapshots_of_another_client_s_prompts(tiny_models, parallel):
+    # bob found alice's prompt cached, one token more for each token of it he guessed right
+    engine = cached_engine(tiny_models, store=MemoryPrefixCache(min_tokens=64))
+    document = list(range(100, 300))
+    runs = runs_one_at_a_time(engine, parallel, [
+        ("alice", document + [5, 6], "alice"), ("bob", document + [7, 8], "bob"),
+        ("bob again", document + [9, 10], "bob"),  # from his cells
+        ("alice again", document + [11, 12], "alice"),  # from her snapshot: bob's cells replaced hers
+        ("anyone", document + [13, 14], ""),
+    ])
+    reused = {key: result.stats.prompt_tokens_reused for key, result in runs.items()}
+    assert reused["alice"] == reused["bob"] == reused["anyone"] == 0
+    assert reused["bob again"] >= len(document) and reused["alice again"] >= len(document)
+    alone = cached_engine(tiny_models)
+    assert runs["bob"].token_ids == [*alone.stream_tokens(document + [7, 8], GREEDY)][-1].result.token_ids
+    engine.close()
+    alone.close()
+
+
+def test_a_kept_snapshot_serves_its_own_scope_s_prompts_only(tmp_path, tiny_models):
+    tokens = list(range(300))
+    for store in (MemoryPrefixCache(min_tokens=64), DiskPrefixCache(tmp_path, min_tokens=64, keep_every_prompt=True)):
+        alice, bob = (replace(snapshot_key(tiny_models["target"]), scope=scope) for scope in ("alice", "bob"))
+        assert store.save(alice, tokens, lambda: bytes(100))
+        anyone = snapshot_key(tiny_models["target"])
+        assert store.longest_prefix(bob, tokens) is None and store.longest_prefix(anyone, tokens) is None
+        assert store.longest_prefix(alice, tokens).n_common == 300
 
 
 def test_parallel_decoding_saves_and_restores_snapshots_of_its_sequences(tiny_models):

@@ -46,7 +46,10 @@ class Job:
     def __init__(self, request: CompletionRequest, loop: asyncio.AbstractEventLoop, time_limit: float,
                  client: str = ""):
         self.request = request
-        self.client = client  # the credentials it came with: its drafts never come from another client's texts
+        # Its client, by the credentials it came with, as the caches it shares with that client's other requests
+        # know it (its n-gram pool, its KV cells and snapshots; "" for none): never another client's, whose
+        # texts its drafts, or the tokens it finds cached, would tell.  A hash, which a snapshot's file may keep.
+        self.client_id = hashlib.sha256(client.encode("utf-8", "replace")).hexdigest() if client else ""
         self.cancel = threading.Event()
         self.events: asyncio.Queue = asyncio.Queue()
         self.deadline = time.monotonic() + time_limit
@@ -172,7 +175,8 @@ class EngineWorker:
             try:
                 if not job.cancel.is_set():
                     return ScheduledJob(job, self._prompt_ids(job.request), job.request.params, job.cancel,
-                                        prediction=self._prediction_ids(job.request), pool=self.pool_for(job))
+                                        prediction=self._prediction_ids(job.request), pool=self.pool_for(job),
+                                        cache_scope=job.client_id)
                 if job.stopped_by is not None:
                     job.deliver(job.stopped_by)
             except Exception as error:
@@ -198,10 +202,9 @@ class EngineWorker:
         clients; the least recently used is dropped past MAX_CLIENT_POOLS.  None when the engine keeps no pool."""
         if self.engine.pool is None:
             return None
-        client = hashlib.sha256(job.client.encode("utf-8", "replace")).hexdigest()
         with self._wake:
-            pool = self._pools.pop(client, None) or NgramPool()
-            self._pools[client] = pool
+            pool = self._pools.pop(job.client_id, None) or NgramPool()
+            self._pools[job.client_id] = pool
             while len(self._pools) > MAX_CLIENT_POOLS:
                 del self._pools[next(iter(self._pools))]
         return pool
