@@ -636,3 +636,15 @@ def test_a_conversation_no_context_could_hold_is_refused_before_it_is_rendered(s
     with pytest.raises(openai.BadRequestError) as refused:
         server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": ""}] * 5000)
     assert refused.value.code == "context_length_exceeded" and "5,000 messages" in refused.value.message
+
+
+def test_two_quick_ctrl_cs_end_the_server_with_one_line(start_server):
+    # uvicorn's force quit skipped the app's shutdown, whose task, cancelled at the exit, logged a traceback
+    server = start_server()
+    server.process.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    server.process.send_signal(signal.SIGINT)
+    assert server.process.wait(timeout=WAIT_SECONDS) == 130
+    server.stop()
+    assert not any("Traceback" in line for line in server.lines), "\n".join(server.lines)
+    assert server.lines[-1] == "edgespec: interrupted"

@@ -363,6 +363,8 @@ class _HttpServer(uvicorn.Server):
     async def shutdown(self, sockets=None):
         self.config.app.state.stop_generating()
         await super().shutdown(sockets)
+        if self.force_exit:  # a second Ctrl-C: uvicorn skips the app's shutdown, whose task, cancelled at the
+            await self.lifespan.shutdown()  # exit, then logged a traceback; it only lets go of the engine
 
 
 def run_app(app: Starlette, sock: socket.socket, request_timeout: float) -> None:
