@@ -39,8 +39,8 @@ def add_serve_parser(subparsers) -> None:
     group.add_argument("--queue-size", type=int, default=8, help="requests that may wait for the engine; more get 429 (default: %(default)s)")
     group.add_argument("--parallel", type=setting("parallel"), default=1, metavar="N",
                        help=f"requests decoded together, 1..{MAX_PARALLEL}: more throughput for concurrent clients, "
-                            "but each request then evaluates its whole prompt, with no reuse of the previous "
-                            "request's cache (default: %(default)s)")
+                            "but each request then drafts with n-grams, never the draft model; cached prompts are "
+                            "reused either way (default: %(default)s)")
     group.add_argument("--request-timeout", type=float, default=300.0, help="seconds a request may take, waiting included (default: %(default)s)")
     group.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024, help="largest request body accepted (default: %(default)s)")
     group.add_argument("--alert-acceptance", type=float, default=DEFAULT_THRESHOLD,
