@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -451,3 +452,13 @@ def test_a_raw_prompt_of_many_markers_is_not_split_by_llama_cpp(engines, monkeyp
     ids = engine.prompt_tokens("<|im_start|>" * 3000 + "hi", raw=True)
     assert ids[ids.index(1):] == [1] * 3000 + engine.target.tokenize("hi", add_special=False)
     assert all(not parse_special and "<|im_start|>" not in text for text, parse_special in given)
+
+
+def test_a_wildcard_port_in_an_allowed_origin_stands_for_digits_and_a_wildcard_host_for_a_name():
+    from edgespec.server.guard import origin_regex
+
+    allowed = re.compile(origin_regex(["http://localhost:*", "https://*.trusted.test"]))
+    assert allowed.fullmatch("http://localhost:3000") and allowed.fullmatch("https://app.trusted.test")
+    # the port's * let a host name through
+    assert not allowed.fullmatch("http://localhost:3000.evil.example") and not allowed.fullmatch("http://localhost:")
+    assert not allowed.fullmatch("https://evil.test/.trusted.test")

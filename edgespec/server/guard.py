@@ -32,8 +32,10 @@ from .protocol import ApiError
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 ORIGINS_ENV = "EDGESPEC_ORIGINS"
 _HOST_HEADER = re.compile(r"(\[[0-9a-f:.]+\]|[^:\[\]]+)(?::(\d{1,5}))?")
-# What a `*` in an allowed origin stands for: part of a host name or a port, never a scheme, path or `@`.
-_WILDCARD = "[a-z0-9.-]*"
+# What a `*` in an allowed origin stands for: part of a host name, or after its `:` a port; never a scheme, a
+# path or an `@`.
+_HOST_WILDCARD = "[a-z0-9.-]*"
+_PORT_WILDCARD = "[0-9]+"
 
 
 def is_loopback(host: str) -> bool:
@@ -66,7 +68,9 @@ def origin_regex(patterns: list[str]) -> str | None:
         if not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s@]+", pattern, re.IGNORECASE):
             raise UsageError(f"--allow-origin {pattern!r} (or in ${ORIGINS_ENV}) is not an origin: give scheme://host"
                                 "[:port] without a path, e.g. http://localhost:3000, http://localhost:* or *")
-        parts.append(_WILDCARD.join(re.escape(piece) for piece in pattern.lower().split("*")))
+        pieces = pattern.lower().split("*")
+        parts.append("".join(re.escape(piece) + (_PORT_WILDCARD if piece.endswith(":") else _HOST_WILDCARD)
+                             for piece in pieces[:-1]) + re.escape(pieces[-1]))
     return "(?i)(?:" + "|".join(parts) + ")" if parts else None
 
 
