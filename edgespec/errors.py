@@ -86,6 +86,11 @@ class EdgespecError(Exception):
         return self.wording.worded(word)
 
 
+class BadValueError(EdgespecError, ValueError):
+    """A value given to edgespec that it cannot take (a setting out of range, an empty prompt): an EdgespecError,
+    which the commands word as theirs, and a ValueError, as a library caller catches a bad value."""
+
+
 class UsageError(EdgespecError):
     """A command's flags or arguments are wrong, alone or together: the command exits 2, as for the
     usage errors argparse finds itself."""

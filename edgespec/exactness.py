@@ -7,7 +7,7 @@ output may part from plain decoding's where two tokens nearly tie; a setting tha
 from __future__ import annotations
 
 from .backend import width_independent_kernels
-from .errors import EdgespecError, Setting, Wording
+from .errors import BadValueError, EdgespecError, Setting, Wording
 from .limits import FLASH_ATTN_CHOICES, KV_TYPES, SettingError, checked_flash_attn, checked_kv_type, flash_attention_on
 
 
@@ -29,11 +29,11 @@ def kv_cache_notice(kv_type: str, draft_kv_type: str, flash_attn: bool, bit_exac
         try:
             checked_kv_type(value)
         except SettingError:
-            raise EdgespecError(Setting(name), f" must be one of {', '.join(KV_TYPES)}, not {value!r}") from None
+            raise BadValueError(Setting(name), f" must be one of {', '.join(KV_TYPES)}, not {value!r}") from None
     try:
         choice = checked_flash_attn(flash_attn)
     except SettingError:
-        raise EdgespecError(Setting("flash_attn"), f" must be one of {', '.join(FLASH_ATTN_CHOICES)}, "
+        raise BadValueError(Setting("flash_attn"), f" must be one of {', '.join(FLASH_ATTN_CHOICES)}, "
                             f"not {flash_attn!r}") from None
     if choice == "on" and bit_exact:
         raise EdgespecError(Setting("flash_attn", "on"), " and ", Setting("bit_exact", True), " cannot go together: "

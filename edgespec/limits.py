@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import EdgespecError
+from .errors import BadValueError
 
 # llama.cpp rounds a context up to a multiple of 256 tokens (0 means the
 # model's trained context), so 256 is the smallest it really makes.
@@ -61,7 +61,7 @@ RANGES: dict[str, tuple[int, int, str]] = {
 KV_TYPES = ("f16", "q8_0", "q4_0")
 
 
-class SettingError(EdgespecError):
+class SettingError(BadValueError):
     """An engine setting outside the range it can take."""
 
 

@@ -34,9 +34,15 @@ def prediction_text(value: object) -> str:
         content = "".join(part["text"] for part in content)
     if not isinstance(content, str):
         raise ValueError("prediction.content must be a string or a list of text parts")
-    if len(content) > MAX_PREDICTION_CHARS:
-        raise ValueError(f"prediction.content has {len(content):,} characters; at most {MAX_PREDICTION_CHARS:,} are accepted")
-    return content
+    return checked_prediction_length(content, "prediction.content")
+
+
+def checked_prediction_length(text: str, name: str) -> str:
+    """text, a prediction's, unless it is longer than MAX_PREDICTION_CHARS: ValueError, before seconds of
+    tokenizing it."""
+    if len(text) > MAX_PREDICTION_CHARS:
+        raise ValueError(f"{name} has {len(text):,} characters; at most {MAX_PREDICTION_CHARS:,} are accepted")
+    return text
 
 
 # A prediction token appeared in the completion when it lies in a run of this many tokens that the completion

@@ -14,8 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from .chat_template import ChatTemplate
-from .errors import ContextOverflowError, EdgespecError, Setting
-from .prediction import prediction_text
+from .errors import BadValueError, ContextOverflowError, EdgespecError, Setting
+from .prediction import checked_prediction_length, prediction_text
 from .text import check_text
 
 
@@ -66,7 +66,10 @@ class PromptBuilder:
         if prediction is not None and not isinstance(prediction, (str, dict)):
             raise ValueError('prediction must be the expected text, or {"type": "content", "content": "..."}, '
                              f"not {type(prediction).__name__}")
-        text = prediction if isinstance(prediction, str) else prediction_text(prediction)
+        if isinstance(prediction, str):
+            text = checked_prediction_length(prediction, "the prediction")
+        else:
+            text = prediction_text(prediction)
         check_text(text, "the prediction")
         return self.model.tokenize(text, add_special=False) if text else None
 
@@ -88,11 +91,11 @@ def check_prompt_ids(prompt_ids: Sequence[int], n_vocab: int, n_ctx: int) -> Non
     """Refuse a prompt of token ids that cannot run: an empty one, one with ids outside the vocabulary, or one that
     leaves no room in a context of n_ctx tokens."""
     if not prompt_ids:
-        raise EdgespecError("the prompt is empty (give some text to continue)")
+        raise BadValueError("the prompt is empty (give some text to continue)")
     # llama.cpp fails an id outside the vocabulary with a bare status, or reads past its tables
     ids = np.asarray(prompt_ids)
     if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= n_vocab:
-        raise EdgespecError(f"the prompt must be token ids from 0 to {n_vocab - 1} (the model's "
+        raise BadValueError(f"the prompt must be token ids from 0 to {n_vocab - 1} (the model's "
                             "vocabulary), as engine.tokenize gives them")
     if len(prompt_ids) >= n_ctx:
         # Worded as OpenAI words it ("This model's maximum context length is ..."): litellm, aider and

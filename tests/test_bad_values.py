@@ -149,6 +149,26 @@ def test_sampling_params_refuse_bad_values_naming_the_field_and_range(field, val
         SamplingParams(**{field: value})
 
 
+@pytest.mark.parametrize("load_options, named", [
+    ({"n_ctx": -5}, "n_ctx"), ({"kv_type": "q3"}, "kv_type"), ({"flash_attn": "maybe"}, "flash_attn"),
+])
+def test_a_bad_load_option_is_a_value_error_as_the_readme_says(tiny_models, load_options, named):
+    # they were EdgespecErrors only, which a caller's `except ValueError` let through
+    import edgespec
+
+    with pytest.raises(ValueError, match=named):
+        edgespec.load(str(tiny_models["target"]), draft="none", n_threads=1, **load_options)
+
+
+@pytest.mark.parametrize("prompt", [[], ["a"], [10**9]])
+def test_a_bad_prompt_of_token_ids_is_a_value_error(tiny_models, prompt):
+    import edgespec
+
+    with edgespec.load(str(tiny_models["target"]), draft="none", n_threads=1, n_ctx=512) as engine:
+        with pytest.raises(ValueError, match="prompt"):
+            next(engine.stream_tokens(prompt, SamplingParams(max_tokens=2)))
+
+
 def test_an_empty_stop_string_is_refused_not_dropped(tiny_models):
     # the stop check skips an empty string, so accepted it would stop nothing without a word
     with pytest.raises(ValueError, match="stop string may not be empty"):

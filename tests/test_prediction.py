@@ -108,7 +108,10 @@ def test_the_library_takes_a_prediction_in_chats_and_in_openais_form(engine):
     assert parts.stats.accepted_prediction_tokens == predicted.stats.accepted_prediction_tokens
 
 
-@pytest.mark.parametrize("value, named", [(5, "not int"), (["x"], "not list"), ({"type": "text"}, '"type": "content"')])
+@pytest.mark.parametrize("value, named", [
+    (5, "not int"), (["x"], "not list"), ({"type": "text"}, '"type": "content"'),
+    ("x" * (MAX_PREDICTION_CHARS + 1), "at most 1,000,000"),  # the text itself had no cap, the field's form one
+])
 def test_a_bad_library_prediction_is_one_clear_error(engine, value, named):
     with pytest.raises(ValueError, match="prediction") as raised:
         engine.generate(PROMPT, GREEDY, raw=True, prediction=value)

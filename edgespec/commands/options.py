@@ -102,11 +102,11 @@ def setting(name: str):
     def parse(text: str):
         try:
             return checked_setting(name, text if text == "auto" else int(text))
+        except SettingError as error:  # a ValueError too: first
+            raise argparse.ArgumentTypeError(str(error)) from None
         except ValueError:
             wanted = "a whole number or 'auto'" if name == "draft_tokens" else "a whole number"
             raise argparse.ArgumentTypeError(f"expected {wanted}, not {text!r}") from None
-        except SettingError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
 
     return parse
 
@@ -152,10 +152,10 @@ def parse_threads(text: str) -> int:
     """An argparse type for --threads: at most the cores edgespec may use here."""
     try:
         return checked_threads(int(text))
+    except SettingError as error:  # a ValueError too: first
+        raise argparse.ArgumentTypeError(str(error)) from None
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    except SettingError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_prompt_cache_ram_option(group, default: str, help_text: str) -> None:
