@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from edgespec.backend import LlamaModel
+from edgespec.errors import EdgespecError
 from edgespec.backend.hidden import HiddenStateModel
 from edgespec.heads.job import Budget, Sources, TrainingInterrupted, resume_path_for, train_heads
 from edgespec.heads.network import Adam, Heads
@@ -234,3 +235,19 @@ def test_a_token_id_outside_the_vocabulary_is_a_value_error_not_an_abort(target,
     for read in (target.token_bytes, target.token_text):
         with pytest.raises(ValueError, match=f"token id {token} is outside the vocabulary"):
             read(token)
+
+
+def test_heads_that_got_no_time_to_train_are_not_saved_as_trained(tiny_models, target, tmp_path, monkeypatch):
+    # collecting ran to the end of the budget, and heads trained for 0 s were saved, exit 0
+    from edgespec.heads import job
+
+    path = tmp_path / "heads" / "heads.npz"
+    lm_head = LmHead(tiny_models["target"])
+    with monkeypatch.context() as patched:
+        patched.setattr(job, "_train", lambda trainer, end, progress: None)
+        with pytest.raises(EdgespecError, match="no heads were saved.*run the same command again") as stopped:
+            train_heads(target, lm_head, _sources(target), _PLAN, _BUDGET, path, _quiet)
+    assert "\n" not in str(stopped.value)
+    assert sorted(p.name for p in path.parent.iterdir()) == [resume_path_for(path).name]
+    record = train_heads(target, lm_head, Sources(), _PLAN, _BUDGET, path, _quiet)  # trains on from there
+    assert record.training_tokens > 0 and path.exists()

@@ -40,6 +40,11 @@ class TrainingInterrupted(EdgespecError):
     exit_code = 130
 
 
+# Heads that saw less of their data than one pass are not kept as trained: collecting can run to the end of the
+# budget (a machine slower than its timing promised), and heads trained for no time replaced better ones.
+MIN_EPOCHS_KEPT = 1.0
+
+
 @dataclass(frozen=True)
 class Budget:
     seconds: float = 15 * 60.0
@@ -85,6 +90,11 @@ def train_heads(model, lm_head, sources: Sources, plan: TrainingPlan, budget: Bu
             _collect(model, lm_head, sources, plan, budget, started, heldout, data, progress)
             trainer = _new_trainer(plan, data, heldout, lm_head, model.n_vocab)
         _train(trainer, end, progress)
+        if trainer.epochs < min(MIN_EPOCHS_KEPT, trainer.plan.max_epochs):
+            _save_resume(resume_path, trainer)
+            raise EdgespecError(f"the time ran out with {trainer.epochs:.0%} of one pass over the data trained, so "
+                                f"no heads were saved; what was done is kept in {resume_path} (run the same command "
+                                "again, with more --minutes, to train on from there)")
     except KeyboardInterrupt:
         if trainer is None and data is not None and len(data) and len(heldout):
             trainer = _new_trainer(plan, data, heldout, lm_head, model.n_vocab)

@@ -77,10 +77,10 @@ def read_heads(path: str | os.PathLike) -> tuple[HeadsRecord, dict[str, np.ndarr
         record = HeadsRecord(**{**meta, "heldout_top1": tuple(meta["heldout_top1"]),
                                 "heldout_top3": tuple(meta["heldout_top3"])})
     except FileNotFoundError:
-        raise HeadsFileError(f"no heads file at {path} (train heads with `edgespec heads train MODEL`)") from None
+        raise HeadsFileError(f"no heads file at {path} (train heads with `edgespec heads train --model MODEL`)") from None
     except (OSError, ValueError, KeyError, TypeError):  # UnicodeDecodeError is a ValueError
         raise HeadsFileError(f"heads file {path} is damaged (train the heads again with "
-                             "`edgespec heads train MODEL`, or delete the file)") from None
+                             "`edgespec heads train --model MODEL`, or delete the file)") from None
     if record.format != FORMAT or record.form not in FORMS or not {"vocab", "a", "b", "bias"} <= arrays.keys():
         raise HeadsFileError(f"heads file {path} is of another format or version (train the heads again)")
     return record, arrays
