@@ -16,8 +16,9 @@ from typing import Callable, NamedTuple, Sequence
 from .backend import LlamaModel, supports_gpu_offload
 from .backend.hidden import HiddenStateModel
 from .costs import CostModel
-from .draft_payoff import (cached_profile, catalog_draft_share_floor, draft_token_share, longest_draft,
-                           why_it_cannot_pay, why_it_cannot_pay_at_floor, why_known_not_to_pay)
+from .draft_choice import draft_to_consider, ngram_only_notice, ngram_only_plan, plan_without_the_draft, say_warnings
+from .draft_payoff import (catalog_draft_share_floor, draft_token_share, why_it_cannot_pay, why_it_cannot_pay_at_floor,
+                           why_known_not_to_pay)
 from .drafters import check_vocab_compatible
 from .learned import LearnedAcceptance
 from .ngram_pool import NgramPool
@@ -26,8 +27,7 @@ from .errors import EdgespecError, Setting, Wording
 from .heads.attach import heads_drafter, trained_heads
 from .limits import checked_setting, flash_attention_on
 from .exactness import exactness_notices
-from .fetch import resolve_draft, resolve_model
-from .catalog import load_catalog, local_path
+from .fetch import resolve_model
 from .notices import log_notice
 from .model_identity import loaded_model_identity
 from .planner import Plan, plan_models
@@ -77,12 +77,13 @@ def plan_load(
         prompt_cache_ram=prompt_cache_ram,
     )
     if draft == "auto" and remembered_costs:
-        draft_left_out = _plan_without_the_draft(target_path, planned(None, force_mode="ngram"), n_threads=n_threads,
-                                                 bit_exact=bit_exact, measure_first=measure_first, pull=pull,
-                                                 notice=notice)
+        draft_left_out = plan_without_the_draft(target_path, planned(None, force_mode="ngram"), n_threads=n_threads,
+                                                bit_exact=bit_exact, measure_first=measure_first, pull=pull,
+                                                notice=notice)
         if draft_left_out is not None:
-            return draft_left_out
-    draft_path = _resolve_draft(target_path if draft == "auto" else target, draft, fetching)
+            ngram_plan, deferred_draft = draft_left_out
+            return LoadPlan(target_path, None, _with_trained_heads(ngram_plan, target_path, draft), deferred_draft)
+    draft_path = draft_to_consider(target_path if draft == "auto" else target, draft, fetching)
     # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
     forced_mode = "ngram" if draft == "heads" else (draft or "none") if draft in (None, "none", "ngram") else None
     plan = planned(draft_path, force_mode=forced_mode)
@@ -90,49 +91,23 @@ def plan_load(
     if draft == "auto" and plan.mode == "draft-model" and remembered_costs:
         why = why_known_not_to_pay(target_path, draft_path, plan, n_threads, bit_exact)
     if why is not None:
-        plan = _ngram_only_plan(planned(None, force_mode="ngram"), why, draft_path, notice)
+        plan = ngram_only_plan(planned(None, force_mode="ngram"), why, draft_path, notice)
     else:
-        _say_warnings(plan, notice)
+        say_warnings(plan, notice)
     if draft_path is not None and plan.mode != "draft-model" and why is None:
         notice(f"not loading draft {draft_path.name}: {plan.reason}")
-    return LoadPlan(target_path, draft_path, plan)
+    return LoadPlan(target_path, draft_path, _with_trained_heads(plan, target_path, draft))
 
 
-def _plan_without_the_draft(target_path: Path, ngram_plan: Plan, *, n_threads: int | None, bit_exact: bool,
-                            measure_first: bool, pull: bool, notice) -> LoadPlan | None:
-    """The plan of n-grams alone when `--draft auto` need not fetch or read the catalog's draft for target_path:
-    the target's remembered curve says it could not pay even at the least its token can cost, or (measure_first)
-    none is remembered and the draft is on disk or may be fetched (pull).  None otherwise (no draft in the
-    catalog for it, or it may pay)."""
-    names = _catalog_drafts_for(target_path)
-    if not names:
-        return None
-    present = _present_draft(names)
-    draft = local_path(load_catalog().get(present)) if present else names[0]  # what `--draft` would take
-    remembered = cached_profile(target_path, None, ngram_plan, n_threads)
-    if remembered is None:
-        if not (measure_first and (present or pull)):
-            return None
-        reason = f"n-grams only: {Path(draft).name} is used once this machine's costs say a draft model can pay"
-        return LoadPlan(target_path, None, _say_warnings(dataclasses.replace(ngram_plan, reason=reason), notice),
-                        deferred_draft=draft)
-    why = why_it_cannot_pay_at_floor(remembered.cost, longest_draft(remembered, bit_exact), Path(draft).name,
-                                     catalog_draft_share_floor(ngram_plan, target_path, draft))
-    if why is None:
-        return None
-    return LoadPlan(target_path, None, _ngram_only_plan(ngram_plan, why, draft, notice))
+# What a plan's reason adds when heads trained for the target draft too (Plan.heads).
+HEADS_TOO = "; the heads trained for this model draft too"
 
 
-def _ngram_only_plan(ngram_plan: Plan, why: str, draft: Path | str, notice) -> Plan:
-    """ngram_plan with why a draft model is left out as its reason, said once through notice with its warnings."""
-    notice(_ngram_only_notice(why, draft))
-    return _say_warnings(dataclasses.replace(ngram_plan, reason=f"n-grams only: {why}"), notice)
-
-
-def _say_warnings(plan: Plan, notice) -> Plan:
-    for warning in plan.warnings:
-        notice(warning)
-    return plan
+def _with_trained_heads(plan: Plan, target_path: Path, draft) -> Plan:
+    """plan, saying that the heads trained for the target draft too where `--draft auto` will load them."""
+    if draft != "auto" or plan.mode == "none" or trained_heads(target_path) is None:
+        return plan
+    return dataclasses.replace(plan, heads=True, reason=plan.reason + HEADS_TOO)
 
 
 def load_engine(
@@ -208,7 +183,7 @@ def _measured_first(planning, loading, exactness: list[str], notice) -> Engine:
     why = why_it_cannot_pay_at_floor(engine.cost, engine.max_draft_tokens, Path(draft).name,
                                      catalog_draft_share_floor(plan, target_path, draft))
     if why is not None:
-        notice(_ngram_only_notice(why, draft))
+        notice(ngram_only_notice(why, draft))
         engine.drop_draft_model(f"n-grams only: {why}")  # not the plan's reason, that it would be judged later
         return engine
     engine.close()  # the plan again, with the draft model (fetched if need be) and the target's curve measured now
@@ -223,6 +198,8 @@ def _loaded_engine(planned: LoadPlan, *, draft, n_ctx: int, n_threads, draft_tok
     heads_path = heads_path or (trained_heads(target_path) if draft in ("heads", "auto") else None)
     target_model, draft_model = _load_models(target_path, draft_path, plan, n_ctx, n_threads, heads_path is not None)
     heads = _load_heads(target_model, heads_path, required=draft == "heads", notice=notice)
+    if plan.heads and heads is None:  # unusable after all (said in a notice): the engine's reason must not claim them
+        plan = dataclasses.replace(plan, heads=False, reason=plan.reason.removesuffix(HEADS_TOO))
     mode = "heads" if draft == "heads" else "combined" if plan.mode == "draft-model" or heads is not None else plan.mode
     engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact, heads=heads)
     return _calibrated(engine, draft, draft_tokens, *calibration, notice)
@@ -286,12 +263,7 @@ def _settle_draft_model(engine: Engine, keep: bool) -> str:
         return Wording(f"drafting with n-grams and {path.name} as asked, though {why}; ", Setting("draft", "ngram"),
                        " may be faster")
     engine.drop_draft_model(f"n-grams only: {why}")
-    return _ngram_only_notice(why, path)
-
-
-def _ngram_only_notice(why: str, draft: Path | str) -> Wording:
-    """draft: the file, or the catalog name of one not fetched."""
-    return Wording(f"drafting with n-grams only: {why}; ", Setting("draft", str(draft)), " uses it anyway")
+    return ngram_only_notice(why, path)
 
 
 def _draft_choice_notice(engine: Engine) -> str:
@@ -309,37 +281,6 @@ def _why_narrower(engine: Engine) -> str:
         return Wording("wider verification passes are not bit-identical to plain decoding with this model and "
                        "llama.cpp build (", Setting("bit_exact", True), ")")
     return f"the cost curve covers passes up to {engine.max_draft_tokens + 1} tokens"
-
-
-def _resolve_draft(target, draft, fetching: dict) -> Path | None:
-    """The draft GGUF to consider, or None for n-gram / plain decoding.  fetching: resolve_model's keywords."""
-    if draft in (None, "none", "ngram", "heads"):
-        return None
-    if draft == "auto":
-        names = _catalog_drafts_for(target)
-        present = _present_draft(names)
-        for name in ([present] if present else names):
-            path = resolve_draft(name, **fetching)
-            if path is not None:
-                return path
-        return None
-    return resolve_model(draft, **fetching)
-
-
-def _present_draft(names: Sequence[str]) -> str | None:
-    """The first of these catalog drafts already on disk, or None."""
-    catalog = load_catalog()
-    return next((name for name in names if local_path(catalog.get(name)) is not None), None)
-
-
-def _catalog_drafts_for(target) -> tuple[str, ...]:
-    """The drafts the catalog pairs with target (given by name or by the path of a catalog file), best first."""
-    catalog = load_catalog()
-    names = {str(target)}
-    target_path = Path(target).expanduser()
-    if target_path.is_file():
-        names |= {e.name for e in catalog.models.values() if local_path(e) == target_path}
-    return next((pair.drafts for pair in catalog.pairs if pair.target in names), ())
 
 
 def _load_heads(target, heads_path, required: bool, notice):

@@ -17,12 +17,12 @@ def format_plan_table(plan: Plan) -> Table:
     caption = [
         f"budget {format_size(plan.budget_bytes)} ({flag_worded(plan.budget_source)}); "
         f"plan needs {format_size(plan.total_bytes)}: {verdict}",
-        f"drafting: [bold]{plan.mode}[/]; {plan.reason}",
+        f"drafting: [bold]{plan.drafting}[/]; {plan.reason}",
         *(f"[yellow]warning:[/] {flag_worded(warning)}" for warning in plan.warnings),
     ]
     if plan.prompt_cache_ram:
         caption.insert(1, _prompt_cache_line(plan))
-    table = Table(title=f"edgespec plan: {plan.mode} on {device}", title_justify="left",
+    table = Table(title=f"edgespec plan: {plan.drafting} on {device}", title_justify="left",
                   caption="\n".join(caption), caption_justify="left")
     table.add_column("")
     for part in plan.parts:

@@ -90,10 +90,16 @@ class Plan:
     # RAM the server's store of recent prompt snapshots may hold (edgespec.prefix_cache.MemoryPrefixCache);
     # counted in total_bytes when the budget is RAM
     prompt_cache_ram: int = 0
+    heads: bool = False  # heads trained for the target draft too (`--draft auto` loads them beside the mode's drafter)
+
+    @property
+    def drafting(self) -> str:
+        """The drafters a load of this plan drafts with, as the plan shows them: its mode, and heads."""
+        return f"{self.mode} + heads" if self.heads else self.mode
 
     def to_dict(self) -> dict:
         return {
-            "mode": self.mode, "device": self.device,
+            "mode": self.mode, "heads": self.heads, "device": self.device,
             "target_gpu_layers": self.target_gpu_layers, "draft_gpu_layers": self.draft_gpu_layers,
             "parts": [part.to_dict() for part in self.parts],
             "total_bytes": self.total_bytes, "budget_bytes": self.budget_bytes,

@@ -252,3 +252,29 @@ def test_a_heads_draft_ends_at_an_end_token(engine, tiny_models, monkeypatch):
     assert [7, eos] in drafted and all(tokens == [7, eos][: len(tokens)] for tokens in drafted)  # k 1 near the end
     engine.configure(mode="none")
     assert engine.generate(PROMPTS[0], params, raw=True).token_ids == result.token_ids
+
+
+def test_the_plan_and_the_run_s_reason_name_the_heads_auto_drafts_with(tiny_models, heads_path, tmp_path, monkeypatch):
+    # `edgespec plan` said "ngram" while a run with the same flags drafted with heads too (mode "combined")
+    import shutil
+
+    from edgespec.heads.store import default_heads_path
+    from edgespec.loading import HEADS_TOO, plan_load
+
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))
+    assert not plan_load(tiny_models["target"], "auto", n_ctx=512, notice=lambda _: None).plan.heads
+    own = default_heads_path(tiny_models["target"])
+    own.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(heads_path, own)
+    plan = plan_load(tiny_models["target"], "auto", n_ctx=512, notice=lambda _: None).plan
+    assert plan.heads and plan.drafting == f"{plan.mode} + heads" and plan.reason.endswith(HEADS_TOO)
+    engine = load_engine(tiny_models["target"], "auto", n_ctx=512, cost_curve=FIXED_COST, n_threads=1,
+                         notice=lambda _: None)
+    stats = engine.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4), raw=True).stats
+    engine.close()
+    assert stats.mode == "combined" and stats.plan_reason.endswith(HEADS_TOO)
+    own.write_bytes(b"not heads")  # unusable: said in a notice, and claimed by no reason
+    engine = load_engine(tiny_models["target"], "auto", n_ctx=512, cost_curve=FIXED_COST, n_threads=1,
+                         notice=lambda _: None)
+    assert not engine.plan.heads and not engine.plan.reason.endswith(HEADS_TOO)
+    engine.close()
