@@ -249,6 +249,8 @@ class Decoder:
             # untimed unless timed below: a given cost curve, or a pass several sequences share, prices it
             generation.pass_seconds = None
         if len(generations) > 1 or feeds:
+            for generation in generations:
+                generation.shared_a_pass = True
             feeds = dict(feeds or {})
             parts = [(g.seq, [*feeds.pop(g.seq, []), g.context[-1], *d.tokens], len(d.tokens) + 1)
                      for g, d in zip(generations, drafts)]

@@ -861,3 +861,20 @@ def test_under_bit_exact_the_plan_judges_a_remembered_draft_at_the_widest_exact_
     planned = plan_load(auto_draft["target"], "auto", n_ctx=256, n_threads=1, bit_exact=True, notice=lambda line: None)
     assert planned.plan.mode == "ngram" and planned.draft_path is None, "a bit-exact step verifies no draft at all"
     assert planned.plan.reason.startswith("n-grams only:")
+
+
+def test_a_generation_that_shared_its_passes_claims_no_speedup_of_its_own(tiny_models):
+    # its time is the other sequences' too: batch --parallel records read 0.02-0.2x plain decoding
+    from edgespec.generation import Done
+    from edgespec.scheduler import Job
+
+    engine = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1)  # a measured curve: a pace
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    alone = engine.generate(PROMPTS[0], params, raw=True).stats
+    jobs = iter([Job(i, engine.prompt_tokens(p, raw=True), params) for i, p in enumerate(PROMPTS[:2])])
+    together = [event.result.stats for _, event in engine.scheduler(2).run(lambda wait: next(jobs, None))
+                if isinstance(event, Done)]
+    engine.close()
+    assert alone.plain_step_seconds > 0 and alone.decode_speedup > 0
+    assert len(together) == 2
+    assert all(s.plain_step_seconds == s.decode_speedup == s.end_to_end_speedup == 0.0 for s in together)
