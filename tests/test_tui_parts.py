@@ -191,6 +191,23 @@ def test_the_kv_cache_settings_come_from_the_file_and_the_chat_flags(tmp_path):
         load_config(path)
 
 
+@pytest.mark.parametrize("config_text, flags", [
+    ('flash_attn = "on"\nbit_exact = true\n', {}),
+    ('bit_exact = true\n', {"flash_attn": "on"}),
+])
+def test_settings_no_load_can_keep_are_refused_before_the_app_starts(tmp_path, monkeypatch, config_text, flags):
+    # the app failed to load its model with them, named flags that were not given, and offered another file
+    from tui.run import run_chat
+
+    monkeypatch.setenv("EDGESPEC_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setenv("EDGESPEC_DATA_DIR", str(tmp_path))
+    (tmp_path / "config.toml").write_text(config_text)
+    monkeypatch.setattr("tui.run.ChatApp.run", lambda app: pytest.fail("the app started"))
+    with pytest.raises(ConfigError, match='flash_attn = "on" and bit_exact = true .*config.toml.* drop one'):
+        run_chat(**flags)
+    assert not (tmp_path / "history.sqlite3").exists()  # refused before the history was opened
+
+
 @pytest.mark.parametrize("text, problem", [
     ("colour = 1\n", "unknown setting colour"),
     ("[keymap]\nfly = \"x\"\n", "unknown setting \\[keymap\\] fly"),

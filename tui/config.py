@@ -88,6 +88,15 @@ class ConfigError(EdgespecError):
     """config.toml cannot be read or holds a value the app cannot use."""
 
 
+def check_settings_go_together(config: ChatConfig) -> None:
+    """ConfigError for settings no load can keep together, config.toml's and the flags' alike: the app only
+    failed to load its model with them, and offered to load another file."""
+    if config.flash_attn == "on" and config.bit_exact:
+        raise ConfigError(f'flash_attn = "on" and bit_exact = true (in {config_path()}, or --flash-attn on and '
+                          "--bit-exact) cannot go together: with flash attention a token's logits depend on how many "
+                          "tokens share its pass; drop one")
+
+
 def chat_sampling(config: ChatConfig) -> SamplingParams:
     """The config's sampling settings; ConfigError naming the file (or the flags) if one is bad."""
     try:

@@ -8,7 +8,7 @@ import threading
 import time
 
 from tui.app import ChatApp
-from tui.config import load_config
+from tui.config import check_settings_go_together, load_config
 from tui.engine_host import default_chat_threads
 from tui.history import ChatStore
 from tui.paste import guard_terminal_pastes
@@ -34,6 +34,7 @@ def run_chat(args=None, **overrides) -> int:
     values.update(overrides)
     config = load_config().with_overrides(
         system_prompt=values.get("system"), **{name: values.get(name) for name in FLAG_SETTINGS})
+    check_settings_go_together(config)
     store = ChatStore()
     threads = values.get("threads")
     app = ChatApp(config, store, n_threads=default_chat_threads() if threads is None else threads)
