@@ -42,12 +42,13 @@ class MemoryBudget:
     total_bytes: int
     available_bytes: int  # what a plan may use
     source: str  # how the numbers were found, for the plan's table (a Wording where it names a setting)
+    given: bool = False  # set by memory_budget, not found free: the memory there may be far more
 
 
 def budget_override(size_bytes: int, *, gpu_offload: bool) -> MemoryBudget:
     """The budget given as memory_budget: it stands for GPU memory when the build can offload, else RAM."""
     kind = ("metal" if sys.platform == "darwin" else "cuda") if gpu_offload else "cpu"
-    return MemoryBudget(kind, size_bytes, size_bytes, Wording(Setting("memory_budget")))
+    return MemoryBudget(kind, size_bytes, size_bytes, Wording(Setting("memory_budget")), given=True)
 
 
 def detect_memory(*, gpu_offload: bool = True) -> MemoryBudget:

@@ -232,7 +232,7 @@ def plan(target: GGUFInfo, draft: GGUFInfo | None, *, n_ctx: int, budget: Memory
     fits = total <= available
     if not fits:
         forced_layers = on_gpu and (force_gpu_layers is not None or force_draft_gpu_layers is not None)
-        warnings.append(_over_budget(force_mode == "draft-model" or forced_layers, total, available, on_gpu))
+        warnings.append(_over_budget(force_mode == "draft-model" or forced_layers, total, budget, on_gpu))
     return _with_prompt_cache(Plan(
         mode=mode,
         device=budget.kind if on_gpu else "cpu",
@@ -320,10 +320,14 @@ def _with_prompt_cache(plan: Plan, asked: int) -> Plan:
                                warnings=warnings)
 
 
-def _over_budget(forced: bool, total: int, available: int, on_gpu: bool) -> str:
+def _over_budget(forced: bool, total: int, budget: MemoryBudget, on_gpu: bool) -> str | Wording:
+    """A budget memory_budget set is named so: the memory free may be far more."""
     # Automatic choices never add a draft that does not fit: an unforced plan misses through the target alone.
-    return (f"{'the forced plan' if forced else 'the target alone'} needs {format_size(total)} but "
-            f"{format_size(available)} of {'GPU memory' if on_gpu else 'RAM'} is available; "
+    needs = f"{'the forced plan' if forced else 'the target alone'} needs {format_size(total)}"
+    available = budget.available_bytes
+    if budget.given:
+        return Wording(f"{needs}, over the {format_size(available)} budget of ", Setting("memory_budget"))
+    return (f"{needs} but {format_size(available)} of {'GPU memory' if on_gpu else 'RAM'} is available; "
             "expect out-of-memory errors or swapping")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, flag_worded
 from edgespec.gguf_info import GGUFInfo, read_gguf_info
 from edgespec.memory import MemoryBudget, budget_override
 from edgespec.units import parse_size
@@ -169,6 +169,13 @@ def test_cpu_plan_drops_the_draft_even_when_the_target_alone_does_not_fit():
     assert len(chosen.warnings) == 1 and "target alone" in chosen.warnings[0]
 
 
+def test_a_plan_over_a_budget_given_says_the_budget_not_the_memory_free():
+    # "100.0 MiB of RAM is available" read as the machine's, with 22 GiB free
+    chosen = plan(QWEN, None, n_ctx=4096, budget=budget_override(parse_size("100MiB"), gpu_offload=False),
+                  gpu_offload=False)
+    assert not chosen.fits and flag_worded(chosen.warnings[0]).endswith("over the 100.0 MiB budget of --memory-budget")
+
+
 def test_gpu_build_without_detected_gpu_memory_plans_for_ram(tiny):
     ram = MemoryBudget("cpu", 8 * MiB, 8 * MiB, "RAM, no GPU memory found")
     chosen = plan(tiny["target"], tiny["draft"], n_ctx=512, budget=ram, gpu_offload=True)
@@ -194,11 +201,11 @@ def test_forced_draft_takes_the_layers_that_are_left(smol):
 def test_forced_layers_that_do_not_fit_warn(smol):
     chosen = plan(QWEN, smol, n_ctx=4096, budget=_gpu("512MiB"), gpu_offload=True, force_gpu_layers=-1)
     assert chosen.target_gpu_layers == 29 and chosen.mode == "ngram" and not chosen.fits
-    assert len(chosen.warnings) == 1 and "forced plan" in chosen.warnings[0]
+    assert len(chosen.warnings) == 1 and "forced plan" in flag_worded(chosen.warnings[0])
 
     chosen = plan(QWEN, smol, n_ctx=4096, budget=_gpu("1.3GiB"), gpu_offload=True, force_draft_gpu_layers=-1)
     assert (chosen.mode, chosen.target_gpu_layers, chosen.draft_gpu_layers) == ("draft-model", 29, 31)
-    assert not chosen.fits and "forced plan" in chosen.warnings[0]
+    assert not chosen.fits and "forced plan" in flag_worded(chosen.warnings[0])
 
 
 def test_forced_target_layers_leave_room_for_the_draft(smol):
