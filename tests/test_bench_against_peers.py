@@ -77,3 +77,22 @@ def test_the_line_under_the_tables_says_the_figure_and_which_peer_was_faster():
         "ngram-auto over the faster llama.cpp n-gram peer on each prompt (T = 0, code-edit): median 1.20x "
         "[0.80-1.30] over 3 prompts; the faster peer: llamacpp-ngram-simple on 2, llamacpp-ngram-simple-n15 on 1; "
         "at a near-tie its text left the baseline's on p1")
+
+
+def test_the_tables_show_every_configuration_s_whole_name():
+    # cut to fit, the two llama.cpp n-gram peers both read "llamacpp-…"
+    from edgespec.commands.bench.report import print_tables
+
+    figures = dict.fromkeys(("decode_tps_median", "decode_tps_min", "decode_tps_max", "speedup",
+                             "speedup_per_prompt_median", "speedup_paired_median", "acceptance_rate",
+                             "target_passes_per_token", "prefill_seconds_median", "end_to_end_seconds_median",
+                             "end_to_end_speedup", "end_to_end_bound", "peak_rss_mb", "matches_baseline"), 1.0)
+    names = ["baseline", "ngram-auto", "llamacpp-ngram-simple", "llamacpp-ngram-simple-n15"]
+    results = {"meta": {"model": "m.gguf", "machine": {"cpu": "CPU", "cores": 2}, "n_threads": 2, "repeats": 1,
+                        "seed": 1, "temperatures": [0.0]},
+               "summary": [dict(figures, suite="code-edit", config=name, temperature=0.0) for name in names]}
+    out = io.StringIO()
+    print_tables(results, Console(file=out, width=150))
+    # the config column read down the rows, folded lines and all
+    column = "".join(line.split("│")[2].strip() for line in out.getvalue().splitlines() if line.startswith("│"))
+    assert column == "".join(names)

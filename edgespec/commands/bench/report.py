@@ -166,6 +166,10 @@ def _stdout_console():
     return console if console.is_terminal else ResultsConsole(width=170)
 
 
+# A configuration's name is folded onto more lines rather than cut: "llamacpp-…" twice named neither peer.
+_COLUMN_STYLE = {"suite": {"justify": "left", "overflow": "fold"}, "config": {"justify": "left", "overflow": "fold"}}
+
+
 def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
@@ -184,7 +188,7 @@ def print_tables(results: dict, console=None) -> None:
                                                        else " (same as base: the baseline's tokens for the same seed, not enforced)"))
         for column in ("suite", "config", "decode tok/s", "min-max", "speedup", "per-prompt", "paired", "accept", "passes/tok",
                        "prefill s", "e2e s", "e2e speedup", "bound", "peak RSS MB", "same as base"):
-            table.add_column(column, justify="left" if column in ("suite", "config") else "right")
+            table.add_column(column, **_COLUMN_STYLE.get(column, {"justify": "right"}))
         previous_suite = None
         for row in (r for r in results["summary"] if r["temperature"] == temperature):
             if previous_suite is not None and row["suite"] != previous_suite:
@@ -235,7 +239,7 @@ def print_overhead(results: dict, console=None) -> None:
     for temperature in results["meta"]["temperatures"]:
         table = Table(title=f"T = {temperature:g}: milliseconds per step outside llama_decode")
         for column in ("suite", "config", "steps", "llama_decode", *phases, "overhead", "of T(1)"):
-            table.add_column(column, justify="left" if column in ("suite", "config") else "right")
+            table.add_column(column, **_COLUMN_STYLE.get(column, {"justify": "right"}))
         for row in (r for r in results["overhead"] if r["temperature"] == temperature):
             ms = row["phase_ms_per_step"]
             table.add_row(row["suite"], row["config"], str(row["steps"]),
