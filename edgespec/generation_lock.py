@@ -19,8 +19,9 @@ from typing import Callable
 from .errors import EdgespecError
 
 SECOND_STREAM = ("this thread still holds an unfinished stream of this engine (a generator neither run to its end "
-                 "nor closed), which has the engine's models until it ends: finish that stream or call its close() "
-                 "first (or load a second engine to run two generations at once)")
+                 "nor closed, such as one a caught exception's traceback keeps alive), which has the engine's models "
+                 "until it ends: finish that stream or call its close() first, or iterate it in "
+                 "`with contextlib.closing(engine.stream(...))` (or load a second engine to run two generations at once)")
 CLOSED = "this engine is closed (its models were freed); load the model again with edgespec.load to generate"
 
 

@@ -46,6 +46,28 @@ def test_a_stream_left_by_break_leaves_the_caches_as_a_fresh_engine_has_them(eng
     assert engine.generate(PROMPTS[0], **GREEDY).token_ids == plain[PROMPTS[0]]
 
 
+def test_a_stream_a_traceback_keeps_is_refused_naming_the_way_out_which_works(engine, plain):
+    # a retry inside `except` found the failed function's stream still open, held by the traceback's frame
+    import contextlib
+
+    def fails(closing: bool):
+        steps = engine.stream(PROMPTS[0], **GREEDY)
+        with contextlib.closing(steps) if closing else contextlib.nullcontext(steps):
+            for i, _ in enumerate(steps):
+                if i == 1:
+                    raise RuntimeError("the caller's own failure")
+
+    try:
+        fails(closing=False)
+    except RuntimeError:
+        with pytest.raises(EdgespecError, match=r"traceback.*contextlib\.closing"):
+            engine.generate(PROMPTS[1], **GREEDY)
+    try:
+        fails(closing=True)
+    except RuntimeError:
+        assert engine.generate(PROMPTS[1], **GREEDY).token_ids == plain[PROMPTS[1]]
+
+
 def test_a_second_stream_while_one_is_open_in_the_same_thread_is_refused_not_a_hang(engine, plain):
     first = engine.stream(PROMPTS[0], **GREEDY)
     next(first)
