@@ -15,7 +15,8 @@ SparseProbs (ids and probabilities), which the verifier compares in O(head).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from difflib import get_close_matches
 
 import numpy as np
 
@@ -58,6 +59,11 @@ def _checked_whole(value, name: str, low: int, high: int | None, valid: str) -> 
     return int(value)
 
 
+# Every generated token is checked against every stop string: 10,000 of them cost 10 ms a token, a step of a small
+# model, and a server's one request would slow every other.  OpenAI takes 4.
+MAX_STOPS = 64
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What to sample.  Every value is checked here and nowhere else.
@@ -92,6 +98,8 @@ class SamplingParams:
         }
         if not (isinstance(checked["stop"], (tuple, list)) and all(isinstance(text, str) for text in checked["stop"])):
             raise ValueError(f"stop must be a string or a list of strings, not {self.stop!r}")
+        if len(checked["stop"]) > MAX_STOPS:
+            raise ValueError(f"stop holds {len(checked['stop']):,} strings; at most {MAX_STOPS} are accepted")
         if "" in checked["stop"]:  # the stop check skips it, so accepted it would silently stop nothing
             raise ValueError("a stop string may not be empty (it would stop nothing); leave it out")
         checked["stop"] = tuple(checked["stop"])
@@ -257,6 +265,11 @@ def sample(probs, rng: np.random.Generator) -> int:
 def sampling_params(params: SamplingParams | None, changes: dict) -> SamplingParams:
     """params (the defaults when None) with the keyword arguments changes; a bad name or value raises
     TypeError or ValueError naming it."""
+    unknown = sorted(set(changes) - {field.name for field in fields(SamplingParams)})
+    if unknown:  # SamplingParams' own TypeError named its __init__, not the call the caller made
+        close = get_close_matches(unknown[0], [field.name for field in fields(SamplingParams)], n=1)
+        raise TypeError(f"unknown sampling setting {unknown[0]!r}" + (f"; did you mean {close[0]}?" if close else
+                        f"; the settings are {', '.join(field.name for field in fields(SamplingParams))}"))
     if params is None:
         return SamplingParams(**changes)
     if not isinstance(params, SamplingParams):

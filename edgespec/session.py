@@ -65,14 +65,17 @@ class ChatSession:
 
     # -- turns ---------------------------------------------------------------
 
-    def send(self, text: str, params: SamplingParams) -> GenerationResult:
-        return result_of(self.stream(text, params))
+    # Sampling is params (a SamplingParams, None for the defaults), keyword arguments (temperature=0, ...), or
+    # both, as Engine.generate takes it.
 
-    def stream(self, text: str, params: SamplingParams | None) -> Iterator[Step | Done | Notice]:
+    def send(self, text: str, params: SamplingParams | None = None, **sampling) -> GenerationResult:
+        return result_of(self.stream(text, params, **sampling))
+
+    def stream(self, text: str, params: SamplingParams | None = None, **sampling) -> Iterator[Step | Done | Notice]:
         """The reply to text, step by step, recorded when it ends; leaving it early (a break, close()) is
         cancel(): the reply so far is recorded as cancelled."""
         check_text(text, "the message")
-        params = sampling_params(params, {})  # None: the defaults; a dict is refused here, not mid-turn
+        params = sampling_params(params, sampling)  # a dict is refused here, not mid-turn
         self._check_no_reply_open()
         self.messages.append({"role": "user", "content": text})
         try:
@@ -82,14 +85,14 @@ class ChatSession:
             raise
         return self._reply(prompt_ids, notice, params)
 
-    def regenerate(self, params: SamplingParams) -> GenerationResult:
-        return result_of(self.stream_regenerate(params))
+    def regenerate(self, params: SamplingParams | None = None, **sampling) -> GenerationResult:
+        return result_of(self.stream_regenerate(params, **sampling))
 
-    def stream_regenerate(self, params: SamplingParams) -> Iterator[Step | Done | Notice]:
+    def stream_regenerate(self, params: SamplingParams | None = None, **sampling) -> Iterator[Step | Done | Notice]:
         """Drop the last reply and sample a new one with a new seed."""
         if not self.messages or self.messages[-1]["role"] != "assistant":
             raise EdgespecError("there is no reply to regenerate (send a message first)")
-        params = sampling_params(params, {})
+        params = sampling_params(params, sampling)
         self._check_no_reply_open()
         self.messages.pop()
         # the reply's figures, where it has them: a chat saved with replies of no figures (edited by hand,
@@ -97,11 +100,11 @@ class ChatSession:
         self.turn_stats = [s for s in self.turn_stats if s["message_index"] < len(self.messages)]
         return self.stream_reply(replace(params, seed=secrets.randbits(32)))
 
-    def stream_reply(self, params: SamplingParams) -> Iterator[Step | Done | Notice]:
+    def stream_reply(self, params: SamplingParams | None = None, **sampling) -> Iterator[Step | Done | Notice]:
         """Reply to the conversation as it stands (after an edit, say)."""
         if not self.messages or self.messages[-1]["role"] != "user":
             raise EdgespecError("the conversation does not end with a user message")
-        params = sampling_params(params, {})
+        params = sampling_params(params, sampling)
         self._check_no_reply_open()
         prompt_ids, notice = self._prompt_for_reply(params)
         return self._reply(prompt_ids, notice, params)

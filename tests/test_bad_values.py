@@ -169,6 +169,14 @@ def test_a_bad_prompt_of_token_ids_is_a_value_error(tiny_models, prompt):
             next(engine.stream_tokens(prompt, SamplingParams(max_tokens=2)))
 
 
+def test_stop_strings_past_the_most_accepted_are_refused():
+    from edgespec.sampling import MAX_STOPS
+
+    assert len(SamplingParams(stop=[f"s{i}" for i in range(MAX_STOPS)]).stop) == MAX_STOPS
+    with pytest.raises(ValueError, match=f"stop holds {MAX_STOPS + 1} strings; at most {MAX_STOPS}"):
+        SamplingParams(stop=[f"s{i}" for i in range(MAX_STOPS + 1)])
+
+
 def test_an_empty_stop_string_is_refused_not_dropped(tiny_models):
     # the stop check skips an empty string, so accepted it would stop nothing without a word
     with pytest.raises(ValueError, match="stop string may not be empty"):

@@ -215,3 +215,16 @@ def test_a_session_with_stop_texts_survives_the_round_trip_in_memory_and_through
     in_memory = ChatSession.from_dict(engine, session.to_dict())  # the chat app's switch of models
     through_json = ChatSession.from_dict(engine, json.loads(json.dumps(session.to_dict())))  # a saved chat
     assert in_memory.params == through_json.params == session.params
+
+
+def test_a_session_takes_sampling_as_keywords_as_the_engine_does(engines):
+    # send("hi") wanted a SamplingParams, and send("hi", temperature=0) was an unexpected keyword
+    engine, _ = engines
+    keywords = ChatSession(engine).send(TURNS[0], temperature=0.0, max_tokens=GREEDY.max_tokens)
+    given = ChatSession(engine).send(TURNS[0], GREEDY)
+    assert keywords.token_ids == given.token_ids
+    session = ChatSession(engine)
+    session.send(TURNS[0], GREEDY)
+    assert session.regenerate(max_tokens=3).stats.tokens_generated <= 3
+    with pytest.raises(TypeError, match="unknown sampling setting 'temprature'; did you mean temperature"):
+        session.send(TURNS[1], temprature=0)
