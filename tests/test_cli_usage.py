@@ -444,3 +444,14 @@ def test_a_flag_typed_as_the_last_word_of_another_is_suggested_beside_the_flags_
 def test_a_prompt_that_starts_with_a_dash_is_told_about_double_dash(argv, told, capsys):
     code, err = exit_code_and_error(argv, capsys)
     assert code == 2 and told in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_chat_s_help_gives_the_defaults_its_flags_fall_back_to(capsys):
+    # chat's flags default to None (config.toml's settings then), which its help showed as "(default: None)"
+    from tui.settings import ChatConfig
+
+    with pytest.raises(SystemExit):
+        main(["chat", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "default: None" not in shown
+    assert f"0 means greedy (default: config.toml's, else {ChatConfig().temperature})" in shown

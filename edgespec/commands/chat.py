@@ -11,12 +11,13 @@ from .options import add_engine_options, add_sampling_options
 
 
 def add_chat_parser(subparsers) -> None:
-    from tui.settings import FLAG_SETTINGS
+    from tui.settings import FLAG_SETTINGS, ChatConfig
 
     parser = subparsers.add_parser("chat", help="the terminal chat app")
-    add_engine_options(parser)
-    add_sampling_options(parser, max_tokens=1024, per_request=False)
-    # flags the user leaves out fall back to config.toml, whose own defaults match the ones above
+    # flags the user leaves out fall back to config.toml, and its settings left out to the app's own defaults
+    defaults = {name: value for name, value in vars(ChatConfig()).items() if value is not None}
+    add_engine_options(parser, config=("config.toml", defaults))
+    add_sampling_options(parser, max_tokens=defaults["max_tokens"], per_request=False, config=("config.toml", defaults))
     parser.set_defaults(func=chat, **{name: None for name in FLAG_SETTINGS})
 
 

@@ -18,15 +18,18 @@ SIZE_FLAGS = frozenset({"--memory-budget", "--prompt-cache-size", "--prompt-cach
 _NEGATIVE_NUMBER_START = re.compile(r"-\.?\d")
 
 
-def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    """Model and drafting flags shared by every command that loads models."""
+def add_engine_options(parser: argparse.ArgumentParser, config: tuple[str, dict] | None = None) -> None:
+    """Model and drafting flags shared by every command that loads models.  config: (a file whose settings the
+    flags left out take, the defaults it falls back to by setting), which their help names (chat's config.toml)."""
     group = parser.add_argument_group("models")
-    group.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
+    shown = _default_shown(config)
+    group.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL,
+                       help=f"target GGUF: a path or a catalog name (default: {shown('model', DEFAULT_MODEL)})")
     group.add_argument("--draft", type=model_text, default="auto", help="draft GGUF path or catalog name, 'ngram', 'heads' (trained with `edgespec heads train`), 'none', "
                             "or 'auto' (default: the catalog draft if it fits, else ngram; with trained heads, those too)")
     group.add_argument("--draft-tokens", type=setting("draft_tokens"), default="auto",
                        help=f"tokens drafted per step: 0 to {MAX_DRAFT_TOKENS}, or 'auto' to follow measured costs (default)")
-    group.add_argument("--n-ctx", type=setting("n_ctx"), default=4096, help=f"context window in tokens, from {MIN_N_CTX}; llama.cpp rounds it up to a multiple of 256 (default: %(default)s)")
+    group.add_argument("--n-ctx", type=setting("n_ctx"), default=4096, help=f"context window in tokens, from {MIN_N_CTX}; llama.cpp rounds it up to a multiple of 256 (default: {shown('n_ctx', 4096)})")
     group.add_argument("--gpu-layers", type=setting("gpu_layers"), default=None, help="target layers to offload (-1: all; default: from the memory plan)")
     group.add_argument("--draft-gpu-layers", type=setting("draft_gpu_layers"), default=None, help="draft layers to offload (-1: all; default: from the memory plan)")
     group.add_argument("--memory-budget", type=_size_text, default=None, help="memory to plan for, e.g. 6GiB (default: detected)")
@@ -42,6 +45,16 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--prompt-cache-size", type=_size_text, default=None,
                        help="disk space for prompt snapshots, e.g. 2GiB (default: EDGESPEC_PROMPT_CACHE_SIZE, else 2GiB)")
     add_kv_cache_options(group)
+
+
+def _default_shown(config: tuple[str, dict] | None):
+    """How a flag's help shows the default of a setting: the value, or the config file the flags left out take
+    theirs from, and its own default (chat's parser sets every default to None, which its help showed as
+    "default: None")."""
+    if config is None:
+        return lambda name, value: value
+    file, defaults = config
+    return lambda name, value: f"{file}'s, else {defaults.get(name, value)}"
 
 
 def add_kv_cache_options(group) -> None:
@@ -60,21 +73,24 @@ def add_kv_cache_options(group) -> None:
                             "(--flash-attn alone: on)")
 
 
-def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int | None = 256, per_request: bool = True) -> None:
+def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int | None = 256, per_request: bool = True,
+                         config: tuple[str, dict] | None = None) -> None:
     """The sampling flags; per_request=False leaves out --seed and --stop, which only make sense for one
     reply or a batch of them (the chat app samples each reply afresh and stops at the end of a turn).
-    max_tokens None: a reply runs until its end or a full context unless the flag is given."""
+    max_tokens None: a reply runs until its end or a full context unless the flag is given.  config: as
+    add_engine_options takes it."""
     group = parser.add_argument_group("sampling")
-    until = "%(default)s" if max_tokens is not None else "until the reply ends or the context is full"
+    shown = _default_shown(config)
+    until = shown('max_tokens', max_tokens) if max_tokens is not None else "until the reply ends or the context is full"
     group.add_argument("--max-tokens", type=sampling_value("max_tokens", int), default=max_tokens,
                        help=f"the most tokens a reply may have (default: {until})")
     group.add_argument("--temperature", "--temp", "-t", type=sampling_value("temperature", float), default=0.8,
-                       help="0 means greedy (default: %(default)s)")
-    group.add_argument("--top-k", type=sampling_value("top_k", int), default=40, help="0 switches it off (default: %(default)s)")
+                       help=f"0 means greedy (default: {shown('temperature', 0.8)})")
+    group.add_argument("--top-k", type=sampling_value("top_k", int), default=40, help=f"0 switches it off (default: {shown('top_k', 40)})")
     group.add_argument("--top-p", type=sampling_value("top_p", float), default=0.95,
-                       help="1.0 switches it off (default: %(default)s)")
+                       help=f"1.0 switches it off (default: {shown('top_p', 0.95)})")
     group.add_argument("--min-p", type=sampling_value("min_p", float), default=0.05,
-                       help="0.0 switches it off (default: %(default)s)")
+                       help=f"0.0 switches it off (default: {shown('min_p', 0.05)})")
     if per_request:
         group.add_argument("--seed", type=sampling_value("seed", int), default=None)
         group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
