@@ -266,6 +266,7 @@ def test_twenty_requests_give_openai_batch_output(models, tmp_path, capsys):
         assert_openai_success(record, record["custom_id"])
         assert record["response"]["body"]["usage"]["completion_tokens"] <= 8
     assert {r["response"]["body"]["object"] for r in records} == {"chat.completion", "text_completion"}
+    assert {r["response"]["body"]["model"] for r in records} == {models["target"].stem}  # as the server names it
     summary = json.loads(summary_path.read_text())
     assert summary["requests_ok"] == 20 and summary["requests_failed"] == 0
     assert summary["completion_tokens"] == sum(r["response"]["body"]["usage"]["completion_tokens"] for r in records)

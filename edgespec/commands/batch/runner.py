@@ -160,7 +160,7 @@ def run_batch(
     free); the rest keep their order.
     """
     tally = RunTally()
-    model_name = Path(engine.target_path).name
+    model_name = Path(engine.target_path).stem  # as `edgespec serve` names it: "qwen2.5-coder-1.5b-instruct"
     in_flight: dict[str, Stats] = {}
 
     def write(entry, record: dict) -> None:
