@@ -250,16 +250,17 @@ def _note_other_models(entries, finished: dict[str, dict], model: str, out_path:
     from ...fetch import resolve_model
 
     try:
-        asked = resolve_model(model, pull=False).name  # as success_record names it
+        path = resolve_model(model, pull=False)
     except EdgespecError:
         return  # not here yet: loading it says so, and then there is nothing to compare
+    asked = path.stem  # as success_record names it; records written before named the file, path.name
     others: dict[str, int] = {}
     for entry in entries:
         record = finished.get(entry.custom_id) if is_done(entry, finished) else None
         response = record.get("response") if record else None
         body = response.get("body") if isinstance(response, dict) else None
         answered_by = body.get("model") if isinstance(body, dict) else None
-        if isinstance(answered_by, str) and answered_by != asked:
+        if isinstance(answered_by, str) and answered_by not in (asked, path.name):
             others[answered_by] = others.get(answered_by, 0) + 1
     if others:
         kept = ", ".join(f"{_requests(count)} by {name}" for name, count in others.items())
