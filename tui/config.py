@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import os
 import tomllib
+import unicodedata
 from pathlib import Path
 
 import platformdirs
 from rich.color import Color, ColorParseError
-from textual.keys import REPLACED_KEYS, Keys, key_to_character
+from textual.keys import KEY_NAME_REPLACEMENTS, REPLACED_KEYS, Keys, key_to_character
 from textual.widgets import TextArea
 
 from edgespec.errors import EdgespecError
@@ -246,11 +247,28 @@ APP_KEYS = {"ctrl+q": "quit", "ctrl+c": "stop or copy", "ctrl+p": "the command p
 PROMPT_EDITING_KEYS = {key.strip() for binding in TextArea.BINDINGS for key in binding.key.split(",")}
 
 
+_UNICODE_NAMES = {short: unicode for unicode, short in KEY_NAME_REPLACEMENTS.items()}  # "minus": "hyphen_minus"
+
+
+def _typed_character(name: str) -> str | None:
+    """The character a key's name stands for, if any: Textual names a character's key by its Unicode name
+    ("comma", "full_stop"), some of them shortened ("minus", "slash")."""
+    if len(name) == 1:
+        return name
+    unicode_name = _UNICODE_NAMES.get(name, name).upper()
+    for spelled in (unicode_name.replace("_", " "), unicode_name.replace("_", "-")):
+        try:
+            return unicodedata.lookup(spelled)
+        except KeyError:
+            pass
+    return key_to_character(name)
+
+
 def _typed_into_the_prompt(key: str) -> bool:
     """True for a key the prompt takes while it has the focus, so that an action bound to it would not run
     while you type: a character (shifted too) or one of PROMPT_EDITING_KEYS."""
     *modifiers, name = key.split("+")
-    character = name if len(name) == 1 else key_to_character(name)
+    character = _typed_character(name)
     return bool(character and character.isprintable() and set(modifiers) <= {"shift"}) or key in PROMPT_EDITING_KEYS
 
 
@@ -265,7 +283,7 @@ def _check_keys_are_distinct(keymap: dict[str, str], path: Path) -> None:
                                   f"give {action} another key")
             if _typed_into_the_prompt(key):
                 raise ConfigError(f"{path}: [keymap] {action}: the prompt takes {key} while you type, so {action} "
-                                  f"would not run; give it a key like ctrl+{key.split('+')[-1]} or f5")
+                                  "would not run; give it an F key or a ctrl or alt key the prompt does not edit with")
     owners: dict[str, str] = {}
     unchanged = [action for action in KEY_ACTIONS if action not in keymap]
     for action in unchanged + [action for action in KEY_ACTIONS if action in keymap]:
