@@ -33,7 +33,9 @@ from .prefix_cache import DEFAULT_MIN_TOKENS, PrefixStore, Snapshot, SnapshotKey
 from .prefix_sightings import PrefixSightings
 from .units import GiB, InvalidSizeError, parse_size
 
-FORMAT_VERSION = 2  # 2: keyed by the model's content, not its path, size and mtime
+# 2: keyed by the model's content, not its path, size and mtime; 3: and by whose prompts (SnapshotKey.scope), so
+# that a server's snapshots from before, of every client's prompts, are not taken for the user's own
+FORMAT_VERSION = 3
 MAGIC = b"EDGESPEC-KV\x00"
 SUFFIX = ".kvstate"
 SIGHTINGS_FILE = "seen-prefixes"

@@ -190,4 +190,8 @@ def test_the_server_never_shares_a_pool_between_api_keys():
 def test_a_client_is_known_to_the_shared_caches_by_a_hash_of_its_key():
     # the scope of its KV cells and snapshots (SequenceCache.claim), which a snapshot file keeps
     alice, bob, nobody = (Job(None, None, 60.0, client=client).client_id for client in ("Bearer alice", "Bearer bob", ""))
-    assert alice != bob and "alice" not in alice and nobody == ""
+    assert len({alice, bob, nobody}) == 3 and "alice" not in alice
+    # a request with no key read the user's own prompts (run's, the chat's: scope ""), one token a guess
+    assert nobody != ""
+    # the key as the server checks it: one client spelling the header two ways is one client
+    assert Job(None, None, 60.0, client="bearer  alice").client_id == alice

@@ -46,10 +46,7 @@ class Job:
     def __init__(self, request: CompletionRequest, loop: asyncio.AbstractEventLoop, time_limit: float,
                  client: str = ""):
         self.request = request
-        # Its client, by the credentials it came with, as the caches it shares with that client's other requests
-        # know it (its n-gram pool, its KV cells and snapshots; "" for none): never another client's, whose
-        # texts its drafts, or the tokens it finds cached, would tell.  A hash, which a snapshot's file may keep.
-        self.client_id = hashlib.sha256(client.encode("utf-8", "replace")).hexdigest() if client else ""
+        self.client_id = client_id(client)
         self.cancel = threading.Event()
         self.events: asyncio.Queue = asyncio.Queue()
         self.deadline = time.monotonic() + time_limit
@@ -78,6 +75,17 @@ class Job:
                                # a 408 is one openai-python retries, twice by default: each retry would
                                # hold the engine for the whole limit again, and end the same way
                                headers={"x-should-retry": "false"}))
+
+
+def client_id(authorization: str) -> str:
+    """A request's client, by the credentials it came with (its Authorization header), as the caches it shares
+    with that client's other requests know it: its n-gram pool, its KV cells and snapshots.  Never another
+    client's, whose texts its drafts or the tokens it finds cached would tell; and never the scope of the
+    user's own prompts ("", run's and the chat's), which a request sending no key would read alike.  A hash,
+    which a snapshot's file may keep; the bearer token as the server checks it, however the header spells it."""
+    scheme, _, token = authorization.partition(" ")
+    credentials = token.strip(" ") if scheme.lower() == "bearer" else authorization
+    return "serve-" + hashlib.sha256(credentials.encode("utf-8", "replace")).hexdigest()
 
 
 class EngineWorker:
