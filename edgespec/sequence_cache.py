@@ -86,11 +86,17 @@ class SequenceCache:
         return reused
 
     def place(self, ids: Sequence[int], free: Sequence[int], scope: str = "") -> int:
-        """The free sequence whose cache, of scope's prompts, shares the longest prefix with ids (the lowest on
-        a tie)."""
-        def shared(seq: int) -> int:
-            return common_prefix_length(self.model.cached_of(seq), ids) if self._scopes.get(seq, "") == scope else 0
-        return max(sorted(free), key=shared)
+        """The free sequence whose cache, of scope's prompts, shares the longest prefix with ids; on a tie the one
+        whose cache loses the fewest tokens (an empty one first), then the lowest.  A prompt that shares nothing
+        took the lowest, and emptied a conversation's history while another sequence stood empty; another
+        scope's cache is taken last."""
+        def rank(seq: int) -> tuple[int, int, int]:
+            cached = self.model.cached_of(seq)
+            if cached and self._scopes.get(seq, "") != scope:
+                return -1, -len(cached), -seq
+            shared = common_prefix_length(cached, ids)
+            return shared, shared - len(cached), -seq
+        return max(free, key=rank)
 
     def share_prefix(self, ids: list[int], seq: int, among: int) -> int:
         """Leave in sequence seq's cache the longest prefix of ids that any of the first `among` sequences of its

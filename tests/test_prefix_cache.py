@@ -368,6 +368,21 @@ def test_a_server_client_is_given_no_cells_or_snapshots_of_another_client_s_prom
     alone.close()
 
 
+@pytest.mark.parametrize("scopes", [("", ""), ("alice", "bob")])
+def test_conversations_taking_turns_at_parallel_2_each_find_their_history_in_a_sequence(tiny_models, scopes):
+    # bob's request emptied alice's sequence while the other one stood empty, and her next turn began again
+    from edgespec.prefix_cache import MemoryPrefixCache as NoSnapshots
+
+    engine = cached_engine(tiny_models, store=NoSnapshots(min_tokens=10**6))  # prompts under any snapshot size
+    first, second = list(range(100, 160)), list(range(200, 260))
+    runs = runs_one_at_a_time(engine, 2, [
+        ("a1", first, scopes[0]), ("b1", second, scopes[1]),
+        ("a2", first + [7, 8, 9], scopes[0]), ("b2", second + [7, 8, 9], scopes[1]),
+    ])
+    engine.close()
+    assert runs["a2"].stats.prompt_tokens_reused >= len(first) and runs["b2"].stats.prompt_tokens_reused >= len(second)
+
+
 def test_a_kept_snapshot_serves_its_own_scope_s_prompts_only(tmp_path, tiny_models):
     tokens = list(range(300))
     for store in (MemoryPrefixCache(min_tokens=64), DiskPrefixCache(tmp_path, min_tokens=64, keep_every_prompt=True)):
