@@ -181,9 +181,9 @@ class Engine:
             self.draft_model = None
             self.decoder.draft_cache = None
             self.planner.drop_draft_model()
-        if self.plan is not None:
-            self.plan = dataclasses.replace(self.plan, mode="ngram", reason=reason)
-            self.decoder.plan_reason = reason
+        if self.plan is not None:  # heads trained for the target still draft: its reason keeps saying so
+            self.plan = dataclasses.replace(self.plan, mode="ngram", reason=reason).with_heads(self.plan.heads)
+            self.decoder.plan_reason = self.plan.reason
 
     def forget_cache(self) -> None:
         """Empty the KV caches, so the next prompt is evaluated in full (after a running generation)."""

@@ -7,7 +7,6 @@ draft model fits next to the target (the planner), and loads them.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from pathlib import Path
@@ -99,15 +98,11 @@ def plan_load(
     return LoadPlan(target_path, draft_path, _with_trained_heads(plan, target_path, draft))
 
 
-# What a plan's reason adds when heads trained for the target draft too (Plan.heads).
-HEADS_TOO = "; the heads trained for this model draft too"
-
-
 def _with_trained_heads(plan: Plan, target_path: Path, draft) -> Plan:
     """plan, saying that the heads trained for the target draft too where `--draft auto` will load them."""
     if draft != "auto" or plan.mode == "none" or trained_heads(target_path) is None:
         return plan
-    return dataclasses.replace(plan, heads=True, reason=plan.reason + HEADS_TOO)
+    return plan.with_heads(True)
 
 
 def load_engine(
@@ -199,7 +194,7 @@ def _loaded_engine(planned: LoadPlan, *, draft, n_ctx: int, n_threads, draft_tok
     target_model, draft_model = _load_models(target_path, draft_path, plan, n_ctx, n_threads, heads_path is not None)
     heads = _load_heads(target_model, heads_path, required=draft == "heads", notice=notice)
     if plan.heads and heads is None:  # unusable after all (said in a notice): the engine's reason must not claim them
-        plan = dataclasses.replace(plan, heads=False, reason=plan.reason.removesuffix(HEADS_TOO))
+        plan = plan.with_heads(False)
     mode = "heads" if draft == "heads" else "combined" if plan.mode == "draft-model" or heads is not None else plan.mode
     engine = Engine(target_model, draft_model, mode, draft_tokens, plan=plan, bit_exact=bit_exact, heads=heads)
     return _calibrated(engine, draft, draft_tokens, *calibration, notice)

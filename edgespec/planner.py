@@ -69,6 +69,10 @@ class ModelMemory:
         }
 
 
+# What a plan's reason adds when heads trained for the target draft too (Plan.heads).
+HEADS_TOO = "; the heads trained for this model draft too"
+
+
 @dataclass(frozen=True)
 class Plan:
     mode: str  # "draft-model" | "ngram" | "none"
@@ -91,6 +95,11 @@ class Plan:
     # counted in total_bytes when the budget is RAM
     prompt_cache_ram: int = 0
     heads: bool = False  # heads trained for the target draft too (`--draft auto` loads them beside the mode's drafter)
+
+    def with_heads(self, heads: bool) -> Plan:
+        """This plan with the heads trained for the target drafting too, or not, its reason saying which."""
+        reason = self.reason.removesuffix(HEADS_TOO)
+        return dataclasses.replace(self, heads=heads, reason=reason + HEADS_TOO if heads else reason)
 
     @property
     def drafting(self) -> str:

@@ -259,7 +259,8 @@ def test_the_plan_and_the_run_s_reason_name_the_heads_auto_drafts_with(tiny_mode
     import shutil
 
     from edgespec.heads.store import default_heads_path
-    from edgespec.loading import HEADS_TOO, plan_load
+    from edgespec.loading import plan_load
+    from edgespec.planner import HEADS_TOO
 
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))
     assert not plan_load(tiny_models["target"], "auto", n_ctx=512, notice=lambda _: None).plan.heads
@@ -273,6 +274,8 @@ def test_the_plan_and_the_run_s_reason_name_the_heads_auto_drafts_with(tiny_mode
     stats = engine.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=4), raw=True).stats
     engine.close()
     assert stats.mode == "combined" and stats.plan_reason.endswith(HEADS_TOO)
+    engine.drop_draft_model("n-grams only: it cannot pay here")  # as --draft auto does where a draft model cannot
+    assert engine.plan.heads and engine.plan.reason == "n-grams only: it cannot pay here" + HEADS_TOO
     own.write_bytes(b"not heads")  # unusable: said in a notice, and claimed by no reason
     engine = load_engine(tiny_models["target"], "auto", n_ctx=512, cost_curve=FIXED_COST, n_threads=1,
                          notice=lambda _: None)
