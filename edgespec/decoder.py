@@ -249,8 +249,8 @@ class Decoder:
             # untimed unless timed below: a given cost curve, or a pass several sequences share, prices it
             generation.pass_seconds = None
         if len(generations) > 1 or feeds:
-            for generation in generations:
-                generation.shared_a_pass = True
+            for generation in generations:  # its own prompt's chunk is its time alone
+                generation.shared_a_pass |= len(generations) > 1 or any(seq != generation.seq for seq in feeds or {})
             feeds = dict(feeds or {})
             parts = [(g.seq, [*feeds.pop(g.seq, []), g.context[-1], *d.tokens], len(d.tokens) + 1)
                      for g, d in zip(generations, drafts)]

@@ -874,7 +874,11 @@ def test_a_generation_that_shared_its_passes_claims_no_speedup_of_its_own(tiny_m
     jobs = iter([Job(i, engine.prompt_tokens(p, raw=True), params) for i, p in enumerate(PROMPTS[:2])])
     together = [event.result.stats for _, event in engine.scheduler(2).run(lambda wait: next(jobs, None))
                 if isinstance(event, Done)]
+    lone = iter([Job(0, engine.prompt_tokens(PROMPTS[2], raw=True), params)])  # its prompt fed in chunks of its own
+    [lone_stats] = [event.result.stats for _, event in engine.scheduler(2).run(lambda wait: next(lone, None))
+                    if isinstance(event, Done)]
     engine.close()
+    assert lone_stats.prompt_tokens_reused < lone_stats.prompt_tokens - 1 and lone_stats.decode_speedup > 0
     assert alone.plain_step_seconds > 0 and alone.decode_speedup > 0
     assert len(together) == 2
     assert all(s.plain_step_seconds == s.decode_speedup == s.end_to_end_speedup == 0.0 for s in together)
