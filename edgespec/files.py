@@ -78,6 +78,8 @@ def update_lock(path: str | os.PathLike, wait_seconds: float = 2.0) -> Iterator[
     try:
         descriptor = os.open(f"{os.fspath(path)}.lock", os.O_RDWR | os.O_CREAT, 0o666)
     except OSError:
+        descriptor = None
+    if descriptor is None:  # the update goes ahead, outside the except: a failure in it is its own
         yield
         return
     try:
