@@ -144,7 +144,13 @@ def test_a_batch_resumed_with_another_model_says_whose_answers_it_keeps(tiny_mod
     err = capsys.readouterr().err
     assert out.read_bytes() == written, "the records are kept"
     notes = [line for line in err.splitlines() if "answered by" in line]
-    assert len(notes) == 1 and "target.gguf" in notes[0] and "draft.gguf" in notes[0] and "-o" in notes[0], err
+    # records name the model as the server does: by the file's stem
+    assert len(notes) == 1 and "by target" in notes[0] and "than draft" in notes[0] and "-o" in notes[0], err
+    assert main(["batch", str(source), "-o", str(out), "--model", str(tiny_models["target"]), *common]) == 0
+    assert "answered by" not in capsys.readouterr().err
+    # records written before named the file; they are the same model's
+    out.write_text(out.read_text().replace('"model": "target"', '"model": "target.gguf"'))
+    assert '"target.gguf"' in out.read_text()
     assert main(["batch", str(source), "-o", str(out), "--model", str(tiny_models["target"]), *common]) == 0
     assert "answered by" not in capsys.readouterr().err
 
