@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from .control_chars import terminal_text
 from .errors import flag_worded
 
 logger = logging.getLogger("edgespec")
@@ -25,5 +26,6 @@ def log_notice(message: str) -> None:
 
 
 def print_notice(message: str) -> None:
-    """The command line: print the notice on stderr, its settings as flags."""
-    print(flag_worded(message), file=sys.stderr, flush=True)
+    """The command line: print the notice on stderr, its settings as flags, and the control characters of a
+    file name it quotes drawn as symbols."""
+    print(terminal_text(flag_worded(message)), file=sys.stderr, flush=True)

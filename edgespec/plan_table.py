@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
+from edgespec.control_chars import terminal_text
 from edgespec.errors import flag_worded
 from edgespec.planner import ModelMemory, Plan
 from edgespec.units import format_size
@@ -15,10 +17,10 @@ def format_plan_table(plan: Plan) -> Table:
     device = {"cuda": "CUDA GPU", "metal": "Metal GPU"}.get(plan.device, "CPU")
     verdict = "fits" if plan.fits else "[bold red]does not fit[/]"
     caption = [
-        f"budget {format_size(plan.budget_bytes)} ({flag_worded(plan.budget_source)}); "
+        f"budget {format_size(plan.budget_bytes)} ({_shown(flag_worded(plan.budget_source))}); "
         f"plan needs {format_size(plan.total_bytes)}: {verdict}",
-        f"drafting: [bold]{plan.drafting}[/]; {plan.reason}",
-        *(f"[yellow]warning:[/] {flag_worded(warning)}" for warning in plan.warnings),
+        f"drafting: [bold]{plan.drafting}[/]; {_shown(plan.reason)}",
+        *(f"[yellow]warning:[/] {_shown(flag_worded(warning))}" for warning in plan.warnings),
     ]
     if plan.prompt_cache_ram:
         caption.insert(1, _prompt_cache_line(plan))
@@ -26,7 +28,7 @@ def format_plan_table(plan: Plan) -> Table:
                   caption="\n".join(caption), caption_justify="left")
     table.add_column("")
     for part in plan.parts:
-        table.add_column(f"{part.role}\n{part.model}", justify="right")
+        table.add_column(f"{part.role}\n{_shown(part.model)}", justify="right")
     table.add_row("GPU layers", *(_layers_text(part, plan.device) for part in plan.parts))
     table.add_row("weights", *(format_size(part.weights_bytes) for part in plan.parts))
     sequences = f" x {plan.parallel}" if plan.parallel > 1 else ""
@@ -40,6 +42,12 @@ def format_plan_table(plan: Plan) -> Table:
     if plan.device != "cpu":
         table.add_row("[dim]left in RAM[/]", *(f"[dim]{format_size(part.host_bytes)}[/]" for part in plan.parts))
     return table
+
+
+def _shown(text: str) -> str:
+    """Text that may name a model's file, as markup that prints it as it is: a file's name is neither markup
+    nor, with its escape sequences, orders to the terminal."""
+    return escape(terminal_text(text))
 
 
 def _layers_text(part: ModelMemory, device: str) -> str:

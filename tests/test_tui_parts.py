@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 from rich.style import Style
+from rich.text import Text
 
 from textual import events
 from textual._xterm_parser import XTermParser
@@ -530,3 +531,40 @@ def test_an_export_is_offered_a_name_no_file_has_yet(tmp_path):
     first.write_text("exported")
     assert default_export_path(tmp_path, "Sum: the numbers!") == tmp_path / "sum-the-numbers-2.md"
     assert default_export_path(tmp_path, "/../") == tmp_path / "chat.md"
+
+
+HOSTILE_FILE_STEM = "m[b]BOLD[@click=app.quit]QUIT\x1b]2;PWNED\x07\u202e"
+
+
+def test_a_models_file_name_is_shown_as_text_with_its_controls_drawn_not_obeyed():
+    from tui import stats as stats_text
+    from tui.widgets import AssistantMessage, LoadingPanel
+
+    name = stats_text.model_name(f"/models/{HOSTILE_FILE_STEM}.gguf")
+    assert name == visible_controls(HOSTILE_FILE_STEM) and "\x1b" not in name and "\u202e" not in name
+    assert "\x1b" not in stats_text.display_path(f"/models/{HOSTILE_FILE_STEM}.gguf")
+    # a reply's title: a str title would be markup, and a click on "QUIT" ran app.quit
+    title = AssistantMessage(BlockRenderer(), False, f"{name} · n-gram").border_title
+    assert Text.from_markup(title).plain == f"{name} · n-gram"
+    assert "\x1b" not in LoadingPanel(f"Loading /models/{HOSTILE_FILE_STEM}.gguf").description
+
+
+def test_the_plan_table_and_a_notice_show_a_models_file_name_as_it_is(tmp_path, capsys):
+    from rich.console import Console
+
+    from edgespec.gguf_info import read_gguf_info
+    from edgespec.memory import MemoryBudget
+    from edgespec.notices import print_notice
+    from edgespec.plan_table import format_plan_table
+    from edgespec.planner import plan
+    from tinygguf import write_tiny_model
+
+    path = write_tiny_model(tmp_path / f"{HOSTILE_FILE_STEM}.gguf", seed=1)
+    memory_plan = plan(read_gguf_info(path), None, n_ctx=256, budget=MemoryBudget("cpu", 2**34, 2**34, "test"),
+                       gpu_offload=False)
+    console = Console(width=300, record=True, color_system=None)
+    console.print(format_plan_table(memory_plan))
+    shown = console.export_text()
+    assert "\x1b" not in shown and "\u202e" not in shown and "m[b]BOLD[@click=app.quit]QUIT" in shown
+    print_notice(f"not loading draft {HOSTILE_FILE_STEM}.gguf")
+    assert "\x1b" not in capsys.readouterr().err

@@ -10,13 +10,19 @@ from pathlib import Path
 
 from rich.text import Text
 
+from edgespec.control_chars import visible_controls
 from edgespec.stats import MIN_REPLY_TOKENS, Stats, end_to_end_speedup, plausible_speedup
 
 MODE_LABELS = {"combined": "n-gram + draft model", "draft-model": "draft model", "heads": "heads", "ngram": "n-gram", "none": "no drafting"}
 
 
 def display_path(path: str | os.PathLike) -> str:
-    """A path relative to the working directory when inside it, else with ~ for home."""
+    """A path relative to the working directory when inside it, else with ~ for home; its control
+    characters drawn as symbols (a file's name is anybody's text)."""
+    return visible_controls(_shortened_path(path))
+
+
+def _shortened_path(path: str | os.PathLike) -> str:
     path = Path(path)
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
@@ -29,7 +35,9 @@ def display_path(path: str | os.PathLike) -> str:
 
 
 def model_name(path: str | os.PathLike | None) -> str:
-    return Path(path).stem if path else "—"
+    """The model's file name without .gguf, its control characters drawn as symbols: a file whose name
+    holds an escape sequence must not retitle the terminal from the header or the stats bar."""
+    return visible_controls(Path(path).stem) if path else "—"
 
 
 def step_acceptance(drafted: int, accepted: int) -> float | None:

@@ -127,7 +127,7 @@ class AssistantMessage(Vertical):
         super().__init__(classes="assistant")
         self.reply = ReplyView(renderer, mark_drafts)
         self.footer = Static("", classes="reply-footer")
-        self.border_title = title
+        self.border_title = Text(title)  # it names the model, whose file name is not markup
 
     def compose(self):
         yield self.reply
@@ -150,8 +150,8 @@ class LoadingPanel(Vertical):
 
     def __init__(self, description: str):
         super().__init__(id="loading")
-        self.description = description
-        self.label = Static(Text(description))  # it names the model as given: a path, not markup
+        self.description = visible_controls(description)  # it names the model as given: a path, not markup
+        self.label = Static(Text(self.description))
         self.status = Static("", classes="loading-status")
         self._started = time.monotonic()
 
