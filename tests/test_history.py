@@ -4,6 +4,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -189,3 +190,46 @@ def test_a_chat_saved_by_another_app_since_it_was_opened_keeps_its_turns_and_thi
     assert first.save_chat(copy, "shared", "m", {}, turns("one", "again"), {}) == copy  # its own from now on
     first.close()
     second.close()
+
+
+@pytest.mark.parametrize("column, value", [
+    ("updated_at", "yesterday"), ("updated_at", 1e300), ("title", b"\x00blob"), ("target", b"blob"),
+    ("n_messages", "two"),
+])
+def test_a_row_another_program_wrote_with_other_types_still_lists_and_opening_it_says_it_is_damaged(
+        tmp_path, column, value):
+    path = tmp_path / "h.sqlite3"
+    store = ChatStore(path)
+    chat = store.save_chat(None, "kept", "/m/a.gguf", {}, {"messages": [{"role": "user", "content": "hi"}]}, {})
+    store.close()
+    db = sqlite3.connect(path)  # SQLite keeps whatever type a program writes into a column
+    db.execute(f"UPDATE chats SET {column} = ? WHERE id = ?", (value, chat))
+    db.commit()
+    db.close()
+    reopened = ChatStore(path)
+
+    [summary] = reopened.list_chats()
+    assert isinstance(summary.title, str) and isinstance(summary.target, str) and type(summary.n_messages) is int
+    time.localtime(summary.updated_at)  # the list shows when it was saved: a time it can show
+    if column in ("n_messages",) or (column, value) == ("updated_at", 1e300):
+        assert reopened.load_chat(chat).id == chat  # nothing the chat needs: it opens
+    else:
+        with pytest.raises(HistoryError, match="damaged"):
+            reopened.load_chat(chat)
+    reopened.delete_chat(chat)
+    assert reopened.list_chats() == []
+
+
+def test_prompts_and_an_unsent_message_of_another_type_are_not_given_back_as_text(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    store = ChatStore(path)
+    store.add_prompt("kept")
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO prompts (text, created_at) VALUES (?, 0)", (b"blob",))
+    db.execute("INSERT INTO unsent (text, saved_at) VALUES (?, 0)", (b"blob",))
+    db.commit()
+    db.close()
+    reopened = ChatStore(path)
+    assert reopened.recent_prompts() == ["kept"]
+    assert reopened.take_unsent() is None

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 import sqlite3
 
+import pytest
+
 from rich.style import Style
 from rich.text import Text
 from textual import events
@@ -14,7 +16,7 @@ from textual.app import App
 from edgespec.session import SESSION_FORMAT
 from scripted_reply import ScriptedReply, use_script
 from test_tui import SIZE, loaded, make_app, models, pilot_test, replies, send, user_dirs, wait_for  # noqa: F401
-from tui.history import ChatStore, content_key
+from tui.history import ChatStore, HistoryError, content_key
 from tui.paste import PasteSafeParser
 from tui.history_screens import ConfirmScreen, ExportScreen, HistoryScreen, RenameScreen
 from tui.render import Block, BlockRenderer
@@ -429,6 +431,23 @@ async def test_a_model_path_that_looks_like_markup_loads_with_its_name_shown_as_
         await pilot.press("f2")  # the model info names it too
         await pilot.pause()
         assert "a[/]b.gguf" in "".join(str(static.render()) for static in app.screen.query("Static"))
+
+
+@pilot_test
+async def test_a_chat_whose_unanswered_prompt_is_not_text_is_named_damaged_and_the_open_chat_stays(models):
+    # extras hold what the app put there, but another program may have written any JSON: a number there ended
+    # the app on opening the chat, after its session had already been switched
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "Hello")
+        before = (app.chat.chat_id, list(app.chat.session.messages))
+        for pending in (5, ["a list"]):
+            damaged = app.store.save_chat(None, "t", "/models/elsewhere.gguf", {}, {"messages": []},
+                                          {"pending_prompt": pending})
+            with pytest.raises(HistoryError, match=f"chat {damaged} .* is damaged"):
+                app.chat.open(damaged)
+            assert (app.chat.chat_id, app.chat.session.messages) == before
 
 
 @pilot_test

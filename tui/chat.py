@@ -240,6 +240,8 @@ class ChatController:
                 raise ValueError("reply figures of no message")
             stats_text.reply_footer(Stats.from_dict(turn), None)
         marks = _drafted_marks(stored.extras.get("drafted") or {})
+        if not isinstance(stored.extras.get("pending_prompt") or "", str):
+            raise ValueError("a prompt left unanswered that is not text")
         return session, marks, ChatSettings.from_dict(stored.settings, session.system_prompt or "", self.settings)
 
     def rename(self, chat_id: int, title: str) -> None:

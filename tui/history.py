@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import time
@@ -63,6 +64,13 @@ _MIGRATIONS = {
     # taken yet (two apps ended with one) waits for the next.
     3: "CREATE TABLE unsent (id INTEGER PRIMARY KEY AUTOINCREMENT, text TEXT NOT NULL, saved_at REAL NOT NULL);",
 }
+
+
+# The list's title for a chat whose title is not text (a hand-edited or damaged file): it still shows, so that
+# it can be deleted.
+DAMAGED_TITLE = "(a damaged chat)"
+# The latest time the list can show (the end of year 9999): time.localtime overflows on larger ones.
+LATEST_SHOWN_TIME = 253402300799.0
 
 
 class HistoryError(EdgespecError):
@@ -286,7 +294,7 @@ class ChatStore:
         rows = self._db.execute(
             "SELECT id, title, updated_at, target, n_messages"
             " FROM chats ORDER BY updated_at DESC, id DESC LIMIT ?", (limit,))
-        return [ChatSummary(*row) for row in rows]
+        return [_summary(*row) for row in rows]
 
     @_recovering
     def load_chat(self, chat_id: int) -> StoredChat:
@@ -297,6 +305,8 @@ class ChatStore:
             raise HistoryError(f"chat {chat_id} is not in {self.path}; it may have been deleted")
         id, title, target, settings, session, extras, updated_at = row
         try:
+            if not (isinstance(title, str) and isinstance(target, str) and _is_time(updated_at)):
+                raise ValueError("its title, model or time is of another type than this app writes")
             parts = [parse_json(part) for part in (settings, session, extras)]
             if not all(isinstance(part, dict) for part in parts):
                 raise ValueError("its settings, messages or marks are not JSON objects")
@@ -346,14 +356,31 @@ class ChatStore:
             if row is None:
                 return None
             self._db.execute("DELETE FROM unsent WHERE id = ?", (row[0],))
-        return row[1]
+        return row[1] if isinstance(row[1], str) else None
 
     @_recovering
     def recent_prompts(self, limit: int = 200) -> list[str]:
         """Prompts sent before, oldest first, without repeats."""
         rows = self._db.execute(
             "SELECT text FROM prompts GROUP BY text ORDER BY MAX(id) DESC LIMIT ?", (limit,))
-        return [text for (text,) in rows][::-1]
+        return [text for (text,) in rows if isinstance(text, str)][::-1]  # another program's blob is not a prompt
+
+
+def _summary(id: int, title, updated_at, target, n_messages) -> ChatSummary:
+    """A row of the chats table as the history list shows it.  SQLite keeps whatever type a program wrote in a
+    column; a value of another type than this app writes is shown as unknown, so the chat still lists (and can
+    be deleted), and opening it says it is damaged (load_chat)."""
+    return ChatSummary(
+        id, title if isinstance(title, str) else DAMAGED_TITLE,
+        float(updated_at) if _is_time(updated_at) and 0 <= updated_at <= LATEST_SHOWN_TIME else 0.0,
+        target if isinstance(target, str) else "",
+        n_messages if type(n_messages) is int else 0,
+    )
+
+
+def _is_time(value) -> bool:
+    """Whether value is a time as save_chat writes it: a finite number."""
+    return type(value) in (int, float) and math.isfinite(value)
 
 
 class _Transaction:
