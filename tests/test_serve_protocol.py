@@ -137,7 +137,7 @@ def test_numbers_that_are_no_setting_are_refused_by_name(field, value):
 
 @pytest.mark.parametrize("field, value", [
     ("max_tokens", 0), ("max_tokens", 2.5), ("temperature", "hot"), ("temperature", -1), ("top_p", 1.5),
-    ("seed", True), ("stop", [1]), ("stop", ["x"] * 17), ("stop", "x" * 513), ("stream", "yes"),
+    ("seed", True), ("stop", [1]), ("stop", ["x"] * 65), ("stop", "x" * 513), ("stream", "yes"),
     # out of the ranges SamplingParams checks: these answered with param null
     ("seed", -1), ("seed", 2**64), ("top_p", -0.5), ("min_p", 1), ("temperature", 0.0001),
 ])
@@ -186,6 +186,15 @@ def test_an_empty_stop_string_is_refused_by_name_not_dropped(stop, chat_request)
     error = refusal(chat_request, stop=stop)
     assert error.param == "stop" and "empty" in error.message and "leave it out" in error.message
     assert "\n" not in error.message
+
+
+def test_the_server_takes_as_many_stop_strings_as_the_library_and_names_the_limit_past_it():
+    # the README states one limit; the server refused past 16 while the library took 64
+    from edgespec.sampling import MAX_STOPS
+
+    assert len(chat(stop=[f"s{i}" for i in range(MAX_STOPS)]).params.stop) == MAX_STOPS
+    error = refusal(True, stop=[f"s{i}" for i in range(MAX_STOPS + 1)])
+    assert error.param == "stop" and f"at most {MAX_STOPS}" in error.message
 
 
 def test_no_stop_strings_at_all_stay_valid():

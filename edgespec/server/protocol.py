@@ -17,11 +17,10 @@ from typing import Any
 
 from ..errors import EdgespecError, Setting, as_flag
 from ..prediction import prediction_text
-from ..sampling import SamplingParams
+from ..sampling import MAX_STOPS, SamplingParams
 from ..text import surrogate_problem, surrogates_escaped
 
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
-MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 512  # the stop check holds back text that could start a stop string: keep that small
 MAX_QUOTED_CHARS = 80  # of a client's name or value an error quotes back: enough to know it, never a whole body
 
@@ -252,8 +251,8 @@ def _stop(stop: Any) -> tuple[str, ...]:
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise bad_param("stop", "stop must be a string or a list of strings")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise bad_param("stop", f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+    if len(stops) > MAX_STOPS:  # the library's limit: one README line states it for both
+        raise bad_param("stop", f"at most {MAX_STOPS} stop strings are allowed")
     if any(len(s) > MAX_STOP_CHARS for s in stops):
         raise bad_param("stop", f"a stop string may have at most {MAX_STOP_CHARS} characters")
     if "" in stops:  # the stop check (text.py) skips it: accepted, it would silently stop nothing
