@@ -97,10 +97,20 @@ class ChatTemplate:
         if not text.strip() and any(content.strip() for content in contents):  # else "the prompt is empty"
             raise _failure("it wrote nothing of the messages")
         pieces = _SENTINEL.split(skeleton)  # template text, content index, template text, ...
+        _check_the_question_is_written(pieces, messages)
         spans = _locate_contents(text, pieces, contents)
         if spans is not None:
             return RenderedChat(text, spans)
         return _with_untouched_contents(pieces, contents)
+
+
+def _check_the_question_is_written(pieces: list[str], messages: list[dict]) -> None:
+    """A failure for a template that leaves out the last user message: the model would answer a prompt it never
+    saw, and the reply would read as an answer to it.  (A template that cut the message's sentinel apart is
+    told apart by the nonce's fragment, and named by _with_untouched_contents.)"""
+    asked = [index for index, message in enumerate(messages) if message["role"] == "user" and message["content"].strip()]
+    if asked and str(asked[-1]) not in pieces[1::2] and not any(_NONCE in piece for piece in pieces[0::2]):
+        raise _failure("it leaves out the last user message, which the model would answer without seeing")
 
 
 _ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")  # user, assistant, system, tool, developer, ipython, ...

@@ -135,6 +135,8 @@ BROKEN_TEMPLATES = {
     # the sentinel that finds a content, cut: the model would get its fragment and lose the message
     "slices contents": "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'][1:] }}{% endfor %}",
     "renders nothing": "{% if false %}{{ messages }}{% endif %}",  # was refused as "the prompt is empty"
+    # a fixed turn of its own: the model answered a prompt it never saw, with no word said
+    "writes none of the messages": "<|system|>\nYou are helpful.<|eos|>\n<|assistant|>\n",
 }
 
 
