@@ -197,6 +197,16 @@ def test_the_server_takes_as_many_stop_strings_as_the_library_and_names_the_limi
     assert error.param == "stop" and f"at most {MAX_STOPS}" in error.message
 
 
+@pytest.mark.parametrize("chat_request", [True, False], ids=["chat", "completions"])
+def test_a_field_edgespec_does_not_know_is_refused_unless_it_is_null(chat_request):
+    # a client that serialises its unset fields sends "reasoning_effort": null; OpenAI reads a null as not set
+    body = {"model": "m", **({"messages": USER} if chat_request else {"prompt": "hi"})}
+    parsed = parse_request({**body, "reasoning_effort": None, "audio": None}, chat=chat_request, defaults=DEFAULTS)
+    assert parsed.params == parse_request(body, chat=chat_request, defaults=DEFAULTS).params
+    error = refusal(chat_request, reasoning_effort="low")
+    assert error.param == "reasoning_effort" and error.code == "unsupported_parameter"
+
+
 def test_no_stop_strings_at_all_stay_valid():
     assert chat(stop=[]).params.stop == ()
 

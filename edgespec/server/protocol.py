@@ -142,6 +142,8 @@ def check_body(body: Any, chat: bool) -> RequestBody:
     inert_values = _INERT_VALUES if chat else _COMPLETION_INERT_VALUES
     for field, value in body.items():
         if field not in allowed:
+            if value is None:  # "not set", as OpenAI reads a null: clients that send every field unset send these
+                continue
             if field in _OTHER_ENDPOINTS_FIELDS:  # a client posting to the wrong path: say which is right
                 raise bad_param(field, _OTHER_ENDPOINTS_FIELDS[field], "unsupported_parameter")
             raise bad_param(_cut(field), f"unrecognized request argument {_cut(repr(field))}: edgespec does not support it",
