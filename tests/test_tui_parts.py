@@ -568,3 +568,19 @@ def test_the_plan_table_and_a_notice_show_a_models_file_name_as_it_is(tmp_path, 
     assert "\x1b" not in shown and "\u202e" not in shown and "m[b]BOLD[@click=app.quit]QUIT" in shown
     print_notice(f"not loading draft {HOSTILE_FILE_STEM}.gguf")
     assert "\x1b" not in capsys.readouterr().err
+
+
+def test_a_link_is_drawn_as_one_only_up_to_a_links_length():
+    # the link pattern is bounded so that a long line of "[a](" draws in linear time (it took 21 s at 160,000
+    # characters); a link longer than the bound is left as the text it is
+    from tui.render import MAX_LINK_TARGET, MAX_LINK_TEXT, STYLES
+
+    def linked(text: str) -> str:
+        [block] = split_blocks(text)
+        rendered = BlockRenderer().render(block, text, bytes(len(text)), False)
+        return "".join(rendered.plain[s.start:s.end] for s in rendered.spans if s.style == STYLES["link"])
+
+    assert linked("see [the docs](https://example.org/a) now") == "the docs"
+    assert linked(f"see [{'a' * MAX_LINK_TEXT}](x)") == "a" * MAX_LINK_TEXT
+    assert linked(f"see [{'a' * (MAX_LINK_TEXT + 1)}](x)") == ""
+    assert linked(f"see [a]({'x' * (MAX_LINK_TARGET + 1)})") == ""
