@@ -14,6 +14,7 @@ what happened, once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -248,8 +249,17 @@ class ChatStore:
             script = "\n".join(steps)
             self._db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;")
 
+    @contextlib.contextmanager
     def _transaction(self):
-        return _Transaction(self._db)
+        """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already (it does on some errors)
+                self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def close(self) -> None:
         self._db.close()
@@ -382,22 +392,3 @@ def _is_time(value) -> bool:
     """Whether value is a time as save_chat writes it: a finite number."""
     return type(value) in (int, float) and math.isfinite(value)
 
-
-class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error."""
-
-    def __init__(self, db: sqlite3.Connection):
-        self._db = db
-
-    def __enter__(self):
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind, error, traceback):
-        if kind is None:
-            self._db.execute("COMMIT")
-            return False
-        try:
-            self._db.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass  # SQLite may have rolled back already (it does on some errors); the error that got here matters
-        return False
