@@ -12,7 +12,7 @@ A lone generation (Engine.generate, a chat, batch and serve at --parallel 1)
 is a batch of one: its draft length is its own controller's choice, and it
 may draft with the draft model and shift a dropped chat turn out of its
 cache.  Generations decoded together (the Scheduler at --parallel N) draft
-with n-grams, their lengths chosen together for the shared pass.
+with n-grams or heads, their lengths chosen together for the shared pass.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Decoder:
         (a job's cancel).  scope: whose prompt it is (SequenceCache.claim), ""
         for the user's own.  Raises EdgespecError for a prompt that cannot run.
         """
-        self.check_prompt(prompt_ids)
+        check_prompt_ids(prompt_ids, self.target.n_vocab, self.n_ctx)
         planner = self.planner
         counters = Counters(drafter_set.mode or planner.mode, self.plan_reason, prompt_tokens=len(prompt_ids),
                             bit_exact=planner.bit_exact, flash_attn=self.target.flash_attn,
@@ -113,10 +113,6 @@ class Decoder:
         generation.draft_passes_at_start = self.draft_model.forward_passes if self.draft_model is not None else 0
         generation.decode_start = time.perf_counter()
         return generation
-
-    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
-        """Refuse a prompt that cannot run here (prompts.check_prompt_ids)."""
-        check_prompt_ids(prompt_ids, self.target.n_vocab, self.n_ctx)
 
     def _prefill(self, generation: Generation, shift: bool, stop: threading.Event | None) -> int:
         """Put all but the last prompt token in the target's cache (and the draft's, when it drafts);
@@ -292,9 +288,9 @@ class Decoder:
 
     def emit(self, generation: Generation, new_tokens: list[int], draft: Draft) -> Step:
         """The step's tokens as text, up to the first stop (end of generation, stop string, max_tokens)."""
-        n_drafted = len(new_tokens) - 1
+        n_accepted = len(new_tokens) - 1  # the last is the target's own token
         counters, text, generated = generation.counters, generation.text, generation.generated
-        _count_step(counters, draft, n_drafted)
+        _count_step(counters, draft, n_accepted)
         tokens, sampled_end_token = [], False
         for i, token in enumerate(new_tokens):
             if self.target.is_end_of_generation(token):
@@ -303,7 +299,7 @@ class Decoder:
                 break
             generated.append(token)
             piece = text.feed(self.target.token_bytes(token))
-            tokens.append(Token(token, piece, draft.choice.drafter.name if i < n_drafted else None))
+            tokens.append(Token(token, piece, draft.choice.drafter.name if i < n_accepted else None))
             if text.stopped:
                 generation.finish("stop")
                 break
@@ -316,7 +312,7 @@ class Decoder:
         step_seconds, counters.decode_seconds = decode_seconds - counters.decode_seconds, decode_seconds
         if generation.pass_seconds is not None:  # a lone pass, timed: the step's whole time paces plain decoding
             generation.pace_step(len(draft.tokens) + 1, step_seconds, sampled_end_token)
-        return Step(tokens, counters.snapshot(), len(draft.tokens), n_drafted)
+        return Step(tokens, counters.snapshot(), len(draft.tokens), n_accepted)
 
     def end(self, generation: Generation) -> Done:
         """The generation's Done, after offering its caches to the prompt cache."""

@@ -94,7 +94,8 @@ class DraftPlanner:
     """The drafting settings and measured costs, and each step's draft under them."""
 
     def __init__(self, drafters: dict[str, Drafter], mode: str, draft_tokens: int | str, bit_exact: bool):
-        self.drafters = drafters  # by mode name: "combined" is the draft model, picking per step against n-grams
+        # by mode name: "combined" is the draft model (else the heads), picking per step against n-grams
+        self.drafters = drafters
         self.own = DrafterSet(drafters)
         self.cost: CostModel | None = None  # the cost curve the controllers use, once calibrated
         self.exact_width = 1  # the widest bit-identical pass, once calibrated
@@ -127,7 +128,9 @@ class DraftPlanner:
         """Plan on this cost curve (passes up to widest tokens) and bit-exact width from now on."""
         self.cost, self.exact_width = cost, exact_width
         if widest != self._widest:
-            self.own.controllers = {}  # a re-measured curve keeps the acceptance learned so far
+            # controllers choose lengths up to the widest pass: made anew for another width (a curve of the
+            # same width keeps what they learned)
+            self.own.controllers = {}
         self._widest = widest
         # only the draft model charges time per drafted token
         self._drafter_costs = {"ngram": CostModel(cost.forward_seconds)} if widest > 1 else {}

@@ -208,7 +208,7 @@ class Engine:
 
     @property
     def modes(self) -> tuple[str, ...]:
-        """The drafting modes this engine can run (combined and draft-model need a draft model or heads)."""
+        """The drafting modes this engine can run (combined needs a draft model or heads, draft-model a draft model)."""
         return tuple(self.planner.drafters)
 
     @property

@@ -144,9 +144,9 @@ def compute_bytes(info: GGUFInfo, n_ctx: int, n_batch: int = DEFAULT_N_BATCH,
 
     All f32 activations except the f16 attention mask:
     - the logits rows: n_outputs x n_vocab;
-    - one layer's attention scores, n_ubatch x n_ctx x n_head: the backend
-      turns flash attention off (its results depend on the pass width), so the
-      scores exist.  They and the logits are never alive at once, so the
+    - one layer's attention scores, n_ubatch x n_ctx x n_head, counted as if
+      flash attention were off (with it on, the scores do not exist and this
+      overcounts).  They and the logits are never alive at once, so the
       allocator needs only the larger of the two;
     - one layer's activations for a whole ubatch: the FFN's gate and up
       projections (n_ff wide each) and two n_embd-wide tensors (the residual
