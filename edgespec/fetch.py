@@ -92,13 +92,9 @@ def resolve_draft(name_or_path: str | os.PathLike, *, pull: bool = True,
     try:
         return resolve_model(name_or_path, pull=pull, notice=notice, progress=progress)
     except ModelUnavailableError as error:
-        notice(draft_fallback_message(str(name_or_path), error))
+        reason = "; ".join(error.reasons) or str(error)
+        notice(f"draft {name_or_path} unavailable offline ({reason}); using n-gram drafting")
         return None
-
-
-def draft_fallback_message(name: str, error: ModelUnavailableError) -> str:
-    reason = "; ".join(error.reasons) or str(error)
-    return f"draft {name} unavailable offline ({reason}); using n-gram drafting"
 
 
 # ---------------------------------------------------------------- pulling

@@ -182,9 +182,9 @@ class EngineWorker:
             job.check_deadline()
             try:
                 if not job.cancel.is_set():
+                    prediction = self.engine.prediction_tokens(job.request.prediction)
                     return ScheduledJob(job, self._prompt_ids(job.request), job.request.params, job.cancel,
-                                        prediction=self._prediction_ids(job.request), pool=self.pool_for(job),
-                                        cache_scope=job.client_id)
+                                        prediction=prediction, pool=self.pool_for(job), cache_scope=job.client_id)
                 if job.stopped_by is not None:
                     job.deliver(job.stopped_by)
             except Exception as error:
@@ -201,9 +201,6 @@ class EngineWorker:
             return ApiError(400, worded_for_requests(error))
         log.error("request failed inside the engine: %s: %s", type(error).__name__, error)
         return ApiError(500, f"internal error: {type(error).__name__}", type="server_error")
-
-    def _prediction_ids(self, request: CompletionRequest) -> list[int] | None:
-        return self.engine.prediction_tokens(request.prediction)
 
     def pool_for(self, job: Job) -> NgramPool | None:
         """The pool of earlier requests' texts for this job's client (API key): never shared between
