@@ -140,7 +140,8 @@ def show_command(args: argparse.Namespace) -> int:
     heads_path = args.heads or default_heads_path(path)
     record, _ = read_heads(heads_path)
     if record.model_identity != model_identity(path):
-        raise HeadsFileError(f"heads file {heads_path.name} was trained for {record.model_name}, not {path.name}")
+        raise HeadsFileError(f"heads file {heads_path.name} was trained for {record.model_name}, not {path.name} "
+                             f"(train heads for it with `edgespec heads train --model {args.model}`)")
     print(heads_path)
     print(_summary(record))
     return 0

@@ -67,7 +67,8 @@ def _list(args: argparse.Namespace) -> int:
     console.print(models)
     left_out = [column for column in MODEL_COLUMNS if column not in {c.header for c in models.columns}]
     if left_out:
-        console.print(f"[dim](too narrow for: {', '.join(left_out)}; `| cat` prints all)[/]")
+        # a notice about the table, not a result: stderr, where the terminal shows it under the table all the same
+        Console(stderr=True).print(f"[dim](too narrow for: {', '.join(left_out)}; `| cat` prints all)[/]")
     console.print(f"store: {store_dir()}", soft_wrap=True, highlight=False)
     pair_cells = [{"pair": Text(p.name), "target": Text(p.target), "draft": Text(p.draft),
                    "default": Text("default" if p.default else "")} for p in pairs]

@@ -82,8 +82,10 @@ def _starts_with_a_workload_line(path: Path) -> bool:
 def _read_suite(suite: str, path: Path) -> list[BenchPrompt]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise BenchError(f"{path} cannot be read as UTF-8 text ({err})") from None
+    except OSError as err:
+        raise BenchError(f"{path} cannot be read ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise BenchError(f"{path} cannot be read as UTF-8 text ({err}); save it as UTF-8") from None
     prompts = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
