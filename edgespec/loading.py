@@ -83,9 +83,9 @@ def plan_load(
             ngram_plan, deferred_draft = draft_left_out
             return LoadPlan(target_path, None, _with_trained_heads(ngram_plan, target_path, draft), deferred_draft)
     draft_path = draft_to_consider(target_path if draft == "auto" else target, draft, fetching)
-    # A draft model (named or from the catalog) is only a candidate: the plan drops it when it does not fit.
-    forced_mode = "ngram" if draft == "heads" else (draft or "none") if draft in (None, "none", "ngram") else None
-    plan = planned(draft_path, force_mode=forced_mode)
+    # A draft model (named or from the catalog) is only a candidate, forcing no mode: the plan drops it when it
+    # does not fit.
+    plan = planned(draft_path, force_mode=_FORCED_MODES.get(draft))
     why = None
     if draft == "auto" and plan.mode == "draft-model" and remembered_costs:
         why = why_known_not_to_pay(target_path, draft_path, plan, n_threads, bit_exact)
@@ -96,6 +96,11 @@ def plan_load(
     if draft_path is not None and plan.mode != "draft-model" and why is None:
         notice(f"not loading draft {draft_path.name}: {plan.reason}")
     return LoadPlan(target_path, draft_path, _with_trained_heads(plan, target_path, draft))
+
+
+# The memory plan's mode for a draft setting that names no model. Heads are planned as n-grams: their weights
+# are a few MB beside the target's, and they draft through the target itself.
+_FORCED_MODES = {"heads": "ngram", "ngram": "ngram", "none": "none", None: "none"}
 
 
 def _with_trained_heads(plan: Plan, target_path: Path, draft) -> Plan:

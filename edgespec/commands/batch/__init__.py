@@ -180,12 +180,23 @@ def check_paths(input_path: Path, output_path: Path, summary_path: Path | None) 
         if summary_path is not None and same_file(summary_path, other):
             raise BatchError(f"--summary {summary_path} is {what} ({other}); give --summary another path")
     if summary_path is not None:  # written last: found out only then, the whole batch would have run first
-        folder = summary_path.parent
-        why = ("it is a directory" if summary_path.is_dir() else f"{folder} does not exist" if not folder.exists()
-               else f"{folder} is not a directory" if not folder.is_dir()
-               else f"{folder} is not writable" if not os.access(folder, os.W_OK | os.X_OK) else None)
+        why = _unwritable(summary_path)
         if why:
             raise BatchError(f"cannot write --summary {summary_path}: {why}; check the path")
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why a file cannot be created at path, or None."""
+    folder = path.parent
+    if path.is_dir():
+        return "it is a directory"
+    if not folder.exists():
+        return f"{folder} does not exist"
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable"
+    return None
 
 
 def _with_sampling(entries, args) -> list:
