@@ -108,8 +108,10 @@ def _check_the_question_is_written(pieces: list[str], messages: list[dict]) -> N
     """A failure for a template that leaves out the last user message: the model would answer a prompt it never
     saw, and the reply would read as an answer to it.  (A template that cut the message's sentinel apart is
     told apart by the nonce's fragment, and named by _with_untouched_contents.)"""
-    asked = [index for index, message in enumerate(messages) if message["role"] == "user" and message["content"].strip()]
-    if asked and str(asked[-1]) not in pieces[1::2] and not any(_NONCE in piece for piece in pieces[0::2]):
+    asked = [index for index, message in enumerate(messages)
+             if message["role"] == "user" and message["content"].strip()]
+    written = pieces[1::2]  # the indices of the contents the template wrote
+    if asked and str(asked[-1]) not in written and not any(_NONCE in piece for piece in pieces[0::2]):
         raise _failure("it leaves out the last user message, which the model would answer without seeing")
 
 
