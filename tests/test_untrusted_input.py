@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import uuid
 import sys
 from pathlib import Path
 
@@ -147,8 +148,9 @@ def broken_models(tmp_path_factory) -> dict[str, Path]:
             for name, source in BROKEN_TEMPLATES.items()}
 
 
-def run_cli(*args, stdin=None):
-    return subprocess.run([*EDGESPEC, *args], input=stdin, capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS)
+def run_cli(*args, stdin=None, env=None):
+    return subprocess.run([*EDGESPEC, *args], input=stdin, capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS,
+                          env=env)
 
 
 def the_one_error_line(stderr: str) -> str:
@@ -158,34 +160,34 @@ def the_one_error_line(stderr: str) -> str:
     return lines[0]
 
 
-def template_sandboxes() -> set[int]:
-    """Template sandbox processes of this checkout not owned by this test process (an edgespec of this
-    checkout running beside the tests, a chat or a heads training, has its own: the test compares before
-    and after)."""
-    script = str(Path(__file__).parents[1] / "edgespec" / "template_sandbox.py")
+def template_sandboxes(marker: str) -> set[int]:
+    """Template sandbox processes of this checkout started by a run whose environment holds marker.  Another
+    edgespec of this checkout running beside the tests (a chat, a heads training, another test) has sandboxes
+    of its own, started at any moment: only the marker tells the run's apart."""
+    script = str(Path(__file__).parents[1] / "edgespec" / "template_sandbox.py").encode()
     found = set()
     for proc in Path("/proc").iterdir():
         try:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+            environment = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
             continue
-        if script.encode() in cmdline and parent != os.getpid():
+        if script in cmdline and marker.encode() in environment:
             found.add(int(proc.name))
     return found
 
 
 @pytest.mark.parametrize("name", list(BROKEN_TEMPLATES))
 def test_a_broken_template_ends_run_with_one_line(broken_models, name):
-    running_before = template_sandboxes() if sys.platform == "linux" else set()
+    run_id = uuid.uuid4().hex  # in the run's environment, which its sandbox inherits
     done = run_cli("run", "hello", "--model", str(broken_models[name]), "--draft", "none", "--threads", "1",
-                   "--n-ctx", "256", "--max-tokens", "4")
+                   "--n-ctx", "256", "--max-tokens", "4", env={**os.environ, "EDGESPEC_TEST_RUN": run_id})
     assert done.returncode == 1
     line = the_one_error_line(done.stderr)
     assert "the model's chat template failed" in line and "--raw" in line
     assert "\x1b" not in done.stderr
     if sys.platform == "linux":
-        assert template_sandboxes() - running_before == set(), "the run left its template sandbox behind"
+        assert template_sandboxes(f"EDGESPEC_TEST_RUN={run_id}") == set(), "the run left its template sandbox behind"
 
 
 def test_a_broken_template_still_allows_raw_prompts(broken_models):
