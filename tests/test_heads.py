@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import zipfile
 
 import numpy as np
@@ -143,6 +144,41 @@ def test_a_damaged_heads_file_is_refused_with_one_line(trained, tmp_path, damage
             np.savez_compressed(broken, **{name: archive[name] for name in archive.files})
     with pytest.raises(HeadsFileError) as refused:
         read_heads(broken)
+    assert "\n" not in str(refused.value) and "damaged" in str(refused.value)
+
+
+def _rewritten(source, target, *, meta_changes=None, array_changes=None):
+    """A copy of the heads file at source with some record fields and arrays replaced, as another program might
+    write it (np.savez, no pickles)."""
+    with np.load(source) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    meta = {**json.loads(arrays.pop("meta").tobytes()), **(meta_changes or {})}
+    arrays.update(array_changes or {})
+    np.savez(target, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+    return target
+
+
+@pytest.mark.parametrize("change", [
+    {"meta_changes": {"heldout_top1": [float("nan"), 0.1, 0.1]}},  # json writes NaN: the prior raised on it
+    {"meta_changes": {"heldout_top1": [5.0, 0.1, 0.1]}},
+    {"meta_changes": {"heldout_top1": ["x", 0.1, 0.1]}},  # heads show's format code raised
+    {"meta_changes": {"training_seconds": "soon"}},
+    {"meta_changes": {"n_heads": "3"}},
+    {"array_changes": {"bias": np.array([["x"]])}},
+    {"array_changes": {"a": np.full((3, 8, 8), 0.1, dtype=np.float32), "b": np.full((3, 8, 8), 0.1, dtype=np.float32),
+                       "bias": np.zeros((3, 8), dtype=np.float32)}},  # another hidden size: matmul raised
+    {"array_changes": {"a": None}},  # filled below with NaN weights of the right shape
+], ids=["nan prior", "prior over 1", "text prior", "text seconds", "text head count", "text bias", "other hidden size",
+        "nan weights"])
+def test_a_heads_file_whose_contents_do_not_hold_together_is_refused_with_one_line(trained, tiny_models, tmp_path,
+                                                                                   change):
+    # each was read, then failed while drafting: a traceback on every run, --draft auto's included
+    if change.get("array_changes", {}).get("a", 0) is None:
+        with np.load(trained[0]) as archive:
+            change = {"array_changes": {"a": np.full_like(archive["a"], np.nan)}}
+    broken = _rewritten(trained[0], tmp_path / "broken.npz", **change)
+    with pytest.raises(HeadsFileError) as refused:
+        load_heads(broken, tiny_models["target"], LmHead(tiny_models["target"]))
     assert "\n" not in str(refused.value) and "damaged" in str(refused.value)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +84,26 @@ def read_heads(path: str | os.PathLike) -> tuple[HeadsRecord, dict[str, np.ndarr
                              "`edgespec heads train --model MODEL`, or delete the file)") from None
     if record.format != FORMAT or record.form not in FORMS or not {"vocab", "a", "b", "bias"} <= arrays.keys():
         raise HeadsFileError(f"heads file {path} is of another format or version (train the heads again)")
+    if not _record_holds_together(record):
+        raise HeadsFileError(f"heads file {path} is damaged: its record is not one edgespec writes (train the heads "
+                             "again with `edgespec heads train --model MODEL`, or delete the file)")
     return record, arrays
+
+
+def _record_holds_together(record: HeadsRecord) -> bool:
+    """Whether each field of a read record is of the type and range save_heads writes: the record is shown
+    (heads show) and drafts with its accuracies as priors, so a string or a NaN there would fail far from here."""
+    def count(value) -> bool:
+        return type(value) is int and value >= 0
+
+    def share(value) -> bool:
+        return type(value) in (int, float) and 0.0 <= value <= 1.0  # False for NaN
+
+    return (isinstance(record.model_name, str) and type(record.n_heads) is int and record.n_heads >= 1
+            and count(record.training_tokens) and count(record.heldout_tokens)
+            and type(record.training_seconds) in (int, float) and 0 <= record.training_seconds < math.inf
+            and all(share(value) for value in (*record.heldout_top1, *record.heldout_top3))
+            and isinstance(record.sources, dict) and all(count(value) for value in record.sources.values()))
 
 
 def load_heads(path: str | os.PathLike, model_path: str | os.PathLike, lm_head,
@@ -96,11 +116,17 @@ def load_heads(path: str | os.PathLike, model_path: str | os.PathLike, lm_head,
     if record.model_identity != identity:
         raise HeadsFileError(f"heads file {Path(path).name} was trained for {record.model_name} (another model "
                              f"file), not {Path(model_path).name} (train heads for it with `edgespec heads train`)")
-    vocab = arrays["vocab"]
-    shapes_agree = (arrays["a"].shape == arrays["b"].shape and arrays["a"].shape[0] == record.n_heads
-                    and arrays["bias"].shape == arrays["a"].shape[:2] and vocab.ndim == 1)
+    vocab, weights = arrays["vocab"], [arrays[name] for name in ("a", "b", "bias")]
+    d = lm_head.n_embd
+    shapes_agree = (arrays["a"].shape == arrays["b"].shape == (record.n_heads, d, d)
+                    and arrays["bias"].shape == (record.n_heads, d) and vocab.ndim == 1)
     if not shapes_agree:
-        raise HeadsFileError(f"heads file {path} is damaged: its arrays do not fit together (train the heads again)")
+        raise HeadsFileError(f"heads file {path} is damaged: its arrays do not fit together or the model "
+                             "(train the heads again)")
+    # weights that are not finite numbers draft nothing of use, and an inf warns from inside numpy on each step
+    if not all(array.dtype.kind == "f" and np.isfinite(array).all() for array in weights):
+        raise HeadsFileError(f"heads file {path} is damaged: its weights are not all finite numbers "
+                             "(train the heads again)")
     # a token id outside the vocabulary would index another row (numpy wraps -1) and, drafted, abort llama.cpp
     if vocab.dtype.kind not in "iu" or vocab.size == 0 or vocab.min() < 0 or vocab.max() >= lm_head.n_vocab:
         raise HeadsFileError(f"heads file {path} is damaged: its token ids are not the model's (train the heads again)")
