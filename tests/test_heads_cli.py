@@ -57,6 +57,47 @@ def test_training_again_keeps_the_heads_it_replaces_and_refuses_to_write_over_ot
     assert err.count("\n") == 1 and "is not a heads file" in err and notes.read_text() == "my notes\n"
 
 
+def test_a_run_that_saves_no_heads_leaves_the_heads_kept_before_as_they_are(tiny_models, tmp_path, monkeypatch,
+                                                                            capsys):
+    # the copy of the heads to be replaced was made at the start: a run that then failed wrote it over the
+    # .previous file an earlier run had kept, and the README tells how to take those back
+    import edgespec.heads.job
+    from edgespec.errors import EdgespecError
+
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "a.txt").write_text("the cat sat on the mat and the cat sat on the mat. " * 20)
+    train = ["heads", "train", str(tmp_path / "a.txt"), "--model", str(tiny_models["target"]), "--minutes", "1",
+             "--threads", "1", "--vocab", "64", "--max-tokens", "300"]
+    assert main(train) == 0 and main([*train, "--n-heads", "2"]) == 0  # heads of their own, to be told apart
+    heads_file = default_heads_path(tiny_models["target"])
+    kept = heads_file.with_name(heads_file.stem + ".previous.npz")
+    kept_before, current = kept.read_bytes(), heads_file.read_bytes()
+    assert kept_before != current
+    capsys.readouterr()
+
+    def fails(*args, **kwargs):  # as the time running out, a full disk or Ctrl-C end a run
+        raise EdgespecError("the time ran out")
+
+    monkeypatch.setattr(edgespec.heads.job, "train_heads", fails)
+    assert main(train) == 1
+    assert kept.read_bytes() == kept_before and heads_file.read_bytes() == current
+    assert sorted(path.name for path in heads_file.parent.iterdir()) == sorted([heads_file.name, kept.name])
+
+
+def test_a_heads_file_that_cannot_be_written_is_refused_before_the_training(tiny_models, tmp_path, monkeypatch,
+                                                                           capsys):
+    # found out after the whole budget, with the work lost: a directory in its place, or a folder not writable
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    default_heads_path(tiny_models["target"]).mkdir(parents=True)
+    train = ["heads", "train", "--model", str(tiny_models["target"]), "--minutes", "1", "--threads", "1"]
+    assert main(train) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a directory, where the heads file goes" in err
+    assert main([*train, "--output", os.path.join(os.devnull, "heads.npz")]) == 1  # a folder that cannot be
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write the heads at" in err and "--output another path" in err
+
+
 def test_a_path_that_is_neither_a_file_nor_a_folder_is_named_as_such(tiny_models, tmp_path, monkeypatch, capsys):
     # a FIFO or /dev/zero gave "no training text ... (give more --minutes)", which no minutes could mend
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))

@@ -10,6 +10,7 @@ requests it answers: run them through `edgespec batch` to keep them.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -81,34 +82,60 @@ def train_command(args: argparse.Namespace) -> int:
     path, _, plan, _ = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False,
                                  notice=print_notice)
     heads_path = args.output or default_heads_path(path)
-    replaced = _heads_to_replace(heads_path, named=args.output is not None)
+    _check_writable(heads_path)
     if args.restart:
         resume_path_for(heads_path).unlink(missing_ok=True)
     elif resume_path_for(heads_path).exists():
         print(f"resuming the run that was stopped ({resume_path_for(heads_path)})", file=sys.stderr)
     model = HiddenStateModel(path, n_ctx=TRAINING_N_CTX, n_gpu_layers=plan.target_gpu_layers, n_threads=args.threads)
+    replaced = None
     try:
+        replaced = _heads_to_replace(heads_path, named=args.output is not None)
         sources = _sources(model, args)
         plan = TrainingPlan(form=args.form, n_heads=args.n_heads, vocab_size=args.vocab)
         budget = Budget(seconds=args.minutes * 60.0, max_tokens=args.max_tokens)
         progress = ProgressLine()
         record = train_heads(model, LmHead(path), sources, plan, budget, heads_path, progress)
         progress.done()
+    except BaseException:
+        if replaced is not None:  # nothing was replaced: the copy made before is not the previous heads
+            replaced[1].unlink(missing_ok=True)
+        raise
     finally:
         model.close()
     print(f"heads for {path.name}: {heads_path}")
     print(_summary(record))
     if replaced is not None:
-        earlier, kept_at = replaced
+        earlier, copy, kept_at = replaced
+        os.replace(copy, kept_at)
         print(f"the heads this run replaced are kept at {kept_at}: {_summary(earlier)}", file=sys.stderr)
         if earlier.heldout_top1[:1] > record.heldout_top1[:1]:
             print(f"they scored better on head 1; to use them again: mv {kept_at} {heads_path}", file=sys.stderr)
     return 0
 
 
+def _check_writable(heads_path: Path) -> None:
+    """EdgespecError now, not after the whole training, when the heads could not be written at heads_path."""
+    import tempfile
+
+    if heads_path.is_dir():
+        raise EdgespecError(f"{heads_path} is a directory, where the heads file goes; move it away, or give "
+                            "--output another path")
+    try:
+        heads_path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=heads_path.parent, prefix=f".{heads_path.name}.", suffix=".check"):
+            pass
+    except OSError as error:
+        raise EdgespecError(f"cannot write the heads at {heads_path}: {error.strerror or error}; make "
+                            f"{heads_path.parent} writable, or give --output another path") from None
+
+
 def _heads_to_replace(heads_path: Path, named: bool):
-    """The heads file a run will write over, copied beside it first: (its record, the copy), or None.  A file
-    named by --output that is not heads is refused before the training, not found out by writing over it."""
+    """The heads file a run will write over, copied beside it first: (its record, the copy, where the copy goes
+    once the run has saved new heads), or None.  Copied before the training, so that a disk with no room for it
+    is found then; put in place only after it, so that a run that saves nothing leaves the heads kept by an
+    earlier run as they are.  A file named by --output that is not heads is refused before the training, not
+    found out by writing over it."""
     import shutil
 
     from ..heads.store import HeadsFileError, read_heads
@@ -123,12 +150,13 @@ def _heads_to_replace(heads_path: Path, named: bool):
         raise UsageError(f"--output {heads_path} is there and is not a heads file; give another path, "
                          "or move that file away") from None
     kept_at = heads_path.with_name(heads_path.name.removesuffix(".npz") + ".previous.npz")
+    copy = kept_at.with_name(kept_at.name + ".partial")
     try:
-        shutil.copyfile(heads_path, kept_at)
+        shutil.copyfile(heads_path, copy)
     except OSError as error:
         raise EdgespecError(f"cannot keep a copy of the heads this run would replace at {kept_at}: "
                             f"{error.strerror}; free some space, or give --output another path") from None
-    return record, kept_at
+    return record, copy, kept_at
 
 
 def show_command(args: argparse.Namespace) -> int:
