@@ -584,3 +584,17 @@ def test_a_link_is_drawn_as_one_only_up_to_a_links_length():
     assert linked(f"see [{'a' * MAX_LINK_TEXT}](x)") == "a" * MAX_LINK_TEXT
     assert linked(f"see [{'a' * (MAX_LINK_TEXT + 1)}](x)") == ""
     assert linked(f"see [a]({'x' * (MAX_LINK_TARGET + 1)})") == ""
+
+
+def test_combined_drafting_with_heads_and_no_draft_model_is_called_so():
+    # the stats bar, the reply's title and its footer said "n-gram + draft model" with no draft model loaded
+    from tui.stats import mode_label
+
+    assert mode_label("combined", draft_model=False) == "n-gram + heads"
+    assert mode_label("combined", draft_model=True) == "n-gram + draft model"
+    bar = stats_line(mode="combined", target="smol", draft=None, stats=None, draft_tokens=4, context_used=0,
+                     n_ctx=4096).plain
+    assert bar.startswith("n-gram + heads  smol")
+    with_heads = replace(STATS, mode="combined", steps=40, k0_steps=10, accepted_by_drafter={"ngram": 30, "heads": 45})
+    footer = reply_footer(with_heads, None)
+    assert "n-gram + heads accepted" in footer and "from n-gram 30, heads 45" in footer and "draft model" not in footer

@@ -193,9 +193,9 @@ class ChatActions:
             return
         self.chat.engine.configure(mode=mode)
         if self.generation is not None:  # the stats bar keeps the streaming reply's mode until it ends
-            self.notify(f"Drafting: {stats_text.MODE_LABELS[mode]} from the next reply.")
+            self.notify(f"Drafting: {stats_text.engine_mode_label(self.chat.engine, mode)} from the next reply.")
             return
-        self.notify(f"Drafting: {stats_text.MODE_LABELS[mode]}.")
+        self.notify(f"Drafting: {stats_text.engine_mode_label(self.chat.engine, mode)}.")
         self.show_models()
 
     def action_toggle_marks(self) -> None:
@@ -290,7 +290,8 @@ class ChatActions:
                 yield SystemCommand(description, COMMAND_HELP[action], getattr(self, f"action_{action}"))
         modes = self.chat.available_modes() if self.chat.engine is not None else ()
         for mode in (mode for mode in MODES if mode in modes):
-            yield SystemCommand(f"Drafting: {stats_text.MODE_LABELS[mode]}", f"Use {mode} drafting from the next reply",
+            label = stats_text.engine_mode_label(self.chat.engine, mode)
+            yield SystemCommand(f"Drafting: {label}", f"Use {mode} drafting from the next reply",
                                 lambda mode=mode: self.set_mode(mode))
         yield SystemCommand("Load model…", "Load another target model and drafter", self.action_load_model)
 

@@ -253,7 +253,7 @@ class ChatApp(ChatActions, App):
 
     def _reply_title(self) -> str:
         engine = self.chat.engine
-        return f"{stats_text.model_name(engine.target_path)} · {stats_text.MODE_LABELS[engine.mode]}"
+        return f"{stats_text.model_name(engine.target_path)} · {stats_text.engine_mode_label(engine)}"
 
     @work(thread=True, group="generate")
     def _generate(self, stream: ReplyStream, events: Callable[[], Iterator]) -> None:

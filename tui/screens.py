@@ -179,7 +179,7 @@ def model_info(engine, plain: tuple[float, str] | None, plain_min_steps: int) ->
                   f"Plain decoding: n/a (it takes {plain_min_steps} steps without drafting: "
                   "switch drafting to none and send a prompt)")
     lines = [
-        f"Drafting now: {stats_text.MODE_LABELS[engine.mode]}; draft tokens per step: "
+        f"Drafting now: {stats_text.engine_mode_label(engine)}; draft tokens per step: "
         f"{engine.draft_tokens}; context: {engine.n_ctx:,} tokens",
         ("Verification: bit-exact (greedy output is plain decoding's, token for token; passes up to "
          f"{engine.max_draft_tokens + 1} tokens)" if engine.bit_exact else

@@ -16,6 +16,19 @@ from edgespec.stats import MIN_REPLY_TOKENS, Stats, end_to_end_speedup, plausibl
 MODE_LABELS = {"combined": "n-gram + draft model", "draft-model": "draft model", "heads": "heads", "ngram": "n-gram", "none": "no drafting"}
 
 
+def mode_label(mode: str, draft_model: bool = True) -> str:
+    """A drafting mode as the app names it: combined picks per step between n-grams and the draft model, or,
+    with no draft model loaded, the heads trained for the target."""
+    if mode == "combined" and not draft_model:
+        return "n-gram + heads"
+    return MODE_LABELS.get(mode, mode)
+
+
+def engine_mode_label(engine, mode: str | None = None) -> str:
+    """The engine's drafting mode (or another it can run) as the app names it."""
+    return mode_label(engine.mode if mode is None else mode, draft_model=engine.draft_path is not None)
+
+
 def display_path(path: str | os.PathLike) -> str:
     """A path relative to the working directory when inside it, else with ~ for home; its control
     characters drawn as symbols (a file's name is anybody's text)."""
@@ -51,7 +64,7 @@ def stats_line(*, mode: str, target: str, draft: str | None, stats: Stats | None
     """The stats bar: mode, models and context (and status, e.g. a re-measurement in progress)
     on one line, the current reply's numbers on the next.  Given a width, each line drops its
     least important parts until it fits, so the bar never wraps."""
-    first = [(0, Text(MODE_LABELS.get(mode, mode), "bold")), (0, Text(f"  {target}"))]
+    first = [(0, Text(mode_label(mode, draft_model=draft is not None), "bold")), (0, Text(f"  {target}"))]
     if mode in ("combined", "draft-model") and draft:
         first.append((3, Text(f" ← {draft}", "dim")))
     first.append((2, Text(f"  │  ctx {context_used:,}/{n_ctx:,}")))
@@ -123,12 +136,27 @@ class PlainSpeedEstimate:
             return 1.0 / statistics.median(self._seconds)
 
 
+def _second_drafters(stats: Stats) -> tuple[str, ...]:
+    """Besides n-grams, the drafters of a combined reply: the draft model, the heads (which stand in for it
+    where none is loaded), those that drafted; the draft model when neither did.  A reply's stats say who
+    drafted, not what was loaded."""
+    drafted = stats.accepted_by_drafter.keys() | stats.drafted_by_position.keys()
+    return tuple(name for name in ("draft-model", "heads") if name in drafted) or ("draft-model",)
+
+
+def _reply_mode_label(stats: Stats) -> str:
+    """The reply's drafting as its footer names it: a combined reply by the drafters it drafted with."""
+    if stats.mode != "combined":
+        return MODE_LABELS.get(stats.mode, stats.mode)
+    return " + ".join(MODE_LABELS[name] for name in ("ngram", *_second_drafters(stats)))
+
+
 def _accepted_detail(stats: Stats) -> list[str]:
     """Who proposed the accepted tokens (when both drafters could), and how many a drafting step kept."""
     parts = []
     by_drafter = {name: count for name, count in stats.accepted_by_drafter.items() if count}
     if stats.mode == "combined":
-        names = ("ngram", "draft-model", *(("heads",) if "heads" in by_drafter else ()))
+        names = ("ngram", *_second_drafters(stats))
         parts.append("from " + ", ".join(f"{MODE_LABELS[name]} {by_drafter.get(name, 0)}" for name in names))
     drafting_steps = stats.steps - stats.k0_steps
     if drafting_steps > 0:
@@ -168,7 +196,7 @@ def reply_footer(stats: Stats, plain: tuple[float, str] | None) -> str:
     mode = stats.mode
     if stats.draft_tokens_proposed:
         parts.append(
-            f"{MODE_LABELS.get(mode, mode)} accepted {stats.acceptance_rate:.0%} "
+            f"{_reply_mode_label(stats)} accepted {stats.acceptance_rate:.0%} "
             f"({stats.draft_tokens_accepted}/{stats.draft_tokens_proposed})"
         )
         parts.extend(_accepted_detail(stats))
