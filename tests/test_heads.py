@@ -202,6 +202,28 @@ def test_ctrl_c_while_training_leaves_a_resume_file_and_no_half_written_heads(ti
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
 
+def test_a_resume_with_other_heads_asked_for_is_refused_with_the_way_on(tiny_models, target, tmp_path):
+    # the stopped run's plan was used as it was: --n-heads, --form and --vocab of the new command were dropped
+    # without a word, and its heads saved as if they were what was asked for
+    from dataclasses import replace
+
+    path = tmp_path / "heads" / "heads.npz"
+    lm_head = LmHead(tiny_models["target"])
+
+    def interrupt_while_training(phase, *_):
+        if phase == "training":
+            raise KeyboardInterrupt
+
+    with pytest.raises(TrainingInterrupted):
+        train_heads(target, lm_head, _sources(target), _PLAN, _BUDGET, path, interrupt_while_training)
+    other = replace(_PLAN, n_heads=_PLAN.n_heads + 1)
+    with pytest.raises(EdgespecError) as refused:
+        train_heads(target, lm_head, Sources(), other, _BUDGET, path, _quiet)
+    message = str(refused.value)
+    assert "\n" not in message and "--restart" in message and f"{_PLAN.n_heads} {_PLAN.form} heads" in message
+    assert resume_path_for(path).exists() and not path.exists()  # the work is still there to go on with
+
+
 def test_heads_draft_from_a_hidden_state_and_stop_when_unsure(trained, tiny_models):
     _, heads = load_heads(trained[0], tiny_models["target"], LmHead(tiny_models["target"]))
     lm_head = LmHead(tiny_models["target"])

@@ -125,3 +125,32 @@ def test_plan_with_heads_says_heads_and_whether_any_are_trained(tiny_models, tmp
     assert main(plan) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "edgespec plan: heads on" in out and "no heads are trained" not in out
+
+
+def test_sigterm_stops_a_training_as_ctrl_c_does_keeping_the_work(tiny_models, tmp_path, monkeypatch, capsys):
+    # kill, timeout and docker stop ended a training at once, the work since the last resume file lost
+    import signal
+
+    import edgespec.commands.heads as heads_command
+
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "a.txt").write_text("the cat sat on the mat and the cat sat on the mat. " * 20)
+    reached_the_default = []  # stands in for SIGTERM's default action, which would end this test process
+    previous = signal.signal(signal.SIGTERM, lambda *_: reached_the_default.append(True))
+    shown = heads_command.ProgressLine.__call__
+
+    def terminated_while_training(self, phase, *rest):
+        shown(self, phase, *rest)
+        if phase == "training":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(heads_command.ProgressLine, "__call__", terminated_while_training)
+    try:
+        code = main(["heads", "train", str(tmp_path / "a.txt"), "--model", str(tiny_models["target"]), "--minutes", "1",
+                     "--threads", "1", "--vocab", "64", "--max-tokens", "300"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    heads_file = default_heads_path(tiny_models["target"])
+    assert not reached_the_default and code == 130
+    assert heads_file.with_name(heads_file.stem + ".resume.npz").exists() and not heads_file.exists()
+    assert "what was done is kept in" in capsys.readouterr().err

@@ -10,8 +10,11 @@ requests it answers: run them through `edgespec batch` to keep them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -95,7 +98,8 @@ def train_command(args: argparse.Namespace) -> int:
         plan = TrainingPlan(form=args.form, n_heads=args.n_heads, vocab_size=args.vocab)
         budget = Budget(seconds=args.minutes * 60.0, max_tokens=args.max_tokens)
         progress = ProgressLine()
-        record = train_heads(model, LmHead(path), sources, plan, budget, heads_path, progress)
+        with _sigterm_as_ctrl_c():
+            record = train_heads(model, LmHead(path), sources, plan, budget, heads_path, progress)
         progress.done()
     except BaseException:
         if replaced is not None:  # nothing was replaced: the copy made before is not the previous heads
@@ -112,6 +116,23 @@ def train_command(args: argparse.Namespace) -> int:
         if earlier.heldout_top1[:1] > record.heldout_top1[:1]:
             print(f"they scored better on head 1; to use them again: mv {kept_at} {heads_path}", file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """kill, timeout and docker stop send SIGTERM, which ended a training at once with the work since the last
+    resume file lost: it stops the training as Ctrl-C does, keeping what was done to go on from."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set a handler
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _check_writable(heads_path: Path) -> None:

@@ -82,6 +82,10 @@ def train_heads(model, lm_head, sources: Sources, plan: TrainingPlan, budget: Bu
     resume_path = resume_path_for(heads_path)
     started = time.monotonic()
     trainer = _resumed(resume_path, lm_head, model.n_vocab)
+    if trainer is not None and _shape(trainer.plan) != _shape(plan):
+        raise EdgespecError(f"the stopped run kept in {resume_path} trains {_shape(trainer.plan)}, not "
+                            f"{_shape(plan)}; give its --form, --n-heads and --vocab to go on with it, or add "
+                            "--restart to start afresh with these")
     end = started + budget.seconds - (trainer.seconds_spent if trainer else 0.0)
     data = heldout = None
     try:
@@ -104,6 +108,11 @@ def train_heads(model, lm_head, sources: Sources, plan: TrainingPlan, budget: Bu
                                       "(run the same command again to train on from there)") from None
         raise
     return _finish(model, trainer, heads_path, resume_path, progress)
+
+
+def _shape(plan: TrainingPlan) -> str:
+    """What a plan's heads are, as the flags that set it give them."""
+    return f"{plan.n_heads} {plan.form} heads over {plan.vocab_size} tokens"
 
 
 def _collect(model, lm_head, sources: Sources, plan: TrainingPlan, budget: Budget, started: float,
