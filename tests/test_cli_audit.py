@@ -183,6 +183,9 @@ def test_a_batch_rerun_with_other_sampling_flags_redoes_the_answers_they_made(ti
     (["heads", "train", ""], "paths"),  # trained on the current folder, "." , without a word
     (["heads", "show", "--heads", ""], "--heads"),  # "heads file . is damaged"
     (["heads", "train", "--minutes", "1e308"], "--minutes"),  # a traceback: cannot convert float infinity to integer
+    # found out with exit 1 after the model had loaded, the second without naming the flag
+    (["heads", "train", "no-such-folder"], "paths"),
+    (["heads", "train", "--batch", "no-such-batch.jsonl"], "--batch"),
 ])
 def test_heads_refuses_an_empty_path_or_an_endless_time_in_one_line(argv, flag, capsys):
     from edgespec.commands import main

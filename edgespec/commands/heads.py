@@ -34,11 +34,11 @@ def add_heads_parser(subparsers) -> None:
     parser = subparsers.add_parser("heads", help="train drafting heads that read the target's own hidden state")
     commands = parser.add_subparsers(dest="heads_command", metavar="ACTION", required=True)
     train = commands.add_parser("train", help="train heads for a target model on this machine")
-    train.add_argument("paths", nargs="*", type=file_path, help="text files or folders to train on (your code, your documents)")
+    train.add_argument("paths", nargs="*", type=_existing_path, help="text files or folders to train on (your code, your documents)")
     train.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
     train.add_argument("--minutes", type=_positive_minutes, default=15.0, help="wall time for the whole run (default: %(default)s)")
     train.add_argument("--history", action="store_true", help="also train on the chat app's saved chats")
-    train.add_argument("--batch", action="append", default=[], type=file_path, metavar="FILE",
+    train.add_argument("--batch", action="append", default=[], type=_existing_path, metavar="FILE",
                        help="also train on a batch input or output file (repeatable)")
     train.add_argument("--no-builtin", dest="builtin", action="store_false",
                        help="leave out the built-in prompts the target answers itself")
@@ -57,6 +57,15 @@ def add_heads_parser(subparsers) -> None:
     show.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL)
     show.add_argument("--heads", type=file_path, default=None, help="heads file (default: the model's own)")
     show.set_defaults(func=show_command)
+
+
+def _existing_path(text: str) -> Path:
+    """An argparse type: a path that is there, so that a mistyped one is a usage error (exit 2) before the model
+    loads, not found out after it."""
+    path = file_path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text} does not exist")
+    return path
 
 
 def _positive_minutes(text: str) -> float:
