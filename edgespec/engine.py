@@ -56,7 +56,7 @@ class Engine:
         if heads is not None:  # a HeadsDrafter over this target, a HiddenStateModel
             drafters["heads"] = heads
             drafters.setdefault("combined", heads)
-        self.configure(bit_exact=bit_exact)  # refuses bit_exact over flash attention
+        self._check_bit_exact(bit_exact)
         self.planner = DraftPlanner(drafters, mode, draft_tokens, bit_exact)
         self.decoder = Decoder(self.planner, SequenceCache(target, self.prefix_caches),
                                SequenceCache(draft, self.prefix_caches) if draft is not None else None)
@@ -244,14 +244,17 @@ class Engine:
     def configure(self, *, mode: str | None = None, draft_tokens: int | str | None = None,
                   bit_exact: bool | None = None) -> None:
         """Switch the drafting mode, the draft length and/or the exactness guarantee; what is left None stays."""
+        self._check_bit_exact(bit_exact)
+        self._lock.check_open()  # a closed engine's every use raises
+        self.planner.configure(mode=mode, draft_tokens=draft_tokens, bit_exact=bit_exact)
+
+    def _check_bit_exact(self, bit_exact: bool | None) -> None:
+        """Refuse a bit_exact that is not a switch, or that this context's flash attention cannot give."""
         if bit_exact is not None:
             checked_switch("bit_exact", bit_exact)
         if bit_exact and self.flash_attn:
             raise EdgespecError("bit-exact verification needs flash attention off: load the model with ",
                                 Setting("flash_attn", "off"))
-        if hasattr(self, "planner"):
-            self._lock.check_open()  # a closed engine's every use raises
-            self.planner.configure(mode=mode, draft_tokens=draft_tokens, bit_exact=bit_exact)
 
     @property
     def phase_clock(self) -> PhaseClock | None:
