@@ -183,9 +183,6 @@ def test_a_batch_rerun_with_other_sampling_flags_redoes_the_answers_they_made(ti
     (["heads", "train", ""], "paths"),  # trained on the current folder, "." , without a word
     (["heads", "show", "--heads", ""], "--heads"),  # "heads file . is damaged"
     (["heads", "train", "--minutes", "1e308"], "--minutes"),  # a traceback: cannot convert float infinity to integer
-    # found out with exit 1 after the model had loaded, the second without naming the flag
-    (["heads", "train", "no-such-folder"], "paths"),
-    (["heads", "train", "--batch", "no-such-batch.jsonl"], "--batch"),
 ])
 def test_heads_refuses_an_empty_path_or_an_endless_time_in_one_line(argv, flag, capsys):
     from edgespec.commands import main
@@ -194,6 +191,19 @@ def test_heads_refuses_an_empty_path_or_an_endless_time_in_one_line(argv, flag, 
         main([*argv, "--model", "missing.gguf"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and flag in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["heads", "train", "no-such-folder"], "paths"),
+    (["heads", "train", "--batch", "no-such-batch.jsonl"], "--batch"),
+])
+def test_heads_train_refuses_a_path_that_is_not_there_before_the_model_loads(argv, flag, capsys):
+    # found out with exit 1 after the model had loaded, --batch's without naming the flag
+    from edgespec.commands import main
+
+    assert main([*argv, "--model", "missing.gguf"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and flag in err and "does not exist" in err and "missing.gguf" not in err, err
 
 
 def test_heads_train_refuses_a_folder_as_its_output_before_it_trains(tmp_path, capsys):

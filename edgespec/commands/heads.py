@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -34,11 +35,11 @@ def add_heads_parser(subparsers) -> None:
     parser = subparsers.add_parser("heads", help="train drafting heads that read the target's own hidden state")
     commands = parser.add_subparsers(dest="heads_command", metavar="ACTION", required=True)
     train = commands.add_parser("train", help="train heads for a target model on this machine")
-    train.add_argument("paths", nargs="*", type=_existing_path, help="text files or folders to train on (your code, your documents)")
+    train.add_argument("paths", nargs="*", type=file_path, help="text files or folders to train on (your code, your documents)")
     train.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
     train.add_argument("--minutes", type=_positive_minutes, default=15.0, help="wall time for the whole run (default: %(default)s)")
     train.add_argument("--history", action="store_true", help="also train on the chat app's saved chats")
-    train.add_argument("--batch", action="append", default=[], type=_existing_path, metavar="FILE",
+    train.add_argument("--batch", action="append", default=[], type=file_path, metavar="FILE",
                        help="also train on a batch input or output file (repeatable)")
     train.add_argument("--no-builtin", dest="builtin", action="store_false",
                        help="leave out the built-in prompts the target answers itself")
@@ -57,15 +58,6 @@ def add_heads_parser(subparsers) -> None:
     show.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL)
     show.add_argument("--heads", type=file_path, default=None, help="heads file (default: the model's own)")
     show.set_defaults(func=show_command)
-
-
-def _existing_path(text: str) -> Path:
-    """An argparse type: a path that is there, so that a mistyped one is a usage error (exit 2) before the model
-    loads, not found out after it."""
-    path = file_path(text)
-    if not path.exists():
-        raise argparse.ArgumentTypeError(f"{text} does not exist")
-    return path
 
 
 def _positive_minutes(text: str) -> float:
@@ -91,18 +83,24 @@ def train_command(args: argparse.Namespace) -> int:
 
     if args.output is not None and args.output.is_dir():  # else found out when writing, after all the training
         raise UsageError(f"--output {args.output} is a directory; give a file path, e.g. {args.output / 'heads.npz'}")
+    # else found out after the model loaded; not in the flags' types, where a positional path checked first
+    # would hide a misspelt flag before it ("--mode other": "other does not exist")
+    for where, given in [("paths", path) for path in args.paths] + [("--batch", path) for path in args.batch]:
+        if not given.exists():
+            raise UsageError(f"{where}: {given} does not exist")
     path, _, plan, _ = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False,
                                  notice=print_notice)
     heads_path = args.output or default_heads_path(path)
     _check_writable(heads_path)
+    earlier = _heads_it_replaces(heads_path, named=args.output is not None)
     if args.restart:
         resume_path_for(heads_path).unlink(missing_ok=True)
     elif resume_path_for(heads_path).exists():
         print(f"resuming the run that was stopped ({resume_path_for(heads_path)})", file=sys.stderr)
     model = HiddenStateModel(path, n_ctx=TRAINING_N_CTX, n_gpu_layers=plan.target_gpu_layers, n_threads=args.threads)
-    replaced = None
+    copy = None
     try:
-        replaced = _heads_to_replace(heads_path, named=args.output is not None)
+        copy = _copy_aside(heads_path) if earlier is not None else None
         sources = _sources(model, args)
         plan = TrainingPlan(form=args.form, n_heads=args.n_heads, vocab_size=args.vocab)
         budget = Budget(seconds=args.minutes * 60.0, max_tokens=args.max_tokens)
@@ -111,15 +109,15 @@ def train_command(args: argparse.Namespace) -> int:
             record = train_heads(model, LmHead(path), sources, plan, budget, heads_path, progress)
         progress.done()
     except BaseException:
-        if replaced is not None:  # nothing was replaced: the copy made before is not the previous heads
-            replaced[1].unlink(missing_ok=True)
+        if copy is not None:  # nothing was replaced: the copy is not of the previous heads
+            copy.unlink(missing_ok=True)
         raise
     finally:
         model.close()
     print(f"heads for {path.name}: {heads_path}")
     print(_summary(record))
-    if replaced is not None:
-        earlier, copy, kept_at = replaced
+    if earlier is not None:
+        kept_at = _previous_path(heads_path)
         os.replace(copy, kept_at)
         print(f"the heads this run replaced are kept at {kept_at}: {_summary(earlier)}", file=sys.stderr)
         if earlier.heldout_top1[:1] > record.heldout_top1[:1]:
@@ -132,6 +130,7 @@ def _sigterm_as_ctrl_c():
     """kill, timeout and docker stop send SIGTERM, which ended a training at once with the work since the last
     resume file lost: it stops the training as Ctrl-C does, keeping what was done to go on from."""
     def interrupt(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one would cut short the resume file's writing
         raise KeyboardInterrupt
 
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set a handler
@@ -141,7 +140,7 @@ def _sigterm_as_ctrl_c():
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)  # None: set outside Python
 
 
 def _check_writable(heads_path: Path) -> None:
@@ -155,38 +154,49 @@ def _check_writable(heads_path: Path) -> None:
         heads_path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=heads_path.parent, prefix=f".{heads_path.name}.", suffix=".check"):
             pass
+    except (FileExistsError, NotADirectoryError):
+        raise EdgespecError(f"cannot write the heads at {heads_path}: a file stands where a folder of that path "
+                            "goes; give --output another path") from None
     except OSError as error:
         raise EdgespecError(f"cannot write the heads at {heads_path}: {error.strerror or error}; make "
                             f"{heads_path.parent} writable, or give --output another path") from None
 
 
-def _heads_to_replace(heads_path: Path, named: bool):
-    """The heads file a run will write over, copied beside it first: (its record, the copy, where the copy goes
-    once the run has saved new heads), or None.  Copied before the training, so that a disk with no room for it
-    is found then; put in place only after it, so that a run that saves nothing leaves the heads kept by an
-    earlier run as they are.  A file named by --output that is not heads is refused before the training, not
-    found out by writing over it."""
-    import shutil
-
+def _heads_it_replaces(heads_path: Path, named: bool):
+    """The record of the heads file a run will write over, or None.  A file named by --output that is not heads
+    is refused now, before the model loads, not found out by writing over it."""
     from ..heads.store import HeadsFileError, read_heads
 
     if not heads_path.exists():
         return None
     try:
-        record, _ = read_heads(heads_path)
+        return read_heads(heads_path)[0]
     except HeadsFileError:
         if not named:  # the model's own heads file, damaged: what training again is for
             return None
         raise UsageError(f"--output {heads_path} is there and is not a heads file; give another path, "
                          "or move that file away") from None
-    kept_at = heads_path.with_name(heads_path.name.removesuffix(".npz") + ".previous.npz")
+
+
+def _previous_path(heads_path: Path) -> Path:
+    """Where a run keeps the heads it replaced."""
+    return heads_path.with_name(heads_path.name.removesuffix(".npz") + ".previous.npz")
+
+
+def _copy_aside(heads_path: Path) -> Path:
+    """A copy of the heads a run will replace, made before the training so that a disk with no room for it is
+    found then, and put in place (at _previous_path) only once new heads are saved, so that a run that saves
+    nothing leaves the heads an earlier run kept as they are."""
+    import shutil
+
+    kept_at = _previous_path(heads_path)
     copy = kept_at.with_name(kept_at.name + ".partial")
     try:
         shutil.copyfile(heads_path, copy)
     except OSError as error:
         raise EdgespecError(f"cannot keep a copy of the heads this run would replace at {kept_at}: "
                             f"{error.strerror}; free some space, or give --output another path") from None
-    return record, copy, kept_at
+    return copy
 
 
 def show_command(args: argparse.Namespace) -> int:
@@ -199,7 +209,7 @@ def show_command(args: argparse.Namespace) -> int:
     record, _ = read_heads(heads_path)
     if record.model_identity != model_identity(path):
         raise HeadsFileError(f"heads file {heads_path.name} was trained for {record.model_name}, not {path.name} "
-                             f"(train heads for it with `edgespec heads train --model {args.model}`)")
+                             f"(train heads for it with `edgespec heads train --model {shlex.quote(args.model)}`)")
     print(heads_path)
     print(_summary(record))
     return 0
