@@ -7,7 +7,6 @@ draft model fits next to the target (the planner), and loads them.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from pathlib import Path
@@ -96,9 +95,6 @@ def plan_load(
         say_warnings(plan, notice)
     if draft_path is not None and plan.mode != "draft-model" and why is None:
         notice(f"not loading draft {draft_path.name}: {plan.reason}")
-    if draft == "heads" and trained_heads(target_path) is None:  # for the plan's table: a load refuses in its place
-        plan = dataclasses.replace(plan, warnings=(*plan.warnings, f"no heads are trained for {target_path.name}; "
-                                                   f"train them with `edgespec heads train --model {target_path}`"))
     return LoadPlan(target_path, draft_path, _with_trained_heads(plan, target_path, draft))
 
 

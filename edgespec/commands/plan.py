@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from ..errors import flag_worded
+from ..heads.attach import trained_heads
 from ..loading import plan_load
 from ..notices import print_notice
 from .options import add_engine_options, add_prompt_cache_ram_option, refuse_engine_flags_that_cannot_go_together, setting
@@ -30,12 +32,17 @@ def plan(args: argparse.Namespace) -> int:
     from ..plan_table import format_plan_table
 
     refuse_engine_flags_that_cannot_go_together(args)  # a plan shows a setup run, batch and serve can load
-    memory_plan = plan_load(args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
-                            draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget,
-                            kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn,
-                            parallel=args.parallel, prompt_cache_ram=args.prompt_cache_ram, notice=print_notice,
-                            progress=True, n_threads=args.threads, bit_exact=args.bit_exact,
-                            measure_first=True).plan
+    loading = plan_load(args.model, args.draft, n_ctx=args.n_ctx, n_gpu_layers=args.gpu_layers,
+                        draft_gpu_layers=args.draft_gpu_layers, memory_budget=args.memory_budget,
+                        kv_type=args.kv_type, draft_kv_type=args.draft_kv_type, flash_attn=args.flash_attn,
+                        parallel=args.parallel, prompt_cache_ram=args.prompt_cache_ram, notice=print_notice,
+                        progress=True, n_threads=args.threads, bit_exact=args.bit_exact, measure_first=True)
+    memory_plan = loading.plan
+    if args.draft == "heads" and trained_heads(loading.target_path) is None:  # what a run would refuse for
+        target = loading.target_path
+        memory_plan = dataclasses.replace(memory_plan, warnings=(
+            *memory_plan.warnings,
+            f"no heads are trained for {target.name}; train them with `edgespec heads train --model {target}`"))
     if args.json:
         worded = {"budget_source": flag_worded(memory_plan.budget_source),
                   "warnings": [flag_worded(warning) for warning in memory_plan.warnings]}
