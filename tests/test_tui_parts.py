@@ -598,3 +598,5 @@ def test_combined_drafting_with_heads_and_no_draft_model_is_called_so():
     with_heads = replace(STATS, mode="combined", steps=40, k0_steps=10, accepted_by_drafter={"ngram": 30, "heads": 45})
     footer = reply_footer(with_heads, None)
     assert "n-gram + heads accepted" in footer and "from n-gram 30, heads 45" in footer and "draft model" not in footer
+    only_ngrams = reply_footer(replace(with_heads, accepted_by_drafter={"ngram": 30}), None)  # the heads drafted none
+    assert "n-gram accepted" in only_ngrams and "draft model" not in only_ngrams

@@ -137,11 +137,10 @@ class PlainSpeedEstimate:
 
 
 def _second_drafters(stats: Stats) -> tuple[str, ...]:
-    """Besides n-grams, the drafters of a combined reply: the draft model, the heads (which stand in for it
-    where none is loaded), those that drafted; the draft model when neither did.  A reply's stats say who
-    drafted, not what was loaded."""
+    """Besides n-grams, the drafters that drafted in a combined reply: the draft model, the heads (which stand
+    in for it where none is loaded).  A reply's stats say who drafted, not what was loaded."""
     drafted = stats.accepted_by_drafter.keys() | stats.drafted_by_position.keys()
-    return tuple(name for name in ("draft-model", "heads") if name in drafted) or ("draft-model",)
+    return tuple(name for name in ("draft-model", "heads") if name in drafted)
 
 
 def _reply_mode_label(stats: Stats) -> str:
@@ -155,7 +154,7 @@ def _accepted_detail(stats: Stats) -> list[str]:
     """Who proposed the accepted tokens (when both drafters could), and how many a drafting step kept."""
     parts = []
     by_drafter = {name: count for name, count in stats.accepted_by_drafter.items() if count}
-    if stats.mode == "combined":
+    if stats.mode == "combined" and _second_drafters(stats):
         names = ("ngram", *_second_drafters(stats))
         parts.append("from " + ", ".join(f"{MODE_LABELS[name]} {by_drafter.get(name, 0)}" for name in names))
     drafting_steps = stats.steps - stats.k0_steps
