@@ -195,6 +195,10 @@ def test_the_server_takes_as_many_stop_strings_as_the_library_and_names_the_limi
     assert len(chat(stop=[f"s{i}" for i in range(MAX_STOPS)]).params.stop) == MAX_STOPS
     error = refusal(True, stop=[f"s{i}" for i in range(MAX_STOPS + 1)])
     assert error.param == "stop" and f"at most {MAX_STOPS}" in error.message
+    # each string's check costs every token its length: the total is bounded as 16 strings of 512 bounded it
+    assert len(chat(stop=["x" * 512] * 16).params.stop) == 16
+    error = refusal(True, stop=["x" * 512] * 16 + ["y"])
+    assert error.param == "stop" and "8192 characters in all" in error.message
 
 
 @pytest.mark.parametrize("chat_request", [True, False], ids=["chat", "completions"])

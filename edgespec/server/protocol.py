@@ -22,6 +22,9 @@ from ..text import surrogate_problem, surrogates_escaped
 
 CHAT_ROLES = {"system", "developer", "user", "assistant"}
 MAX_STOP_CHARS = 512  # the stop check holds back text that could start a stop string: keep that small
+# The stop check's cost per token grows with the characters of all the stop strings, on the decode loop every
+# request shares: the 16 x 512 the server took before it took the library's 64 strings.
+MAX_STOP_TOTAL_CHARS = 8192
 MAX_QUOTED_CHARS = 80  # of a client's name or value an error quotes back: enough to know it, never a whole body
 
 # Fields edgespec cannot honour, with the one value that means "not used", of the JSON type the field has.
@@ -257,6 +260,9 @@ def _stop(stop: Any) -> tuple[str, ...]:
         raise bad_param("stop", f"at most {MAX_STOPS} stop strings are allowed")
     if any(len(s) > MAX_STOP_CHARS for s in stops):
         raise bad_param("stop", f"a stop string may have at most {MAX_STOP_CHARS} characters")
+    if sum(map(len, stops)) > MAX_STOP_TOTAL_CHARS:
+        raise bad_param("stop", f"the stop strings may have at most {MAX_STOP_TOTAL_CHARS} characters in all; "
+                                "send fewer or shorter ones")
     if "" in stops:  # the stop check (text.py) skips it: accepted, it would silently stop nothing
         raise bad_param("stop", "a stop string may not be empty (it would stop nothing); leave it out of stop")
     return tuple(_unicode(s, "stop") for s in stops)
