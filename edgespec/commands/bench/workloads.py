@@ -83,7 +83,7 @@ def _read_suite(suite: str, path: Path) -> list[BenchPrompt]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as err:
-        raise BenchError(f"{path} cannot be read ({err.strerror or err})") from None
+        raise BenchError(f"{path} cannot be read ({err.strerror or err}); check the path and its permissions") from None
     except UnicodeDecodeError as err:
         raise BenchError(f"{path} cannot be read as UTF-8 text ({err}); save it as UTF-8") from None
     prompts = []
