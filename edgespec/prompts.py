@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from .chat_template import ChatTemplate
-from .errors import BadValueError, ContextOverflowError, EdgespecError, Setting
+from .errors import BadValueError, ContextOverflowError, Setting
 from .prediction import checked_prediction_length, prediction_text
 from .text import check_text
 
