@@ -246,3 +246,13 @@ def test_an_assistant_message_as_the_openai_client_dumps_it_is_accepted():
     for field, value in (("tool_calls", [{"id": "1", "type": "function"}]), ("refusal", "no"), ("audio", {"id": "a"})):
         error = refusal(messages=[USER[0], {**dumped, field: value}, turns[2]])
         assert error.param == f"messages[1].{field}" and error.code == "unsupported_parameter"
+
+
+def test_a_null_inside_a_message_or_stream_options_is_not_set():
+    # clients that write every field send them inside a message and stream_options too; OpenAI reads them as unset
+    with_nulls = [{"role": "user", "content": "hi", "name": None, "tool_call_id": None, "reasoning_content": None}]
+    assert chat(messages=with_nulls) == chat()
+    streamed = chat(stream=True, stream_options={"include_usage": True, "include_obfuscation": None})
+    assert streamed.include_usage
+    assert refusal(messages=[{**with_nulls[0], "tool_call_id": "call_1"}]).param == "messages[0].tool_call_id"
+    assert refusal(stream=True, stream_options={"include_obfuscation": False}).param == "stream_options.include_obfuscation"

@@ -62,9 +62,6 @@ _OTHER_ENDPOINTS_FIELDS = {
     "messages": "messages are for /v1/chat/completions; /v1/completions takes a prompt string",
 }
 _JSON_TYPE_NAMES = {str: "a string", dict: "an object", bool: "true or false"}
-# OpenAI's other fields of an assistant message, which its client writes back as null (message.model_dump()):
-# null says there are none, which changes nothing; any other value is refused like an unknown field.
-_NULL_MESSAGE_FIELDS = {"refusal", "annotations", "audio", "function_call", "tool_calls"}
 
 
 class ApiError(Exception):
@@ -209,8 +206,8 @@ def _stream_options(body: dict, stream: bool) -> bool:
         raise bad_param("stream_options", "stream_options is only allowed when stream is true")
     if not isinstance(options, dict):
         raise bad_param("stream_options", "stream_options must be an object")
-    for key in options:
-        if key != "include_usage":
+    for key, value in options.items():
+        if key != "include_usage" and value is not None:  # null: "not set", as at the top level
             param = f"stream_options.{_cut(key)}"
             raise bad_param(param, f"{param} is not supported by edgespec", "unsupported_parameter")
     return _boolean(options, "include_usage", "stream_options.include_usage")
@@ -287,7 +284,9 @@ def _message(message: Any, index: int) -> dict:
         raise bad_param(f"{where}.role", f"{where}.role must be one of {json.dumps(sorted(CHAT_ROLES))}, "
                                          f"not {_cut(json.dumps(role))}{why}")
     for key, value in message.items():
-        if key in _NULL_MESSAGE_FIELDS and value is None:
+        # null is "not set" here as at the top level: the openai client's message.model_dump() writes an
+        # assistant message's refusal, tool_calls, audio... back as null, and other clients write every field
+        if value is None:
             continue
         if key not in ("role", "content", "name"):
             param = f"{where}.{_cut(key)}"
