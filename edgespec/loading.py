@@ -22,16 +22,17 @@ from .drafters import check_vocab_compatible
 from .learned import LearnedAcceptance
 from .ngram_pool import NgramPool
 from .engine import Engine
-from .errors import EdgespecError, Setting, Wording
+from .errors import BadValueError, EdgespecError, Setting, Wording
 from .heads.attach import heads_drafter, trained_heads
 from .limits import checked_setting, flash_attention_on
 from .exactness import exactness_notices
 from .fetch import resolve_model
 from .notices import log_notice
 from .model_identity import loaded_model_identity
+from .memory import MemoryDetectionError, ram_budget
 from .planner import Plan, plan_models
 from .prefix_files import DiskPrefixCache
-from .units import parse_size
+from .units import format_size, parse_size
 
 
 class LoadPlan(NamedTuple):
@@ -75,8 +76,10 @@ def plan_load(
         kv_type=kv_type, draft_kv_type=draft_kv_type, flash_attn=flash_attn, parallel=parallel,
         prompt_cache_ram=prompt_cache_ram,
     )
+    target_alone = planned(None, force_mode="ngram")
+    _refuse_a_context_ram_cannot_hold(target_alone)
     if draft == "auto" and remembered_costs:
-        draft_left_out = plan_without_the_draft(target_path, planned(None, force_mode="ngram"), n_threads=n_threads,
+        draft_left_out = plan_without_the_draft(target_path, target_alone, n_threads=n_threads,
                                                 bit_exact=bit_exact, measure_first=measure_first, pull=pull,
                                                 notice=notice)
         if draft_left_out is not None:
@@ -96,6 +99,25 @@ def plan_load(
     if draft_path is not None and plan.mode != "draft-model" and why is None:
         notice(f"not loading draft {draft_path.name}: {plan.reason}")
     return LoadPlan(target_path, draft_path, _with_trained_heads(plan, target_path, draft))
+
+
+def _refuse_a_context_ram_cannot_hold(target_alone: Plan) -> None:
+    """A context whose KV cache outgrows this machine's RAM (n_ctx=10**9) would fail only inside llama.cpp, after a
+    minute or more of allocating: refuse it before anything loads, naming the setting to lower."""
+    if target_alone.device != "cpu":
+        return  # the offloaded layers' caches live in GPU memory, whose allocator refuses at once
+    try:
+        ram = ram_budget().total_bytes
+    except MemoryDetectionError:
+        return  # nothing to compare with: the plan's own warning stands
+    allocated = sum(part.kv_bytes + part.compute_bytes for part in target_alone.parts)
+    if allocated <= ram:
+        return
+    sequences = Wording(" in each of ", Setting("parallel"), f"'s {target_alone.parallel} sequences") \
+        if target_alone.parallel > 1 else ""
+    raise BadValueError(f"a context of {target_alone.n_ctx:,} tokens", sequences,
+                        f" needs {format_size(allocated)} for its KV cache and buffers, more than this machine's "
+                        f"{format_size(ram)} of RAM: lower ", Setting("n_ctx"))
 
 
 # The memory plan's mode for a draft setting that names no model.

@@ -92,6 +92,22 @@ def test_contexts_and_layer_counts_llama_cpp_would_change_are_refused(tiny_model
     assert flag in line and valid in line and value in line
 
 
+def test_a_context_no_ram_could_hold_is_refused_before_anything_loads(tiny_models):
+    # llama.cpp took a minute or more of allocating to fail at n_ctx=10**9 (Qwen 1.5B; its warning came first)
+    import edgespec
+    from edgespec.limits import MAX_N_CTX
+    from edgespec.memory import ram_budget
+
+    if ram_budget().total_bytes > 2**40:  # the tiny model's KV cache at the largest context is 1 TiB
+        pytest.skip("this machine's RAM could hold the tiny model's largest context")
+    line = one_error_line(run_cli(*tiny_run(tiny_models), "--n-ctx", str(MAX_N_CTX), timeout=60))
+    assert line.startswith("edgespec: a context of 2,147,483,647 tokens needs") and line.endswith("lower --n-ctx")
+    with pytest.raises(ValueError, match="of RAM: lower n_ctx"):
+        edgespec.load(str(tiny_models["target"]), draft="none", n_threads=1, n_ctx=MAX_N_CTX)
+    with pytest.raises(ValueError, match="in each of parallel's 2 sequences"):
+        edgespec.load(str(tiny_models["target"]), draft="none", n_threads=1, n_ctx=MAX_N_CTX // 2, parallel=2)
+
+
 @pytest.mark.parametrize("flag", ["--kv-type", "--draft-kv-type"])
 def test_an_unknown_kv_cache_type_is_one_line_listing_the_choices(tiny_models, flag):
     line = one_error_line(run_cli(*tiny_run(tiny_models), flag, "q5"))
