@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import shlex
 import signal
@@ -194,8 +195,9 @@ def _copy_aside(heads_path: Path) -> Path:
     try:
         shutil.copyfile(heads_path, copy)
     except OSError as error:
+        fix = "free some space" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "make that folder writable"
         raise EdgespecError(f"cannot keep a copy of the heads this run would replace at {kept_at}: "
-                            f"{error.strerror}; free some space, or give --output another path") from None
+                            f"{error.strerror}; {fix}, or give --output another path") from None
     return copy
 
 
