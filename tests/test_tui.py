@@ -23,7 +23,7 @@ from rich.table import Table
 from scripted_reply import FILLER, ScriptedReply, use_script
 from edgespec import SamplingParams
 from edgespec.engine import Step
-from tinygguf import write_model_family
+from tinygguf import write_model_family, write_tiny_model
 from tui.app import STOP_SIGNALS, ChatApp
 from tui.engine_host import EngineHost
 from tui.config import KEY_ACTIONS, ChatConfig, config_path
@@ -449,6 +449,20 @@ async def test_context_overflow_is_a_message_not_a_crash(models):
         await pilot.pause()  # the input shrinks back before send() clicks it
         await send(pilot, "hi")  # still usable
         assert replies(app)
+
+
+@pilot_test
+async def test_a_failing_chat_template_names_a_fix_the_chat_user_has(tmp_path):
+    # the note said "use --raw", a flag the chat does not have
+    broken = write_tiny_model(tmp_path / "broken.gguf", seed=3, chat_template="{{ 1 / 0 }}")
+    app = make_app({"target": broken, "draft": broken}, draft="none")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await send(pilot, "hi")
+        note = str(app.query(Note).last().render())
+        assert "the model's chat template failed: ZeroDivisionError" in note
+        assert "(use edgespec run --raw to send the prompt as is)" in note
+        assert not replies(app)
 
 
 @pilot_test
