@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 from edgespec.commands import main
@@ -81,7 +82,8 @@ def test_a_run_that_saves_no_heads_leaves_the_heads_kept_before_as_they_are(tiny
     monkeypatch.setattr(edgespec.heads.job, "train_heads", fails)
     assert main(train) == 1
     assert kept.read_bytes() == kept_before and heads_file.read_bytes() == current
-    assert sorted(path.name for path in heads_file.parent.iterdir()) == sorted([heads_file.name, kept.name])
+    lock = heads_file.name + ".training.lock"  # kept, as lock files are: the lock goes with the process
+    assert sorted(path.name for path in heads_file.parent.iterdir()) == sorted([heads_file.name, kept.name, lock])
 
 
 def test_a_heads_file_that_cannot_be_written_is_refused_before_the_training(tiny_models, tmp_path, monkeypatch,
@@ -96,6 +98,28 @@ def test_a_heads_file_that_cannot_be_written_is_refused_before_the_training(tiny
     assert main([*train, "--output", os.path.join(os.devnull, "heads.npz")]) == 1  # a folder that cannot be
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a file stands where a folder of that path goes" in err
+
+
+def test_a_second_training_of_the_same_heads_is_refused_while_the_first_runs(tiny_models, tmp_path, monkeypatch,
+                                                                             capsys):
+    # two at once took turns overwriting the heads and the resume file; the last to save won
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 40)
+    heads_path = default_heads_path(tiny_models["target"])
+    heads_path.parent.mkdir(parents=True)
+    train = ["heads", "train", str(tmp_path / "a.txt"), "--model", str(tiny_models["target"]), "--minutes", "1",
+             "--threads", "1", "--vocab", "64", "--max-tokens", "300"]
+    other = os.open(heads_path.with_name(heads_path.name + ".training.lock"), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the first training, as another process holds it
+        assert main(train) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"another `edgespec heads train` is writing {heads_path}" in err
+        assert not heads_path.exists()
+    finally:
+        os.close(other)
+    assert main(train) == 0 and heads_path.exists()  # once it has ended
+    assert main(train) == 0, "a training that ended let go of its lock"
 
 
 def test_a_path_that_is_neither_a_file_nor_a_folder_is_named_as_such(tiny_models, tmp_path, monkeypatch, capsys):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import fcntl
 import os
 import shlex
 import signal
@@ -74,11 +75,7 @@ def _positive_minutes(text: str) -> float:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from ..backend.hidden import HiddenStateModel
-    from ..heads.job import Budget, resume_path_for, train_heads
-    from ..heads.projection import LmHead
     from ..heads.store import default_heads_path
-    from ..heads.training import TrainingPlan
     from ..loading import plan_load
     from ..notices import print_notice
 
@@ -89,16 +86,28 @@ def train_command(args: argparse.Namespace) -> int:
     for where, given in [("paths", path) for path in args.paths] + [("--batch", path) for path in args.batch]:
         if not given.exists():
             raise UsageError(f"{where}: {given} does not exist")
-    path, _, plan, _ = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False,
+    path, _, memory_plan, _ = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False,
                                  notice=print_notice)
     heads_path = args.output or default_heads_path(path)
     _check_writable(heads_path)
+    with _the_only_training_of(heads_path):
+        return _train(args, path, memory_plan, heads_path)
+
+
+def _train(args: argparse.Namespace, path: Path, memory_plan, heads_path: Path) -> int:
+    """train_command's run once its flags are checked and no other training writes heads_path."""
+    from ..backend.hidden import HiddenStateModel
+    from ..heads.job import Budget, resume_path_for, train_heads
+    from ..heads.projection import LmHead
+    from ..heads.training import TrainingPlan
+
     earlier = _heads_it_replaces(heads_path, named=args.output is not None)
     if args.restart:
         resume_path_for(heads_path).unlink(missing_ok=True)
     elif resume_path_for(heads_path).exists():
         print(f"resuming the run that was stopped ({resume_path_for(heads_path)})", file=sys.stderr)
-    model = HiddenStateModel(path, n_ctx=TRAINING_N_CTX, n_gpu_layers=plan.target_gpu_layers, n_threads=args.threads)
+    model = HiddenStateModel(path, n_ctx=TRAINING_N_CTX, n_gpu_layers=memory_plan.target_gpu_layers,
+                             n_threads=args.threads)
     copy = None
     try:
         copy = _copy_aside(heads_path) if earlier is not None else None
@@ -124,6 +133,31 @@ def train_command(args: argparse.Namespace) -> int:
         if earlier.heldout_top1[:1] > record.heldout_top1[:1]:
             print(f"they scored better on head 1; to use them again: mv {kept_at} {heads_path}", file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _the_only_training_of(heads_path: Path):
+    """Held while a training may write heads_path and its resume file: two trainings of one model at once took
+    turns overwriting both, and the last to save won.  The lock file stays; the lock goes with the process."""
+    lock_path = heads_path.with_name(heads_path.name + ".training.lock")
+    try:
+        descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:  # a lock file of another user's: the lock is a guard, never what stops a training
+        descriptor = None
+    try:
+        if descriptor is not None:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise EdgespecError(f"another `edgespec heads train` is writing {heads_path}; wait for it to end, or "
+                            "give --output another path") from None
+    except OSError:  # a file system without flock
+        pass
+    try:
+        yield
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)  # which releases the lock
 
 
 @contextlib.contextmanager
