@@ -37,9 +37,12 @@ def add_heads_parser(subparsers) -> None:
     parser = subparsers.add_parser("heads", help="train drafting heads that read the target's own hidden state")
     commands = parser.add_subparsers(dest="heads_command", metavar="ACTION", required=True)
     train = commands.add_parser("train", help="train heads for a target model on this machine")
-    train.add_argument("paths", nargs="*", type=file_path, help="text files or folders to train on (your code, your documents)")
-    train.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
-    train.add_argument("--minutes", type=_positive_minutes, default=15.0, help="wall time for the whole run (default: %(default)s)")
+    train.add_argument("paths", nargs="*", type=file_path,
+                       help="text files or folders to train on (your code, your documents)")
+    train.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL,
+                       help="target GGUF: a path or a catalog name (default: %(default)s)")
+    train.add_argument("--minutes", type=_positive_minutes, default=15.0,
+                       help="wall time for the whole run (default: %(default)s)")
     train.add_argument("--history", action="store_true", help="also train on the chat app's saved chats")
     train.add_argument("--batch", action="append", default=[], type=file_path, metavar="FILE",
                        help="also train on a batch input or output file (repeatable)")
@@ -47,10 +50,14 @@ def add_heads_parser(subparsers) -> None:
                        help="leave out the built-in prompts the target answers itself")
     train.add_argument("--form", choices=("hydra", "medusa"), default="hydra",
                        help="hydra: each head also sees the token chosen before it (default); medusa: the hidden state only")
-    train.add_argument("--n-heads", type=int, choices=range(1, 5), default=3, metavar="N", help="heads, 1 to 4 (default: %(default)s)")
-    train.add_argument("--vocab", type=whole_number(2), default=8192, help="reduced vocabulary the heads rank (default: %(default)s)")
-    train.add_argument("--max-tokens", type=whole_number(100), default=100_000, help="training positions kept in memory (default: %(default)s)")
-    train.add_argument("--output", type=file_path, default=None, help="heads file (default: next to the calibration cache)")
+    train.add_argument("--n-heads", type=int, choices=range(1, 5), default=3, metavar="N",
+                       help="heads, 1 to 4 (default: %(default)s)")
+    train.add_argument("--vocab", type=whole_number(2), default=8192,
+                       help="reduced vocabulary the heads rank (default: %(default)s)")
+    train.add_argument("--max-tokens", type=whole_number(100), default=100_000,
+                       help="training positions kept in memory (default: %(default)s)")
+    train.add_argument("--output", type=file_path, default=None,
+                       help="heads file (default: next to the calibration cache)")
     train.add_argument("--restart", action="store_true", help="discard what an interrupted run left and start afresh")
     train.add_argument("--gpu-layers", type=setting("gpu_layers"), default=None,
                        help="target layers to offload (-1: all; default: from the memory plan)")

@@ -43,7 +43,8 @@ def add_models_parser(subparsers) -> None:
 
     forgetting = commands.add_parser(
         "forget-learning", help="drop what a model's drafters learned on this machine (new runs start from neutral priors)")
-    forgetting.add_argument("name", nargs="?", type=model_text, help="catalog model name or GGUF path (default: every model)")
+    forgetting.add_argument("name", nargs="?", type=model_text,
+                            help="catalog model name or GGUF path (default: every model)")
     forgetting.set_defaults(func=_forget_learning)
 
 

@@ -25,16 +25,24 @@ def add_engine_options(parser: argparse.ArgumentParser, config: tuple[str, dict]
     shown = _default_shown(config)
     group.add_argument("--model", "-m", type=model_text, default=DEFAULT_MODEL,
                        help=f"target GGUF: a path or a catalog name (default: {shown('model', DEFAULT_MODEL)})")
-    group.add_argument("--draft", type=model_text, default="auto", help="draft GGUF path or catalog name, 'ngram', 'heads' (trained with `edgespec heads train`), 'none', "
-                            "or 'auto' (default: the catalog draft if it fits, else ngram; with trained heads, those too)")
+    group.add_argument("--draft", type=model_text, default="auto",
+                       help="draft GGUF path or catalog name, 'ngram', 'heads' (trained with `edgespec heads train`), "
+                            "'none', or 'auto' (default: the catalog draft if it fits, else ngram; with trained "
+                            "heads, those too)")
     group.add_argument("--draft-tokens", type=setting("draft_tokens"), default="auto",
                        help=f"tokens drafted per step: 0 to {MAX_DRAFT_TOKENS}, or 'auto' to follow measured costs (default)")
-    group.add_argument("--n-ctx", type=setting("n_ctx"), default=4096, help=f"context window in tokens, from {MIN_N_CTX}; llama.cpp rounds it up to a multiple of 256 (default: {shown('n_ctx', 4096)})")
-    group.add_argument("--gpu-layers", type=setting("gpu_layers"), default=None, help="target layers to offload (-1: all; default: from the memory plan)")
-    group.add_argument("--draft-gpu-layers", type=setting("draft_gpu_layers"), default=None, help="draft layers to offload (-1: all; default: from the memory plan)")
-    group.add_argument("--memory-budget", type=_size_text, default=None, help="memory to plan for, e.g. 6GiB (default: detected)")
-    group.add_argument("--threads", type=parse_threads, default=None, help="CPU threads, at most the cores here (default: all cores, up to 8; "
-                       "chat leaves one core to the app on 4 cores or fewer)")
+    group.add_argument("--n-ctx", type=setting("n_ctx"), default=4096,
+                       help=f"context window in tokens, from {MIN_N_CTX}; llama.cpp rounds it up to a multiple of 256 "
+                            f"(default: {shown('n_ctx', 4096)})")
+    group.add_argument("--gpu-layers", type=setting("gpu_layers"), default=None,
+                       help="target layers to offload (-1: all; default: from the memory plan)")
+    group.add_argument("--draft-gpu-layers", type=setting("draft_gpu_layers"), default=None,
+                       help="draft layers to offload (-1: all; default: from the memory plan)")
+    group.add_argument("--memory-budget", type=_size_text, default=None,
+                       help="memory to plan for, e.g. 6GiB (default: detected)")
+    group.add_argument("--threads", type=parse_threads, default=None,
+                       help="CPU threads, at most the cores here (default: all cores, up to 8; "
+                            "chat leaves one core to the app on 4 cores or fewer)")
     group.add_argument("--bit-exact", action="store_true",
                        help="verify only in passes llama.cpp computes bit-identically to one token at a time, so greedy "
                             "output is plain decoding's token for token (default: passes as wide as pay, exact in "
@@ -86,7 +94,8 @@ def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int | None
                        help=f"the most tokens a reply may have (default: {until})")
     group.add_argument("--temperature", "--temp", "-t", type=sampling_value("temperature", float), default=0.8,
                        help=f"0 means greedy (default: {shown('temperature', 0.8)})")
-    group.add_argument("--top-k", type=sampling_value("top_k", int), default=40, help=f"0 switches it off (default: {shown('top_k', 40)})")
+    group.add_argument("--top-k", type=sampling_value("top_k", int), default=40,
+                       help=f"0 switches it off (default: {shown('top_k', 40)})")
     group.add_argument("--top-p", type=sampling_value("top_p", float), default=0.95,
                        help=f"1.0 switches it off (default: {shown('top_p', 0.95)})")
     group.add_argument("--min-p", type=sampling_value("min_p", float), default=0.05,

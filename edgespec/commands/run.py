@@ -25,7 +25,8 @@ def add_run_parser(subparsers) -> None:
     parser = subparsers.add_parser("run", help="generate a reply to one prompt, streaming it to stdout")
     parser.add_argument("prompt", help="the prompt, or - to read it from stdin")
     parser.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
-    parser.add_argument("--json", action="store_true", help="print one JSON object {text, token_ids, stats} instead of streaming")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object {text, token_ids, stats} instead of streaming")
     add_engine_options(parser)
     add_sampling_options(parser)
     parser.set_defaults(func=run)

@@ -29,20 +29,24 @@ def add_serve_parser(subparsers) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--host", type=_host_address, default="127.0.0.1",
                        help="address to listen on (default: %(default)s; any other needs --api-key)")
-    group.add_argument("--port", type=int, default=8080, help="port to listen on, 0 for any free one (default: %(default)s)")
+    group.add_argument("--port", type=int, default=8080,
+                       help="port to listen on, 0 for any free one (default: %(default)s)")
     group.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                        help=f"require 'Authorization: Bearer KEY' on /v1 and /metrics (default: ${API_KEY_ENV})")
     group.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                        help="let web pages from ORIGIN use the server (CORS), e.g. http://localhost:3000, "
                             "http://localhost:* or *; repeatable, and added to the comma-separated $EDGESPEC_ORIGINS "
                             "(default: none: a request from a web page gets 403)")
-    group.add_argument("--queue-size", type=int, default=8, help="requests that may wait for the engine; more get 429 (default: %(default)s)")
+    group.add_argument("--queue-size", type=int, default=8,
+                       help="requests that may wait for the engine; more get 429 (default: %(default)s)")
     group.add_argument("--parallel", type=setting("parallel"), default=1, metavar="N",
                        help=f"requests decoded together, 1..{MAX_PARALLEL}: more throughput for concurrent clients, "
                             "but each request then drafts with n-grams, never the draft model; cached prompts are "
                             "reused either way (default: %(default)s)")
-    group.add_argument("--request-timeout", type=float, default=300.0, help="seconds a request may take, waiting included (default: %(default)s)")
-    group.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024, help="largest request body accepted (default: %(default)s)")
+    group.add_argument("--request-timeout", type=float, default=300.0,
+                       help="seconds a request may take, waiting included (default: %(default)s)")
+    group.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024,
+                       help="largest request body accepted (default: %(default)s)")
     group.add_argument("--alert-acceptance", type=float, default=DEFAULT_THRESHOLD,
                        help="warn when the rolling draft acceptance falls below this (default: %(default)s)")
     group.add_argument("--alert-window", type=int, default=DEFAULT_WINDOW,

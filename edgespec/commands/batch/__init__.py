@@ -96,11 +96,13 @@ def add_batch_parser(subparsers) -> None:
         ),
     )
     parser.add_argument("input", type=file_path, metavar="IN", help="batch input, JSONL")
-    parser.add_argument("-o", "--output", type=file_path, required=True, metavar="OUT", help="batch output, JSONL (appended)")
+    parser.add_argument("-o", "--output", type=file_path, required=True, metavar="OUT",
+                        help="batch output, JSONL (appended)")
     parser.add_argument("--summary", type=file_path, metavar="FILE", help="also write the summary as JSON to FILE")
     remote = parser.add_argument_group("server (instead of a local engine)")
-    remote.add_argument("--endpoint", type=_endpoint_url, metavar="URL", help="send the requests to this OpenAI-compatible server "
-                        "(edgespec serve, vLLM, llama-server), e.g. http://127.0.0.1:8080; the model options are then unused")
+    remote.add_argument("--endpoint", type=_endpoint_url, metavar="URL",
+                        help="send the requests to this OpenAI-compatible server (edgespec serve, vLLM, "
+                             "llama-server), e.g. http://127.0.0.1:8080; the model options are then unused")
     remote.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
                         help=f"the server's API key (default: ${API_KEY_ENV})")
     remote.add_argument("--concurrency", type=_concurrency, default=1, metavar="N",

@@ -60,18 +60,24 @@ def _add_prompt_options(group) -> None:
     group.add_argument("--suites", default=None,
                        help="comma-separated suites (default: every <suite>.jsonl of prompts in --workloads; the "
                             f"built-in folder holds {','.join(SUITES)})")
-    group.add_argument("--prompts", type=whole_number(1), default=None, metavar="N", help="use the first N prompts of each suite")
-    group.add_argument("--repeats", type=whole_number(1), default=DEFAULT_REPEATS, help=f"runs per prompt and configuration (default: {DEFAULT_REPEATS})")
+    group.add_argument("--prompts", type=whole_number(1), default=None, metavar="N",
+                       help="use the first N prompts of each suite")
+    group.add_argument("--repeats", type=whole_number(1), default=DEFAULT_REPEATS,
+                       help=f"runs per prompt and configuration (default: {DEFAULT_REPEATS})")
     group.add_argument("--temperature", type=sampling_value("temperature", float), action="append", default=None,
                        help="sampling temperature; repeat the flag for several (default: 0 and 0.7)")
-    group.add_argument("--seed", type=sampling_value("seed", int), default=DEFAULT_SEED, help=f"seed of the first repeat; repeat i uses seed+i (default: {DEFAULT_SEED})")
-    group.add_argument("--max-tokens", type=sampling_value("max_tokens", int), default=None, help="override every prompt's max_tokens")
+    group.add_argument("--seed", type=sampling_value("seed", int), default=DEFAULT_SEED,
+                       help=f"seed of the first repeat; repeat i uses seed+i (default: {DEFAULT_SEED})")
+    group.add_argument("--max-tokens", type=sampling_value("max_tokens", int), default=None,
+                       help="override every prompt's max_tokens")
 
 
 def _add_comparison_options(group) -> None:
-    group.add_argument("--model", "-m", default=DEFAULT_MODEL, help="target GGUF: a path or a catalog name (default: %(default)s)")
-    group.add_argument("--draft", default=None, help="draft GGUF (path or catalog name) for the draft-model configurations, "
-                       "or 'heads' for the heads configurations (heads trained with `edgespec heads train`)")
+    group.add_argument("--model", "-m", default=DEFAULT_MODEL,
+                       help="target GGUF: a path or a catalog name (default: %(default)s)")
+    group.add_argument("--draft", default=None,
+                       help="draft GGUF (path or catalog name) for the draft-model configurations, "
+                            "or 'heads' for the heads configurations (heads trained with `edgespec heads train`)")
     group.add_argument(
         "--configs",
         default=None,
@@ -90,8 +96,10 @@ def _add_comparison_options(group) -> None:
 
 
 def _add_engine_options(group) -> None:
-    group.add_argument("--n-ctx", type=setting("n_ctx"), default=DEFAULT_N_CTX, help=f"context length (default: {DEFAULT_N_CTX})")
-    group.add_argument("--threads", type=parse_threads, default=None, help="CPU threads for every configuration (default: as the engine)")
+    group.add_argument("--n-ctx", type=setting("n_ctx"), default=DEFAULT_N_CTX,
+                       help=f"context length (default: {DEFAULT_N_CTX})")
+    group.add_argument("--threads", type=parse_threads, default=None,
+                       help="CPU threads for every configuration (default: as the engine)")
     group.add_argument("--kv-type", type=parse_kv_type, default="f16",
                        help="the KV cache type of the target and the draft, f16|q8_0|q4_0, keys only without flash attention "
                             "(default: f16); llama.cpp's peers keep f16")
@@ -104,8 +112,10 @@ def _add_engine_options(group) -> None:
 
 
 def _add_output_options(group) -> None:
-    group.add_argument("--json", type=Path, default=None, metavar="FILE", help="write every run and the summary as JSON")
-    group.add_argument("--plot", type=Path, default=None, metavar="PNG", help="plot speedups (or the cost curve); needs edgespec[bench]")
+    group.add_argument("--json", type=Path, default=None, metavar="FILE",
+                       help="write every run and the summary as JSON")
+    group.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                       help="plot speedups (or the cost curve); needs edgespec[bench]")
     group.add_argument("--cost-curve", action="store_true",
                        help=f"only measure the target's time per forward pass over 1..{COST_CURVE_MAX_TOKENS} tokens")
     group.add_argument("--overhead", action="store_true",
