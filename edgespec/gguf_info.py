@@ -31,10 +31,17 @@ from edgespec.errors import ModelFileError
 # string goes into model lists as it is, so one holding escape sequences is refused, not printed.
 _ARCHITECTURE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
-# Bounds on header values that size what this module and the planner build.  llama.cpp itself stops at 512
-# blocks (LLAMA_MAX_LAYERS) and the largest released models have about 130, so 4096 is generous; a file
-# claiming 2**40 blocks would otherwise have a list of that many byte counts built for it.
-_MAX_BLOCKS = 4096
+# Bounds on header values that size what this module and the planner build.  llama.cpp loads from 1 to 512
+# blocks (LLAMA_MAX_LAYERS) and aborts the whole process on any other count, so this module refuses them
+# first; the largest released models have about 130.
+_MAX_BLOCKS = 512
+# Far more tensors and metadata keys than any model has (a large MoE has a few thousand tensors): a header
+# claiming millions took seconds and hundreds of MB to walk before anything could be said about it.
+_MAX_TENSORS = 65_536
+_MAX_KEYS = 65_536
+# Arrays up to this long are read (per-layer head counts); longer ones (a vocabulary's scores and token
+# types) are skipped by their length, as string arrays are, so a header's arrays cost no memory.
+_MAX_ARRAY_READ = _MAX_BLOCKS
 _MAX_UINT32 = 2**32 - 1  # llama.cpp reads the other architecture values into 32-bit fields
 _MAX_UINT64 = 2**64 - 1
 _MAX_ARRAY_DEPTH = 16  # llama.cpp refuses arrays of arrays outright; the gguf package reads them, so allow a few
@@ -143,16 +150,25 @@ class _HeaderWalker:
         self.offset = end
         return text
 
+    def skip(self, count: int, item_bytes: int) -> None:
+        """Step over count items of item_bytes each (at least that many, for items of their own length)."""
+        end = self.offset + count * item_bytes
+        if end > len(self.buffer):
+            raise _Truncated
+        self.offset = end
+
     def skip_strings(self, count: int) -> None:
         unpack_length = struct.Struct(self.byte_order + "Q").unpack_from
         offset, size = self.offset, len(self.buffer)
+        if count * 8 > size - offset:  # each string has its 8-byte length: a count of 2**60 ends here
+            raise _Truncated
         try:
             for _ in range(count):
                 offset += 8 + unpack_length(self.buffer, offset)[0]
+                if offset > size:  # before a length near 2**64 reaches unpack_from as an offset
+                    raise _Truncated
         except struct.error as error:
             raise _Truncated from error
-        if offset > size:
-            raise _Truncated
         self.offset = offset
 
     def value(self, value_type: int, depth: int = 0):
@@ -165,17 +181,25 @@ class _HeaderWalker:
             count = self.unpack("Q")
             if item_type == GGUFValueType.STRING:
                 self.skip_strings(count)
-                return _StringArray(count)
+                return _UnreadArray(count)
             if item_type == GGUFValueType.ARRAY:
                 if depth >= _MAX_ARRAY_DEPTH:  # thousands deep would exhaust Python's stack
                     raise _Malformed(f"nests arrays more than {_MAX_ARRAY_DEPTH} deep in its metadata")
+                if count * 12 > len(self.buffer) - self.offset:  # each array has a type and a count
+                    raise _Truncated
                 return tuple(self.value(item_type, depth + 1) for _ in range(count))
-            return self.many(count, _SCALAR_FORMATS[item_type])
+            item_format = _SCALAR_FORMATS[item_type]
+            if count > _MAX_ARRAY_READ:
+                self.skip(count, struct.calcsize(item_format))
+                return _UnreadArray(count)
+            return self.many(count, item_format)
         return self.unpack(_SCALAR_FORMATS[value_type])
 
 
 @dataclass(frozen=True)
-class _StringArray:
+class _UnreadArray:
+    """A metadata array stepped over, not read: strings, or more items than any value this module uses."""
+
     length: int
 
 
@@ -226,6 +250,9 @@ def _read_header(buffer, path: Path) -> tuple[dict, list[_Tensor], int]:
     walker = _HeaderWalker(buffer, byte_order)
     walker.offset = 8
     tensor_count, kv_count = walker.many(2, "Q")
+    if tensor_count > _MAX_TENSORS or kv_count > _MAX_KEYS:
+        raise ModelFileError(_problem(path, f"claims {tensor_count:,} tensors and {kv_count:,} metadata keys, more "
+                                            f"than the {_MAX_TENSORS:,} of each any model comes near"))
     fields = {}
     try:
         for _ in range(kv_count):
@@ -320,8 +347,11 @@ def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor]
     n_embd = arch_int("embedding_length")
     n_head = arch_int("attention.head_count")
     n_layer = arch_int("block_count", limit=_MAX_BLOCKS)
+    if n_layer == 0:
+        raise ModelFileError(_problem(path, f"gives no {arch}.block_count, or 0: a model has at least one block"))
+    arch_int("feed_forward_length")  # only checked: the planner sizes buffers with it
     tokens = fields.get("tokenizer.ggml.tokens")
-    vocab_size = arch_int("vocab_size", tokens.length if isinstance(tokens, _StringArray) else 0)
+    vocab_size = arch_int("vocab_size", tokens.length if isinstance(tokens, _UnreadArray) else 0)
     layer_bytes, other_bytes = _bytes_by_layer(tensors, n_layer)
     file_type = _optional(path, fields, "general.file_type", int)
     parameter_count = fields.get("general.parameter_count", sum(t.n_elements for t in tensors))
@@ -347,9 +377,9 @@ def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor]
         tensor_bytes=sum(t.n_bytes for t in tensors),
         layer_tensor_bytes=tuple(layer_bytes),
         other_tensor_bytes=other_bytes,
-        metadata={k: v for k, v in fields.items() if not isinstance(v, (tuple, _StringArray))},
-        array_lengths={k: (v.length if isinstance(v, _StringArray) else len(v))
-                       for k, v in fields.items() if isinstance(v, (tuple, _StringArray))},
+        metadata={k: v for k, v in fields.items() if not isinstance(v, (tuple, _UnreadArray))},
+        array_lengths={k: (v.length if isinstance(v, _UnreadArray) else len(v))
+                       for k, v in fields.items() if isinstance(v, (tuple, _UnreadArray))},
         data_offset=data_offset,
         tensor_spans=tuple((data_offset + t.offset, t.n_bytes) for t in tensors),
     )

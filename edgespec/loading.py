@@ -22,9 +22,9 @@ from .drafters import check_vocab_compatible
 from .learned import LearnedAcceptance
 from .ngram_pool import NgramPool
 from .engine import Engine
-from .errors import BadValueError, EdgespecError, Setting, Wording
+from .errors import BadValueError, EdgespecError, ModelFileError, Setting, Wording
 from .heads.attach import heads_drafter, trained_heads
-from .limits import checked_setting, flash_attention_on
+from .limits import MIN_N_CTX, checked_setting, flash_attention_on
 from .exactness import exactness_notices
 from .fetch import resolve_model
 from .notices import log_notice
@@ -77,7 +77,7 @@ def plan_load(
         prompt_cache_ram=prompt_cache_ram,
     )
     target_alone = planned(None, force_mode="ngram")
-    _refuse_a_context_ram_cannot_hold(target_alone)
+    _refuse_a_context_ram_cannot_hold(target_alone, target_path)
     if draft == "auto" and remembered_costs:
         draft_left_out = plan_without_the_draft(target_path, target_alone, n_threads=n_threads,
                                                 bit_exact=bit_exact, measure_first=measure_first, pull=pull,
@@ -101,7 +101,7 @@ def plan_load(
     return LoadPlan(target_path, draft_path, _with_trained_heads(plan, target_path, draft))
 
 
-def _refuse_a_context_ram_cannot_hold(target_alone: Plan) -> None:
+def _refuse_a_context_ram_cannot_hold(target_alone: Plan, target_path: Path) -> None:
     """A context whose KV cache outgrows this machine's RAM (n_ctx=10**9) would fail only inside llama.cpp, after a
     minute or more of allocating: refuse it before anything loads, naming the setting to lower."""
     if target_alone.device != "cpu":
@@ -113,6 +113,9 @@ def _refuse_a_context_ram_cannot_hold(target_alone: Plan) -> None:
     allocated = sum(part.kv_bytes + part.compute_bytes for part in target_alone.parts)
     if allocated <= ram:
         return
+    if allocated * MIN_N_CTX // target_alone.n_ctx > ram:  # no context would fit: the header's sizes are the problem
+        raise ModelFileError(f"model file {target_path} gives sizes whose KV cache outgrows this "
+                             f"machine's {format_size(ram)} of RAM at any context; pick another file")
     sequences = Wording(" in each of ", Setting("parallel"), f"'s {target_alone.parallel} sequences") \
         if target_alone.parallel > 1 else ""
     raise BadValueError(f"a context of {target_alone.n_ctx:,} tokens", sequences,

@@ -1,5 +1,6 @@
 import os
 import struct
+from unittest import mock
 
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
@@ -121,8 +122,9 @@ def _tensor(name: str, dims: tuple[int, ...]) -> bytes:
 
 
 def write_header(path, *kvs: bytes, tensors: tuple[bytes, ...] = ()):
-    """A llama header as a hostile file could give it: GGUFWriter would not write most of these values."""
-    kvs = (_kv("general.architecture", GGUFValueType.STRING, "", "llama"), *kvs)
+    """A llama header as a hostile file could give it: GGUFWriter would not write most of these values.  It has
+    one block unless kvs say otherwise (a later key wins, as in llama.cpp)."""
+    kvs = (_kv("general.architecture", GGUFValueType.STRING, "", "llama"), _kv("llama.block_count", *_U32, 1), *kvs)
     header = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)) + b"".join(kvs) + b"".join(tensors)
     path.write_bytes(header + bytes(64))  # the 32-byte alignment and one small tensor's data
     return path
@@ -145,7 +147,13 @@ _DEEP_ARRAYS = (_text("deep") + struct.pack("<I", GGUFValueType.ARRAY) + _ARRAY_
     ([_kv("llama.block_count", *_STR, "abc")], (), "gives llama.block_count as 'abc', not a whole number"),
     ([_kv("llama.block_count", *_I32, -1)], (), "gives llama.block_count as -1, not a whole number from 0 up"),
     # a list of 2**40 byte counts: MemoryError, and near 2**31 some 16 GB allocated first
-    ([_kv("llama.block_count", *_U64, 2**40)], (), "gives llama.block_count as 1099511627776, more than the 4,096"),
+    ([_kv("llama.block_count", *_U64, 2**40)], (), "gives llama.block_count as 1099511627776, more than the 512"),
+    # llama.cpp aborts the process (GGML_ASSERT, exit 134) outside 1..512 blocks
+    ([_kv("llama.block_count", *_U32, 513)], (), "gives llama.block_count as 513, more than the 512"),
+    ([_kv("llama.block_count", *_U32, 0)], (), "gives no llama.block_count, or 0: a model has at least one block"),
+    # the planner sized its buffers with it unchecked: a traceback, or a negative size that "fits"
+    ([_kv("llama.feed_forward_length", *_STR, "big")], (), "gives llama.feed_forward_length as 'big', not a whole"),
+    ([_kv("llama.feed_forward_length", *_I32, -5)], (), "gives llama.feed_forward_length as -5, not a whole"),
     ([_kv("llama.embedding_length", *_F64, float("nan"))], (), "gives llama.embedding_length as nan, not a whole"),
     ([_kv("llama.context_length", *_U64, 2**40)], (), "gives llama.context_length as 1099511627776, more than"),
     ([_kv("general.parameter_count", *_STR, "many")], (), "gives general.parameter_count as 'many', not a whole"),
@@ -164,6 +172,42 @@ def test_a_hostile_header_value_is_refused_in_one_line(tmp_path, kvs, tensors, p
     assert "\n" not in message and "\x1b" not in message
 
 
+def _array(key: str, item_type: GGUFValueType, count: int, items: bytes = b"") -> bytes:
+    return _text(key) + struct.pack("<IIQ", GGUFValueType.ARRAY, item_type, count) + items
+
+
+@pytest.mark.parametrize("kv", [
+    # an OverflowError traceback: the next length was read at an offset past 2**63
+    _array("huge", GGUFValueType.STRING, 3, _text("a") + struct.pack("<Q", 2**64 - 9)),
+    _array("huge", GGUFValueType.STRING, 2**60),
+    _array("huge", GGUFValueType.ARRAY, 2**60),
+    _array("huge", GGUFValueType.FLOAT32, 2**60),
+], ids=["string length near 2**64", "2**60 strings", "2**60 arrays", "2**60 floats"])
+def test_a_header_claiming_more_than_the_file_holds_is_truncated(tmp_path, kv):
+    path = write_header(tmp_path / "huge.gguf", kv)
+    with pytest.raises(ModelFileError, match="is truncated: its GGUF header ends early"):
+        read_gguf_info(path)
+
+
+def test_a_long_metadata_array_is_stepped_over_not_read(tmp_path):
+    # 5e7 floats took 2.2 GB and 16 s as a tuple of Python floats, only for their count to be kept
+    floats = 3_000_000
+    path = write_header(tmp_path / "scores.gguf", _array("tokenizer.ggml.scores", GGUFValueType.FLOAT32, floats,
+                                                         bytes(4 * floats)))
+    with mock.patch.object(struct, "unpack_from", wraps=struct.unpack_from) as unpack_from:
+        info = read_gguf_info(path)
+    assert info.array_lengths["tokenizer.ggml.scores"] == floats
+    assert all(f"{floats}" not in str(call.args[0]) for call in unpack_from.call_args_list), "the floats were read"
+
+
+def test_a_header_claiming_millions_of_tensors_is_refused_before_walking_them(tmp_path):
+    header = b"GGUF" + struct.pack("<IQQ", 3, 2_000_000, 1) + _kv("general.architecture", *_STR, "llama")
+    path = tmp_path / "many.gguf"
+    path.write_bytes(header + _tensor("t", (1,)) * 1000)
+    with pytest.raises(ModelFileError, match="claims 2,000,000 tensors and 1 metadata keys, more than the 65,536"):
+        read_gguf_info(path)
+
+
 def test_block_numbers_are_ascii_digits_only(tmp_path):
     # "²" is a digit to str.isdigit, but int() refuses it: a ValueError traceback
     odd_names = ("blk.².x", "blk." + "9" * 5000 + ".x")
@@ -171,3 +215,13 @@ def test_block_numbers_are_ascii_digits_only(tmp_path):
                         tensors=tuple(_tensor(name, (1,)) for name in ("blk.1.x", *odd_names)))
     info = read_gguf_info(path)
     assert info.layer_tensor_bytes == (0, 4) and info.other_tensor_bytes == 8
+
+
+def test_header_sizes_no_context_could_hold_blame_the_file_not_the_context(tmp_path):
+    # "a context of 512 tokens needs 70041.60 GiB ...: lower --n-ctx", which cannot go below 256
+    from edgespec.loading import plan_load
+
+    path = write_header(tmp_path / "wide.gguf", _kv("llama.embedding_length", *_U32, 2**32 - 1),
+                        _kv("llama.attention.head_count", *_U32, 1), _kv("llama.context_length", *_U32, 4096))
+    with pytest.raises(ModelFileError, match=f"model file {path} gives sizes whose KV cache outgrows this machine's"):
+        plan_load(path, "none", n_ctx=256, pull=False)
