@@ -238,8 +238,10 @@ def _problem(path: Path, what: str) -> str:
 
 
 def _read_header(buffer, path: Path) -> tuple[dict, list[_Tensor], int]:
-    if len(buffer) < 24 or struct.unpack_from("<I", buffer, 0)[0] != GGUF_MAGIC:
+    if len(buffer) < 4 or struct.unpack_from("<I", buffer, 0)[0] != GGUF_MAGIC:
         raise ModelFileError(_problem(path, "is not a GGUF file (wrong magic bytes)"))
+    if len(buffer) < 24:  # the magic, then less than the version and the two counts
+        raise _Truncated
     byte_order = "<"
     version = struct.unpack_from("<I", buffer, 4)[0]
     if version & 0xFFFF == 0:  # written on a big-endian machine

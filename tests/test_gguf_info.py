@@ -82,11 +82,11 @@ def test_empty_file_is_rejected(tmp_path):
         read_gguf_info(empty)
 
 
-@pytest.mark.parametrize("keep", [30, 200, -4])
+@pytest.mark.parametrize("keep", [16, 30, 200, -4])  # 16: it was "not a GGUF file (wrong magic bytes)"
 def test_truncated_file_is_rejected(tiny, tmp_path, keep):
     data = tiny.read_bytes()
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(data[:keep])  # inside the KV block, inside the tensor infos, inside the weights
+    cut.write_bytes(data[:keep])  # inside the counts, the KV block, the tensor infos, the weights
     with pytest.raises(ModelFileError, match="cut.gguf is truncated"):
         read_gguf_info(cut)
 
