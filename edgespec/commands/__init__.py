@@ -153,6 +153,11 @@ def _hold_closed_standard_streams() -> None:
         sys.stderr = open(os.devnull, "w", encoding="utf-8")
 
 
+def _one_line(message: str) -> str:
+    """An error's message as the one line edgespec prints for it (terminal_text, newlines drawn too)."""
+    return terminal_text(message).replace("\n", "\u2424")
+
+
 def _interrupt_once(signum, frame) -> None:
     """SIGINT's handler while the process's own command runs: a KeyboardInterrupt, as Python's own handler
     raises, once; a second Ctrl-C would only cut short the cleanup and the message on the way out."""
@@ -173,8 +178,9 @@ def _run_command(argv: list[str] | None) -> int:
                                 "send them somewhere, e.g. > /dev/null to drop them")
         return args.func(args)
     except EdgespecError as error:
-        # A message may quote what the user gave (a path, a name): escape sequences in it are drawn, not obeyed
-        print(f"edgespec: {terminal_text(error.worded(as_flag))}", file=sys.stderr)
+        # A message may quote what the user gave (a path, a name): escape sequences in it are drawn, not obeyed,
+        # and a newline in a file name does not split the one line
+        print(f"edgespec: {_one_line(error.worded(as_flag))}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("edgespec: interrupted", file=sys.stderr)
@@ -187,5 +193,5 @@ def _run_command(argv: list[str] | None) -> int:
     except OSError as error:  # a file or stream edgespec was given cannot be read or written
         problem = error.strerror or str(error)
         line = f"{error.filename}: {problem}" if error.filename else problem
-        print(f"edgespec: {terminal_text(line)}", file=sys.stderr)
+        print(f"edgespec: {_one_line(line)}", file=sys.stderr)
         return 1
