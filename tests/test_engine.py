@@ -445,9 +445,15 @@ def test_exact_width_probe_keeps_to_its_budget(tiny_models):
     model = LlamaModel(tiny_models["target"], n_ctx=256, n_threads=1)
     probe = model.tokenize("the cat sat on the mat and the dog " * 8, add_special=True)
     full = probe_pass_widths(model, probe, 33)
-    assert full.exact_width == 33  # every width is exact on the tiny models
-    assert set(full.drift) == set(range(2, 34)) and max(full.drift.values()) == 0.0
-    assert probe_pass_widths(model, probe, 33, budget_seconds=0.0).exact_width == 2  # only the width always checked
+    # Which widths are exact is the kernels' to say (all 33 with this x86 build's, not with every backend's):
+    # the widths are checked narrowest first up to the first that is not
+    exact = full.exact_width
+    assert 1 <= exact <= 33 and all(full.drift[w] == 0.0 for w in range(2, exact + 1))
+    assert set(full.drift) == set(range(2, min(exact + 1, 33) + 1))
+    assert exact == 33 or full.drift[exact + 1] > 0.0
+    quick = probe_pass_widths(model, probe, 33, budget_seconds=0.0)
+    assert set(quick.drift) == {2}, "only the width always checked"
+    assert quick.exact_width == (2 if quick.drift[2] == 0.0 else 1)
     assert model.cached == [] and model.forward_passes == 0
     model.close()
 
@@ -871,9 +877,18 @@ def test_a_generation_that_shared_its_passes_claims_no_speedup_of_its_own(tiny_m
     engine = load_engine(tiny_models["target"], "ngram", n_ctx=256, n_threads=1)  # a measured curve: a pace
     params = SamplingParams(temperature=0.0, max_tokens=12)
     alone = engine.generate(PROMPTS[0], params, raw=True).stats
-    jobs = iter([Job(i, engine.prompt_tokens(p, raw=True), params) for i, p in enumerate(PROMPTS[:2])])
-    together = [event.result.stats for _, event in engine.scheduler(2).run(lambda wait: next(jobs, None))
+
+    def both(max_tokens: int) -> list:
+        jobs = iter([Job(i, engine.prompt_tokens(p, raw=True), dataclasses.replace(params, max_tokens=max_tokens))
+                     for i, p in enumerate(PROMPTS[:2])])
+        return [event.result.stats for _, event in engine.scheduler(2).run(lambda wait: next(jobs, None))
                 if isinstance(event, Done)]
+
+    # A first round leaves each prompt in a sequence's cache, so that in the second both decode from the first
+    # pass on: else how many prompt tokens a pass carries follows the measured curve, and on a busy machine the
+    # second prompt was whole only once the first generation had ended.
+    both(max_tokens=2)
+    together = both(max_tokens=12)
     lone = iter([Job(0, engine.prompt_tokens(PROMPTS[2], raw=True), params)])  # its prompt fed in chunks of its own
     [lone_stats] = [event.result.stats for _, event in engine.scheduler(2).run(lambda wait: next(lone, None))
                     if isinstance(event, Done)]
@@ -881,4 +896,5 @@ def test_a_generation_that_shared_its_passes_claims_no_speedup_of_its_own(tiny_m
     assert lone_stats.prompt_tokens_reused < lone_stats.prompt_tokens - 1 and lone_stats.decode_speedup > 0
     assert alone.plain_step_seconds > 0 and alone.decode_speedup > 0
     assert len(together) == 2
+    assert all(s.prompt_tokens_reused == s.prompt_tokens - 1 for s in together), "each prompt was cached whole"
     assert all(s.plain_step_seconds == s.decode_speedup == s.end_to_end_speedup == 0.0 for s in together)
