@@ -8,6 +8,9 @@ from .errors import EdgespecError
 
 GiB = 1024**3
 MiB = 1024**2
+# More memory than any one machine has: a size above it is a typo (and 310 nines were float infinity,
+# an OverflowError traceback).
+MAX_SIZE = 1024**5
 
 _SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?)(b?)|(b?))\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
@@ -34,11 +37,19 @@ def parse_size(text: str) -> int:
     size = float(number) * (1000 if decimal else 1024) ** _POWERS[prefix]
     if size < 1:
         raise InvalidSizeError(f"memory size {text!r} is zero; give a positive size like 6GiB")
+    if size > MAX_SIZE:
+        raise InvalidSizeError(f"memory size {_cut(text)!r} is more than 1 PiB, more than any machine has; give a "
+                               "size like 6GiB")
     if not (prefix or byte_suffix or match.group(5)) and size < MiB:
         # `--memory-budget 5` meant 5 GiB, not a budget of 5 bytes that only a warning questioned
         raise InvalidSizeError(f"memory size {text!r} without a unit is {int(size)} bytes; write its unit, like "
                                f"{number}GiB or {number}MiB (or {number}B if bytes are meant)")
     return int(size)
+
+
+def _cut(text: str) -> str:
+    text = str(text)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def format_size(n_bytes: int) -> str:

@@ -22,6 +22,7 @@ GiB = 1024**3
     ("6gb", 6_000_000_000),
     ("64KiB", 65536),
     ("1T", 1024**4),
+    ("1024T", 1024**5),
     ("4194304", 4 * MiB),
     ("100B", 100),
 ])
@@ -29,7 +30,9 @@ def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "six GiB", "-1G", "6 GiBs", "6ib", "0", "0.0G", "1,5G", "5", "2048"])
+# 310 nines read as float infinity: an OverflowError traceback; 99999999999T a plan of 30 billion GiB
+@pytest.mark.parametrize("text", ["", "GiB", "six GiB", "-1G", "6 GiBs", "6ib", "0", "0.0G", "1,5G", "5", "2048",
+                                  "9" * 310 + "GiB", "99999999999T", "1025T"])
 def test_parse_size_refuses_with_a_user_error(text):
     with pytest.raises(EdgespecError) as caught:
         parse_size(text)
