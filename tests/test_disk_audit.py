@@ -471,3 +471,36 @@ def test_an_archive_of_arrays_is_read_only_within_the_bytes_it_holds(tmp_path, c
         path.write_bytes(data[:size_at] + (10**9).to_bytes(4, "little") + data[size_at + 4:])
     with pytest.raises(ValueError):
         read_arrays(path)
+
+
+
+# -- a batch's --summary, at the path the user named ---------------------------------------------
+
+
+def test_a_batch_summary_through_a_symlink_keeps_the_symlink(tmp_path):
+    # the rename made the link a plain file and left the file it pointed at as it was
+    from edgespec.commands.batch.runner import write_summary
+
+    target = tmp_path / "kept" / "summary.json"
+    target.parent.mkdir()
+    target.write_text("{}")
+    link = tmp_path / "summary.json"
+    link.symlink_to(target)
+    write_summary(link, {"requests": 3})
+    assert link.is_symlink() and json.loads(target.read_text()) == {"requests": 3}
+
+
+def test_a_batch_summary_to_a_fifo_is_written_into_it(tmp_path):
+    # --summary /dev/stdout is the common case; run as root, --summary /dev/full replaced the machine's /dev/full
+    import threading
+
+    from edgespec.commands.batch.runner import write_summary
+
+    fifo = tmp_path / "summary"
+    os.mkfifo(fifo)
+    read = []
+    reader = threading.Thread(target=lambda: read.append(fifo.read_text()), daemon=True)
+    reader.start()
+    write_summary(fifo, {"requests": 3})
+    reader.join(timeout=30)
+    assert json.loads(read[0]) == {"requests": 3} and fifo.is_fifo()
