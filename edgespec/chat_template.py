@@ -209,9 +209,13 @@ class _Sandbox:
             self.stop()
             worker = Path(__file__).with_name("template_sandbox.py")
             try:
+                # A session of its own: Ctrl+C at a terminal, and timeout or kill on the process group, reach
+                # the whole group, which killed the sandbox of a batch being stopped and saved its request as
+                # failed (a crash, never redone).  An interrupt is the parent's to handle; its exit closes
+                # the pipe, and the sandbox ends with it.
                 self._process = subprocess.Popen(
                     [sys.executable, "-P", str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL, bufsize=0,
+                    stderr=subprocess.DEVNULL, bufsize=0, start_new_session=True,
                 )
             except OSError as error:
                 raise _failure(f"could not start its sandbox: {error}") from None

@@ -466,3 +466,22 @@ def test_a_wildcard_port_in_an_allowed_origin_stands_for_digits_and_a_wildcard_h
     # the port's * let a host name through
     assert not allowed.fullmatch("http://localhost:3000.evil.example") and not allowed.fullmatch("http://localhost:")
     assert not allowed.fullmatch("https://evil.test/.trusted.test")
+
+
+def test_the_template_sandbox_is_out_of_reach_of_signals_to_the_process_group():
+    # Ctrl+C at a terminal (or timeout, or kill -- -PGID) reaches the whole group: it killed a batch's sandbox
+    # mid-render, and the request was saved as failed ("its sandbox process stopped"), a record resuming keeps
+    from edgespec.chat_template import ChatTemplate
+
+    ChatTemplate(None, bos_token="", eos_token="").render([{"role": "user", "content": "hi"}])
+    script = str(Path(__file__).parents[1] / "edgespec" / "template_sandbox.py").encode()
+    ours = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if script in (proc / "cmdline").read_bytes().split(b"\0") and \
+                    int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                ours.append(int(proc.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    assert len(ours) == 1, ours
+    assert os.getsid(ours[0]) != os.getsid(0) and os.getpgid(ours[0]) != os.getpgid(0)
