@@ -331,6 +331,17 @@ def test_bad_lines_get_error_records_and_the_rest_succeed(models, tmp_path, caps
     assert run_cli(argv) == batch.EXIT_REQUESTS_FAILED
     assert out.read_text() == before
 
+    # ... but a prompt too long for the context is redone with the larger --n-ctx its message asks for; it
+    # was kept as failed, however large the context of the rerun
+    assert by_id["too-long"]["n_ctx"] == by_id["chat-too-long"]["n_ctx"] == 256
+    capsys.readouterr()
+    assert run_cli([*argv, "--n-ctx", "4096"]) == batch.EXIT_REQUESTS_FAILED
+    assert "redoing 2 requests whose record" in capsys.readouterr().err
+    redone = {r["custom_id"]: r for r in read_records(out)[len(by_id):]}
+    assert set(redone) == {"too-long", "chat-too-long"}
+    for custom_id, record in redone.items():
+        assert_openai_success(record, custom_id)
+
 
 def test_a_local_batch_refuses_each_body_the_server_refuses_and_runs_the_rest(models, tmp_path):
     lines = [chat_line(f"refused-{param}", "Hello", **extra) for extra, param in REFUSED_BODIES if "messages" not in extra]

@@ -145,7 +145,7 @@ def _batch_command(args) -> int:
     entries = _with_sampling(entries, args)
     writer = RecordWriter(args.output)  # locked before anything reads or repairs OUT
     try:
-        finished, torn = writer.load_finished()
+        finished, torn = writer.load_finished(n_ctx=None if args.endpoint else args.n_ctx)
         if torn:
             print(f"edgespec batch: cut off a torn last record in {args.output}; that request is redone", file=sys.stderr)
         _note_retried_records(entries, writer.retried, args.output)

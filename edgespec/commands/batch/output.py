@@ -26,9 +26,14 @@ RECORD_FIELDS = {"id", "custom_id", "response", "error"}
 FINGERPRINT_FIELD = "fingerprint"
 SAMPLING_FIELD = "sampling"
 SUPERSEDES_FIELD = "supersedes"  # on a record that replaces an earlier one for its custom_id: that one's "id"
-OPTIONAL_FIELDS = {FINGERPRINT_FIELD, SUPERSEDES_FIELD, SAMPLING_FIELD}
+# A prompt too long for the context: its record keeps the context it failed in (CONTEXT_FIELD), and a run
+# with a larger --n-ctx, what the message tells the user to give, redoes it.
+CONTEXT_TOO_LONG = "context_length_exceeded"
+CONTEXT_FIELD = "n_ctx"
+OPTIONAL_FIELDS = {FINGERPRINT_FIELD, SUPERSEDES_FIELD, SAMPLING_FIELD, CONTEXT_FIELD}
 # Error records of failures that may pass (a server's answer that was not one, see answers.py):
-# a resume redoes their requests, where other error records (a bad line, a prompt too long) stand.
+# a resume redoes their requests, where other error records stand (a bad line; a prompt too long, until the
+# context grows: CONTEXT_FIELD).
 INVALID_ANSWER = "invalid_response"
 REQUEST_FAILED = "request_failed"
 RETRIED_ERROR_CODES = frozenset({INVALID_ANSWER, REQUEST_FAILED})
@@ -63,8 +68,9 @@ class RecordWriter:
         if self._created:
             _fsync_dir(path.parent)
 
-    def load_finished(self) -> tuple[dict[str, dict], bool]:
-        """Records already in OUT by custom_id (the last one per id), and whether a torn tail was cut off.
+    def load_finished(self, n_ctx: int | None = None) -> tuple[dict[str, dict], bool]:
+        """Records already in OUT by custom_id (the last one per id), and whether a torn tail was cut off;
+        n_ctx: this run's context, which redoes the prompts a smaller one was too short for.
 
         A run killed mid-write leaves a last line without its newline, maybe
         followed by zero bytes after a power loss: when that line starts like a
@@ -84,7 +90,7 @@ class RecordWriter:
             record = parse_record(raw)
             if record is None:
                 raise _not_a_record(self._path, line_no)
-            self._keep_loaded(record, finished)
+            self._keep_loaded(record, finished, n_ctx)
         tail = data[end:]
         if not tail:
             return finished, False
@@ -92,7 +98,7 @@ class RecordWriter:
         if (record := parse_record(last_line)) is not None:
             # A whole record that lost only its newline (an editor that drops the last one): an answer
             # already written, kept, its newline restored (OUT is opened to append), never redone.
-            self._keep_loaded(record, finished)
+            self._keep_loaded(record, finished, n_ctx)
             os.ftruncate(self._fd, end + len(last_line))
             os.write(self._fd, b"\n")
             os.fsync(self._fd)
@@ -103,11 +109,11 @@ class RecordWriter:
         os.fsync(self._fd)
         return finished, True
 
-    def _keep_loaded(self, record: dict, finished: dict[str, dict]) -> None:
+    def _keep_loaded(self, record: dict, finished: dict[str, dict], n_ctx: int | None) -> None:
         custom_id = record["custom_id"]
         self._last_record_ids[custom_id] = record["id"]
         self._retried.pop(custom_id, None)
-        if redone_on_resume(record):
+        if redone_on_resume(record, n_ctx):
             finished.pop(custom_id, None)
             self._retried[custom_id] = None
         else:
@@ -304,8 +310,12 @@ def _choice(request: BatchRequest, text: str, finish_reason: str) -> dict:
     return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
 
-def error_record(custom_id: str, code: str, message: str, fingerprint: str = "") -> dict:
-    return _record(custom_id, None, {"code": code, "message": message}, fingerprint)
+def error_record(custom_id: str, code: str, message: str, fingerprint: str = "", n_ctx: int | None = None) -> dict:
+    """A request's failure; n_ctx, for a prompt too long, the context it did not fit (CONTEXT_FIELD)."""
+    record = _record(custom_id, None, {"code": code, "message": message}, fingerprint)
+    if n_ctx is not None:
+        record[CONTEXT_FIELD] = n_ctx
+    return record
 
 
 def _record(custom_id: str, response: dict | None, error: dict | None, fingerprint: str,
@@ -350,13 +360,17 @@ def _setting_text(value) -> str:
     return "unset" if value is None else json.dumps(value, ensure_ascii=True)[:40]
 
 
-def redone_on_resume(record: dict) -> bool:
-    """Whether a resume redoes this record's request: an error that may pass, or a 200 that is no answer.
+def redone_on_resume(record: dict, n_ctx: int | None = None) -> bool:
+    """Whether a resume redoes this record's request: an error that may pass (a prompt too long for a smaller
+    context than n_ctx, this run's), or a 200 that is no answer.
 
     The second is what an older edgespec saved from a server's bad body (see answers.py).
     """
     error = record.get("error")
     if isinstance(error, dict):
+        failed_in = record.get(CONTEXT_FIELD)
+        if error.get("code") == CONTEXT_TOO_LONG and isinstance(failed_in, int) and n_ctx is not None:
+            return n_ctx > failed_in
         return error.get("code") in RETRIED_ERROR_CODES
     response = record.get("response")
     return isinstance(response, dict) and response.get("status_code") == 200 and not is_answer(response.get("body"))

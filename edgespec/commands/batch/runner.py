@@ -22,7 +22,7 @@ from ...monitor import AcceptanceMonitor
 from ...scheduler import Job
 from ...session import ChatSession
 from ...stats import Stats
-from .output import RecordWriter, error_record, is_done, is_success, success_record
+from .output import CONTEXT_TOO_LONG, RecordWriter, error_record, is_done, is_success, success_record
 from .requests import COMPLETIONS_URL, BatchError, BatchRequest, InvalidRequest, failure_text
 
 if TYPE_CHECKING:
@@ -181,8 +181,10 @@ def run_batch(
             continue
         in_flight.pop(entry.custom_id, None)
         if isinstance(event, Failed):
-            code = "context_length_exceeded" if isinstance(event.error, ContextOverflowError) else "generation_failed"
-            write(entry, error_record(entry.custom_id, code, f"line {entry.line}: {failure_text(event.error)}", entry.fingerprint))
+            too_long = isinstance(event.error, ContextOverflowError)
+            write(entry, error_record(entry.custom_id, CONTEXT_TOO_LONG if too_long else "generation_failed",
+                                      f"line {entry.line}: {failure_text(event.error)}", entry.fingerprint,
+                                      n_ctx=engine.n_ctx if too_long else None))
         elif event.result.finish_reason != "cancelled":
             tally.add(event.result.stats)
             write(entry, success_record(entry, event.result, model_name))
@@ -247,7 +249,8 @@ def _job(engine, request: BatchRequest, base_params) -> Job | dict:
     request's error record, never the end of the batch.
     """
     def failed(code: str, reason: object) -> dict:
-        return error_record(request.custom_id, code, f"line {request.line}: {failure_text(reason)}", request.fingerprint)
+        return error_record(request.custom_id, code, f"line {request.line}: {failure_text(reason)}", request.fingerprint,
+                            n_ctx=engine.n_ctx if code == CONTEXT_TOO_LONG else None)
 
     try:
         params = request_params(request, base_params)
@@ -259,7 +262,7 @@ def _job(engine, request: BatchRequest, base_params) -> Job | dict:
         else:
             ids = chat_session(engine, request.messages).reply_prompt(params)
     except ContextOverflowError as err:
-        return failed("context_length_exceeded", err)
+        return failed(CONTEXT_TOO_LONG, err)
     except (EdgespecError, ValueError) as err:
         return failed("generation_failed", err)
     return Job(request.custom_id, ids, params, prediction=engine.prediction_tokens(request.prediction))
