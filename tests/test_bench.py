@@ -362,6 +362,35 @@ def test_command_writes_json_and_prints_the_table(models, tmp_path, capsys):
     assert "[2/2]" in captured.err  # progress
 
 
+def test_ctrl_c_mid_bench_keeps_and_reports_the_runs_it_measured(models, tmp_path, monkeypatch, capsys):
+    # it printed only "interrupted": nothing on stdout, no --json, an hour's runs lost
+    out = tmp_path / "results.json"
+    shown = bench._progress_line
+
+    def ctrl_c_at_the_third_run(run, done, total):
+        if done == 3:
+            raise KeyboardInterrupt
+        return shown(run, done, total)
+
+    monkeypatch.setattr(bench, "_progress_line", ctrl_c_at_the_third_run)
+    code = bench_cli("--model", models["target"], "--suites", "creative", "--configs", "baseline,ngram-k2",
+                     "--prompts", "2", "--repeats", "1", "--temperature", "0", "--max-tokens", "8",
+                     "--threads", "1", "--json", out)
+    assert code == bench.EXIT_INTERRUPTED
+    results = json.loads(out.read_text())
+    assert results["meta"]["interrupted"] and results["meta"]["runs_planned"] == 4 and len(results["runs"]) == 3
+    captured = capsys.readouterr()
+    assert "creative" in captured.out and f"interrupted after 3 of 4 runs; the tables above and {out} hold them" \
+        in captured.err
+
+
+def test_results_into_a_folder_or_an_unwritable_file_are_refused_before_the_bench_runs(tmp_path, capsys):
+    # found out after the whole bench, as "edgespec: ...: Is a directory", exit 1 (an exactness failure's)
+    assert bench_cli("--json", tmp_path, "--suites", "chat", "--configs", "baseline",
+                     "--model", tmp_path / "not-loaded.gguf") == bench.EXIT_REFUSED
+    assert f"{tmp_path} is a directory; give a file path" in capsys.readouterr().err
+
+
 def test_command_exits_non_zero_on_an_exactness_failure(models, monkeypatch, capsys):
     install_faulty_verifier(monkeypatch)
     code = bench_cli("--model", models["target"], "--suites", "code-edit", "--configs", "baseline,ngram-k2",

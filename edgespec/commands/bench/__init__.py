@@ -15,11 +15,13 @@ decode speedup s; the summary reports that bound next to the measured figure.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 
 from ...errors import EdgespecError
+from ...files import atomic_write
 from ..options import DEFAULT_MODEL, parse_flash_attn, parse_kv_type, parse_threads, sampling_value, setting, whole_number
 from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, PLAIN_AGAIN
 from .exactness import ExactnessError
@@ -32,6 +34,7 @@ from .workloads import SUITES, WORKLOADS_DIR, BenchError
 EXIT_OK = 0
 EXIT_EXACTNESS_FAILED = ExactnessError.exit_code
 EXIT_REFUSED = BenchError.exit_code
+EXIT_INTERRUPTED = 130  # as the other commands end on Ctrl+C
 
 
 def add_bench_parser(subparsers) -> None:
@@ -44,7 +47,8 @@ def add_bench_parser(subparsers) -> None:
             "mode must reproduce the baseline's tokens, or the bench fails; a difference where the target's two "
             "best tokens nearly tie (closer than llama.cpp's kernels drift between pass widths) is reported instead. "
             "With --llama-cpp-bin, llama.cpp's own speculation runs on the same prompts as peers (llamacpp-*). "
-            "Exit codes: 0 done, 1 exactness check failed, 2 refused (bad options, model failed to load)."
+            "Exit codes: 0 done, 1 exactness check failed, 2 refused (bad options, model failed to load), "
+            "130 interrupted (the tables and --json hold the runs measured until Ctrl+C)."
         ),
     )
     _add_prompt_options(parser.add_argument_group("prompts: which, how many times, how sampled"))
@@ -126,7 +130,8 @@ def _add_output_options(group) -> None:
 
 
 def handle_bench(args) -> int:
-    """0 when done; an error ends the bench with its exit code (1: exactness failed, 2: refused)."""
+    """0 when done, 130 when Ctrl+C cut it short (what it measured is reported); an error ends the bench with its
+    exit code (1: exactness failed, 2: refused)."""
     try:
         return _bench_command(args)
     except (ExactnessError, BenchError):
@@ -139,8 +144,7 @@ def _bench_command(args) -> int:
     if args.plot:
         pyplot()  # fail before the long part, not after it
     for output in filter(None, (args.json, args.plot)):
-        if not output.parent.is_dir():
-            raise BenchError(f"{output}: there is no folder {output.parent}; create it, or write the results elsewhere")
+        _check_writable(output)
     if args.sampling:
         results = {"meta": {}, "sampling": run_sampling_microbench()}
         print_sampling(results["sampling"])
@@ -176,10 +180,36 @@ def _bench_command(args) -> int:
             print_sampling(results["sampling"])
     results["meta"]["command"] = shlex.join(["edgespec", *sys.argv[1:]])
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+        _write_json(args.json, results)
     if args.plot and not args.sampling:
         (plot_cost_curve if args.cost_curve else plot_speedups)(results, args.plot)
+    if results["meta"].get("interrupted"):
+        print(f"edgespec bench: interrupted after {len(results['runs'])} of {results['meta']['runs_planned']} runs; "
+              "the tables above" + (f" and {args.json}" if args.json else "") + " hold them", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def _check_writable(output: Path) -> None:
+    """BenchError now, not after the whole bench, when output could not be written."""
+    if output.is_dir():
+        raise BenchError(f"{output} is a directory; give a file path, e.g. {output / 'bench.json'}")
+    if not output.parent.is_dir():
+        raise BenchError(f"{output}: there is no folder {output.parent}; create it, or write the results elsewhere")
+    if not os.access(output.parent, os.W_OK | os.X_OK) or (output.exists() and not os.access(output, os.W_OK)):
+        raise BenchError(f"cannot write {output}: permission denied; write the results elsewhere")
+
+
+def _write_json(output: Path, results: dict) -> None:
+    """The results, whole or not at all: an earlier file at output stays as it was if the write fails."""
+    text = json.dumps(results, indent=1) + "\n"
+    try:
+        if output.exists() and not output.is_file():  # /dev/stdout, a FIFO: written to, never replaced
+            output.write_text(text, encoding="utf-8")
+        else:
+            atomic_write(os.path.realpath(output), text)
+    except OSError as error:
+        raise BenchError(f"cannot write {output}: {error.strerror or error}; the tables above hold the results") from None
 
 
 def _split(text: str) -> list[str]:

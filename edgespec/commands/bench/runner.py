@@ -84,14 +84,16 @@ def run_bench(
         peer = _peer(engine, llama_cpp_bin, n_threads) if any(c.is_peer for c in plan) else None
         runner = _Runner(engine, peer, overhead)
         runner.warm_up(prompts[0], plan)
-        runs = _measure(runner, plan, prompts, temperatures, repeats, seed, on_run)
+        runs, interrupted = _measure(runner, plan, prompts, temperatures, repeats, seed, on_run)
     finally:
         engine.close()
     meta = _meta(engine.target_path, engine.draft_path, prompts, repeats, temperatures, seed, n_ctx, n_threads, started,
                  runner.rss_scope, peer)
     # other work on the machine distorts every figure; a quiet machine shows ~0 next to its core count
-    meta.update(kv_type=kv_type, flash_attn=engine.flash_attn, priors="learned" if learned_priors else "cold", load_average_start=load_at_start, load_average_end=load_average(),
-                **_kernel_facts(engine))
+    meta.update(kv_type=kv_type, flash_attn=engine.flash_attn, priors="learned" if learned_priors else "cold",
+                load_average_start=load_at_start, load_average_end=load_average(), **_kernel_facts(engine))
+    if interrupted:  # Ctrl+C: the runs measured until then, which an hour's bench would otherwise lose
+        meta.update(interrupted=True, runs_planned=len(temperatures) * len(prompts) * repeats * len(plan))
     return _results(meta, engine, plan, runs, runner, overhead)
 
 
@@ -166,18 +168,22 @@ def _peer(engine, llama_cpp_bin, n_threads: int) -> LlamaCppPeer:
                         n_threads=n_threads, n_gpu_layers=max(engine.target.n_gpu_layers, 0))
 
 
-def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> list[dict]:
-    """Every prompt x repeat x configuration, the order rotated per prompt and repeat."""
+def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> tuple[list[dict], bool]:
+    """Every prompt x repeat x configuration, the order rotated per prompt and repeat; and whether Ctrl+C cut
+    it short, keeping the runs done (those of a prompt it cut into unchecked for exactness)."""
     runs: list[dict] = []
     total = len(temperatures) * len(prompts) * repeats * len(plan)
     for temperature in temperatures:
         for index, prompt in enumerate(prompts):
             prompt_runs = []
-            for repeat in range(repeats):
-                for config in rotated(plan, index + repeat):
-                    prompt_runs.append(runner.run(prompt, config, temperature, repeat, seed + repeat))
-                    if on_run:
-                        on_run(prompt_runs[-1], len(runs) + len(prompt_runs), total)
+            try:
+                for repeat in range(repeats):
+                    for config in rotated(plan, index + repeat):
+                        prompt_runs.append(runner.run(prompt, config, temperature, repeat, seed + repeat))
+                        if on_run:
+                            on_run(prompt_runs[-1], len(runs) + len(prompt_runs), total)
+            except KeyboardInterrupt:
+                return runs + prompt_runs, True
             if temperature == 0:
                 for tie in check_exactness(prompt_runs, partial(plain_logits, runner.engine.target), runner.engine.drift_bound()):
                     runner.near_ties.append(tie)
@@ -188,7 +194,7 @@ def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> list
             else:
                 mark_same_seed_matches(prompt_runs)
             runs.extend(prompt_runs)
-    return runs
+    return runs, False
 
 
 class _Runner:
