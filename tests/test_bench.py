@@ -332,6 +332,21 @@ def test_no_suite_or_no_prompt_is_refused_before_the_model_loads(tmp_path):
     assert bench_cli("--suites", ",", "--workloads", tmp_path, "--configs", "baseline") == bench.EXIT_REFUSED
 
 
+def test_a_suite_file_with_a_broken_first_line_is_named_not_left_out_silently(tmp_path, capsys):
+    (tmp_path / "good.jsonl").write_text('{"id": "good-01", "prompt": "once"}\n')
+    (tmp_path / "broken.jsonl").write_text('{"id": "broken-01", "prompt": \n')
+    (tmp_path / "replies-model.jsonl").write_text('{"id": "good-01", "prompt_ids": [1], "reply_ids": [2]}\n')
+    assert [p.id for p in workloads.load_workloads(directory=tmp_path)] == ["good-01"]
+    err = capsys.readouterr().err
+    assert "left out broken.jsonl in" in err and "replies-model" not in err
+
+
+def test_a_suite_file_saved_with_a_byte_order_mark_is_read(tmp_path):
+    # it was "holds no <suite>.jsonl files of prompts", where batch reads such files
+    (tmp_path / "notes.jsonl").write_bytes('\ufeff{"id": "notes-01", "prompt": "once"}\n'.encode())
+    assert [p.prompt for p in workloads.load_workloads(directory=tmp_path)] == ["once"]
+
+
 def test_without_suites_a_folder_runs_every_suite_it_holds(tmp_path):
     (tmp_path / "story.jsonl").write_text('{"id": "story-01", "prompt": "once"}\n')
     (tmp_path / "chat.jsonl").write_text('{"id": "chat-01", "prompt": "hi"}\n')

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ...errors import EdgespecError
+from ...notices import print_notice
 from ...text import surrogate_problem
 
 WORKLOADS_DIR = Path(__file__).resolve().parents[3] / "benchmarks" / "workloads"
@@ -37,6 +38,7 @@ def load_workloads(
         suites = suites_in(directory)
         if not suites:
             raise BenchError(f"no workloads to run: {_holds(directory)}")
+        _say_what_is_left_out(directory, suites)
     suites = list(suites)
     if not suites:
         raise BenchError("--suites names no suite: give one or more, comma-separated, or leave it out for all")
@@ -58,6 +60,16 @@ def suites_in(directory: Path) -> list[str]:
     return [suite for suite in SUITES if suite in found] + sorted(found.difference(SUITES))
 
 
+def _say_what_is_left_out(directory: Path, suites: list[str]) -> None:
+    """A notice naming the .jsonl files that are neither suites nor recorded replies (replies-*.jsonl): a suite
+    whose first line is broken was left out of the bench without a word."""
+    left_out = sorted(path.name for path in directory.glob("*.jsonl")
+                      if path.stem not in suites and not path.name.startswith("replies-"))
+    if left_out:
+        print_notice(f"bench: left out {', '.join(left_out)} in {directory}: the first line is not a workload "
+                     "line ({\"id\": ..., \"prompt\": ...}); name the suite with --suites to see why")
+
+
 def _holds(directory: Path) -> str:
     """What a workloads folder offers instead, for the error that names a suite it lacks."""
     if not directory.is_dir():
@@ -71,7 +83,7 @@ def _holds(directory: Path) -> str:
 def _starts_with_a_workload_line(path: Path) -> bool:
     """Whether a JSONL file's first line is a prompt, not another record kept beside them (recorded replies)."""
     try:
-        with path.open(encoding="utf-8") as lines:
+        with path.open(encoding="utf-8-sig") as lines:  # -sig: a byte-order mark, as Notepad saves UTF-8
             first = next((line for line in lines if line.strip()), "")
         row = json.loads(first)
     except (OSError, ValueError, RecursionError):  # RecursionError: brackets nested thousands deep
@@ -81,7 +93,7 @@ def _starts_with_a_workload_line(path: Path) -> bool:
 
 def _read_suite(suite: str, path: Path) -> list[BenchPrompt]:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except OSError as err:
         raise BenchError(f"{path} cannot be read ({err.strerror or err}); check the path and its permissions") from None
     except UnicodeDecodeError as err:
