@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -108,6 +109,16 @@ def test_plan_shows_the_kv_cache_types(tiny_models):
                         "--kv-type", "q4_0", *off)
         assert table.returncode == 0 and "K q4_0, V f16" in table.stdout, table.stderr
         assert re.search(r"flash attention\W+off\b", table.stdout), table.stdout
+
+
+def test_a_plan_written_to_a_pipe_keeps_the_model_names_whole(tiny_models, tmp_path):
+    # at the 80 columns a pipe gets, the names read "qwen2.5-coder-1.5b-inst…"
+    long_name = tmp_path / ("a-model-file-name-longer-than-any-column-of-eighty-" * 2 + "wide.gguf")
+    long_name.symlink_to(tiny_models["target"])
+    done = subprocess.run([*EDGESPEC, "plan", "--model", str(long_name), "--draft", "none", "--ctx", "512"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "40"})
+    assert done.returncode == 0, done.stderr
+    assert long_name.name in done.stdout and "…" not in done.stdout
 
 
 @pytest.mark.parametrize("flag", [["--seed", "3"], ["--stop", "END"]])

@@ -48,5 +48,9 @@ def plan(args: argparse.Namespace) -> int:
                   "warnings": [flag_worded(warning) for warning in memory_plan.warnings]}
         print(json.dumps(memory_plan.to_dict() | worded, indent=2))
     else:
-        ResultsConsole().print(format_plan_table(memory_plan))
+        table, console = format_plan_table(memory_plan), ResultsConsole()
+        if not console.is_terminal:  # a file or a pipe: no model's name cut to "qwen2.5-coder-1.5b-inst…"
+            widest = console.measure(table, options=console.options.update_width(1000)).maximum
+            console = ResultsConsole(width=max(console.width, widest))
+        console.print(table)
     return 0

@@ -167,7 +167,9 @@ def _stdout_console():
 
 
 # A configuration's name is folded onto more lines rather than cut: "llamacpp-…" twice named neither peer.
-_COLUMN_STYLE = {"suite": {"justify": "left", "overflow": "fold"}, "config": {"justify": "left", "overflow": "fold"}}
+# Names may fold onto more lines; a figure is never cut to "100.3-100…"
+_COLUMN_STYLE = {"suite": {"justify": "left", "overflow": "fold"}, "config": {"justify": "left", "overflow": "fold"},
+                 "min-max": {"justify": "right", "no_wrap": True}}
 
 
 def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
