@@ -325,3 +325,14 @@ def test_exit_codes_of_the_real_command(tiny_models, tmp_path):
     refused = subprocess.run(missing_model, capture_output=True, text=True, timeout=120)
     assert refused.returncode == batch.EXIT_REFUSED and "Traceback" not in refused.stderr
     assert not (tmp_path / "new.jsonl").exists()  # a refused run leaves no empty OUT behind
+
+
+def test_an_output_named_by_a_dangling_symlink_keeps_the_symlink_when_nothing_was_written(tmp_path):
+    # an interrupted batch that wrote no record removed the user's symlink and left the empty file it made
+    link, target = tmp_path / "results.jsonl", tmp_path / "store" / "results.jsonl"
+    target.parent.mkdir()
+    link.symlink_to(target)
+    writer = batch_output.RecordWriter(link)
+    assert target.exists()
+    writer.close()
+    assert link.is_symlink() and not target.exists()

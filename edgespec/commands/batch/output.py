@@ -144,7 +144,7 @@ class RecordWriter:
     def close(self) -> None:
         """Release OUT; a file this run created and never wrote to is removed again."""
         if self._created and os.fstat(self._fd).st_size == 0 and _is_open_file(self._path, self._fd):
-            os.unlink(self._path)
+            os.unlink(os.path.realpath(self._path))  # the file made, not a dangling symlink -o named it by
         if self._holder is not None:
             self._holder.unlink(missing_ok=True)
         os.close(self._fd)  # releases the lock; after the holder file is gone, so a new holder's stays
