@@ -336,3 +336,10 @@ def test_an_output_named_by_a_dangling_symlink_keeps_the_symlink_when_nothing_wa
     assert target.exists()
     writer.close()
     assert link.is_symlink() and not target.exists()
+
+
+def test_concurrency_without_an_endpoint_is_refused_not_ignored(tiny_models, tmp_path, capsys):
+    source, out = write_lines(tmp_path / "in.jsonl", [json.dumps("Hello")]), tmp_path / "out.jsonl"
+    assert run_cli(batch_argv(tiny_models, source, out, "--concurrency", "4")) == batch.EXIT_REFUSED
+    assert "a local batch decodes requests together with --parallel N" in capsys.readouterr().err
+    assert not out.exists()

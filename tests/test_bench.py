@@ -474,3 +474,10 @@ def test_a_near_tie_of_the_target_is_reported_not_failed():
         exactness.check_exactness([baseline, {**other, "bit_exact": True}], close, drift_bound=0.5)
     with pytest.raises(bench.ExactnessError, match="0.10 logits apart"):
         exactness.check_exactness([baseline, other], close, drift_bound=0.0)
+
+
+@pytest.mark.parametrize("configs", ["", ",,"])
+def test_configs_that_name_none_are_refused(tmp_path, capsys, configs):
+    # "" ran the whole default set; ",," asked for llama.cpp's binaries, which nobody named
+    assert bench_cli("--configs", configs, "--model", tmp_path / "not-loaded.gguf") == bench.EXIT_REFUSED
+    assert "--configs names no configuration" in capsys.readouterr().err

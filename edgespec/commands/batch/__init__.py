@@ -135,6 +135,9 @@ def _resume_hint(args) -> str:
 
 def _batch_command(args) -> int:
     started = time.monotonic()
+    if args.concurrency != 1 and not args.endpoint:  # else left unused without a word
+        raise BatchError("--concurrency is how many requests go to --endpoint's server at once; a local batch "
+                         "decodes requests together with --parallel N")
     check_paths(args.input, args.output, args.summary)
     entries = read_requests(args.input)
     if not entries:

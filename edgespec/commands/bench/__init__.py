@@ -145,6 +145,9 @@ def _bench_command(args) -> int:
         pyplot()  # fail before the long part, not after it
     for output in filter(None, (args.json, args.plot)):
         _check_writable(output)
+    if args.configs is not None and not _split(args.configs):  # "" ran the default set, ",," asked for llama.cpp
+        raise BenchError("--configs names no configuration: give one or more, comma-separated, or leave it out "
+                         "for the default set")
     if args.sampling:
         results = {"meta": {}, "sampling": run_sampling_microbench()}
         print_sampling(results["sampling"])
@@ -157,7 +160,7 @@ def _bench_command(args) -> int:
             args.model,
             args.draft,
             suites=_split(args.suites) if args.suites else None,
-            configs=_split(args.configs) if args.configs else None,
+            configs=_split(args.configs) if args.configs is not None else None,
             repeats=args.repeats,
             prompts_per_suite=args.prompts,
             temperatures=args.temperature or DEFAULT_TEMPERATURES,
