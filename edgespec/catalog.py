@@ -2,17 +2,17 @@
 
 Catalog entries come from ``models/catalog.toml`` (shipped) and from
 ``models.json`` in the model store (models the user imported, and the drafts
-they paired with a target, which ``--draft auto`` prefers).  A model is
-present when its file exists with the catalog size: in the store as
-``<name>.gguf``, in the Hugging Face cache for an ``hf`` source, or where a
-``path`` source points.  Getting a missing one is fetch.py's job.
+they paired with a target, which ``--draft auto`` prefers; model_import.py
+writes it).  A model is present when its file exists with the catalog size:
+in the store as ``<name>.gguf``, in the Hugging Face cache for an ``hf``
+source, or where a ``path`` source points.  Getting a missing one is
+fetch.py's job.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import os
 import re
 import tomllib
@@ -22,9 +22,7 @@ from pathlib import Path
 import platformdirs
 
 from edgespec.errors import EdgespecError
-from edgespec.files import atomic_write, parse_json, read_regular
-from edgespec.gguf_info import GGUFInfo, read_gguf_info
-from edgespec.limits import MAX_VOCAB_SIZE_DIFFERENCE
+from edgespec.files import parse_json, read_regular
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "models" / "catalog.toml"
 USER_CATALOG_NAME = "models.json"
@@ -114,12 +112,12 @@ def load_catalog() -> Catalog:
         raise CatalogError(f"cannot read the model catalog {CATALOG_PATH}: {error}; reinstall edgespec") from None
     models = {}
     for raw in shipped.get("models", []):
-        entry = _parse_model(raw, CATALOG_PATH)
+        entry = parse_model(raw, CATALOG_PATH)
         models[entry.name] = entry
-    user = _read_user_catalog()
+    user = read_user_catalog()
     user_path = store_dir() / USER_CATALOG_NAME
     for raw in user.get("models", []):
-        entry = _parse_model(raw, user_path)
+        entry = parse_model(raw, user_path)
         models[entry.name] = entry
     pairs = tuple(_parse_pair(raw, models, CATALOG_PATH) for raw in shipped.get("pairs", []))
     if sum(pair.default for pair in pairs) != 1:
@@ -130,7 +128,7 @@ def load_catalog() -> Catalog:
     return Catalog(models, user_pairs + pairs)
 
 
-def _parse_model(raw: dict, origin: Path) -> ModelEntry:
+def parse_model(raw: dict, origin: Path) -> ModelEntry:
     if not isinstance(raw, dict):
         raise CatalogError(f"{origin} lists a model that is not a table (an object in JSON): {_excerpt(raw)}; fix or delete that entry")
     name = raw.get("name")
@@ -231,7 +229,7 @@ def _parse_pair(raw: dict, models: dict[str, ModelEntry], origin: Path) -> Pair:
     return pair
 
 
-def _read_user_catalog() -> dict:
+def read_user_catalog() -> dict:
     """models.json as {"models": [entry, ...], "pairs": [pair, ...]}; CatalogError for any other shape."""
     path = store_dir() / USER_CATALOG_NAME
     try:
@@ -247,7 +245,7 @@ def _read_user_catalog() -> dict:
         raise CatalogError(f'{path} must hold {{"models": [...], "pairs": [...]}}, not {_excerpt(data)}; '
                            "fix or delete that file")
     for raw in data.get("models", []):
-        _parse_model(raw, path)
+        parse_model(raw, path)
     return data
 
 
@@ -283,109 +281,6 @@ def _hf_cached_file(source: Source) -> Path | None:
     return Path(cached) if isinstance(cached, str) else None
 
 
-# ---------------------------------------------------------------- importing
-
-
-def import_model(file: str | os.PathLike, name: str | None = None, draft_for: str | None = None,
-                 replace: bool = False) -> ModelEntry:
-    """Register a local GGUF under a name, so it lists and resolves like catalog models.
-
-    draft_for: the name of a catalog model this one drafts for.  `--draft auto` then picks it for that
-    target, before any draft the shipped catalog pairs with it; a later import for the same target replaces
-    it.  A draft whose GGUF header already shows another tokenizer than the target's is refused here; the
-    token-by-token check is the engine's, when it loads the pair.
-
-    A name already imported for another file is refused unless replace is set, and even then when a pair
-    the name is in would no longer share a vocabulary.
-    """
-    try:
-        path = Path(file).expanduser().resolve()
-    except (RuntimeError, OSError) as error:  # Python 3.11 says a symlink loop with a RuntimeError
-        raise EdgespecError(f"cannot follow {file}: {error}; point at the .gguf file itself") from None
-    info = read_gguf_info(path)
-    name = _name_from_file(path) if name is None else name
-    problem = name_problem(name)
-    if problem is not None:
-        raise EdgespecError(f"the catalog name {name!r} {problem}")
-    catalog = load_catalog()
-    existing = catalog.models.get(name)
-    if existing is not None and not existing.imported:
-        raise EdgespecError(f"{name} is already a catalog model; import under another name with --name")
-    if existing is not None and Path(existing.sources[0].path).expanduser().resolve() != path:
-        if not replace:
-            raise EdgespecError(f"{name} already names {existing.sources[0].path}; import under another name "
-                                f"with --name, or add --replace to point {name} at {path.name}")
-        _check_pairs_still_hold(info, name, catalog)
-    if draft_for is not None:
-        _check_drafts_for(info, name, catalog, draft_for)
-    record = {
-        "name": name,
-        "description": info.name or path.name,
-        "architecture": info.architecture,
-        "tokenizer": str(info.metadata.get("tokenizer.ggml.pre") or info.tokenizer_model or ""),
-        "quantization": info.quantization,
-        "size": info.file_size,
-        "imported": True,
-        "sources": [{"kind": "path", "path": str(path)}],
-    }
-    user = _read_user_catalog()
-    models = [model for model in user.get("models", []) if model.get("name") != name] + [record]
-    pairs = user.get("pairs", [])
-    if draft_for is not None:
-        pairs = [pair for pair in pairs if pair.get("target") != draft_for]
-        pairs.append({"name": f"{draft_for} with {name}", "target": draft_for, "draft": [name]})
-    store = store_dir()
-    store.mkdir(parents=True, exist_ok=True)
-    # keys this version does not know (a newer edgespec's) are kept: the file is the user's, not this version's
-    atomic_write(store / USER_CATALOG_NAME, json.dumps({**user, "models": models, "pairs": pairs}, indent=2))
-    return _parse_model(record, store / USER_CATALOG_NAME)
-
-
-def _check_drafts_for(draft: GGUFInfo, name: str, catalog: Catalog, target_name: str) -> None:
-    """EdgespecError unless the draft may be paired with the catalog model target_name: another model, and
-    (when its file is here) one whose header names the same tokenizer."""
-    if target_name == name:
-        raise EdgespecError(f"{name} cannot draft for itself; name another target with --draft-for")
-    target_file = local_path(catalog.get(target_name))
-    if target_file is None:
-        return  # not pulled yet: the engine checks the pair when it loads it
-    differences = _vocabulary_differences(read_gguf_info(target_file), draft)
-    if differences:
-        raise EdgespecError(f"{draft.path.name} cannot draft for {target_name}: its vocabulary is not the target's "
-                            f"({'; '.join(differences)}); pair it with a model of its own family")
-
-
-def _check_pairs_still_hold(info: GGUFInfo, name: str, catalog: Catalog) -> None:
-    """EdgespecError when name, pointed at the file info describes, would leave a pair of it (as target or
-    draft, with the other's file here) without a shared vocabulary."""
-    for pair in catalog.pairs:
-        for draft_name in pair.drafts:
-            if name not in (pair.target, draft_name):
-                continue
-            other_entry = catalog.models.get(draft_name if name == pair.target else pair.target)
-            other_file = local_path(other_entry) if other_entry is not None else None
-            if other_file is None:
-                continue  # not here: the engine checks the pair when it loads it
-            other = read_gguf_info(other_file)
-            differences = _vocabulary_differences(*((info, other) if name == pair.target else (other, info)))
-            if differences:
-                raise EdgespecError(f"{name} cannot be pointed at {info.path.name}: {draft_name} drafts for "
-                                    f"{pair.target}, and their vocabularies would differ ({'; '.join(differences)})")
-
-
-def _vocabulary_differences(target: GGUFInfo, draft: GGUFInfo) -> list[str]:
-    differences = [
-        f"{what} {theirs!r} vs {ours!r}" for what, theirs, ours in (
-            ("tokenizer", target.tokenizer_model, draft.tokenizer_model),
-            ("pre-tokenizer", target.metadata.get("tokenizer.ggml.pre"), draft.metadata.get("tokenizer.ggml.pre")),
-            ("BOS/EOS ids", (target.bos_id, target.eos_id), (draft.bos_id, draft.eos_id)),
-        ) if theirs != ours
-    ]
-    if abs(target.vocab_size - draft.vocab_size) > MAX_VOCAB_SIZE_DIFFERENCE:
-        differences.append(f"vocabulary sizes {target.vocab_size} vs {draft.vocab_size}")
-    return differences
-
-
 def name_problem(name: str) -> str | None:
     """What keeps name from being one that `-m NAME` finds and `models list` shows on one line, worded to follow
     the name; None when it is one.  A name with a path separator or .gguf at its end is read as a path."""
@@ -396,9 +291,3 @@ def name_problem(name: str) -> str | None:
     if os.sep in name or "/" in name or name.lower().endswith(".gguf"):
         return "reads as a file path (a slash, or .gguf at its end); give a name without them, e.g. my-model"
     return None
-
-
-def _name_from_file(path: Path) -> str:
-    # a file's name may hold what a catalog name may not: spaces and control characters become dashes
-    words = "".join(char if char.isprintable() else " " for char in path.stem.lower().replace("_", "-")).split()
-    return "-".join(words)

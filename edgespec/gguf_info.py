@@ -1,9 +1,8 @@
 """Read a GGUF file's header: metadata and tensor sizes, never the weights.
 
-gguf.GGUFReader builds a numpy object for every one of the ~300k strings in a
-Qwen2.5 vocabulary and merge list, which takes seconds.  The header layout is
-simple, so this module walks it over an mmap, skipping string arrays by their
-length prefixes, and uses the gguf package for the type tables and key names.
+gguf_header.py walks the header's bytes; this module opens the file, checks
+what the values mean (counts that size lists and sums, types, names shown to
+the user) and sums the tensors' bytes per layer for the memory planner.
 """
 
 from __future__ import annotations
@@ -12,20 +11,14 @@ import mmap
 import os
 import re
 import stat
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gguf import (
-    GGML_QUANT_SIZES,
-    GGUF_DEFAULT_ALIGNMENT,
-    GGUF_MAGIC,
-    GGMLQuantizationType,
-    GGUFValueType,
-    LlamaFileType,
-)
+from gguf import GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, LlamaFileType
 
 from edgespec.errors import ModelFileError
+from edgespec.gguf_header import (HeaderMalformed, HeaderTruncated, HeaderUnknownType, Tensor, UnreadArray,
+                                  read_header)
 
 # What an architecture name can hold (llama.cpp's: qwen2, llama, gemma3, t5encoder, ...): a header's
 # string goes into model lists as it is, so one holding escape sequences is refused, not printed.
@@ -35,31 +28,8 @@ _ARCHITECTURE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # blocks (LLAMA_MAX_LAYERS) and aborts the whole process on any other count, so this module refuses them
 # first; the largest released models have about 130.
 _MAX_BLOCKS = 512
-# Far more tensors and metadata keys than any model has (a large MoE has a few thousand tensors): a header
-# claiming millions took seconds and hundreds of MB to walk before anything could be said about it.
-_MAX_TENSORS = 65_536
-_MAX_KEYS = 65_536
-# Arrays up to this long are read (per-layer head counts); longer ones (a vocabulary's scores and token
-# types) are skipped by their length, as string arrays are, so a header's arrays cost no memory.
-_MAX_ARRAY_READ = _MAX_BLOCKS
 _MAX_UINT32 = 2**32 - 1  # llama.cpp reads the other architecture values into 32-bit fields
 _MAX_UINT64 = 2**64 - 1
-_MAX_ARRAY_DEPTH = 16  # llama.cpp refuses arrays of arrays outright; the gguf package reads them, so allow a few
-_MAX_TENSOR_DIMS = 4  # GGML_MAX_DIMS: more dimensions than ggml has
-
-_SCALAR_FORMATS = {
-    GGUFValueType.UINT8: "B",
-    GGUFValueType.INT8: "b",
-    GGUFValueType.UINT16: "H",
-    GGUFValueType.INT16: "h",
-    GGUFValueType.UINT32: "I",
-    GGUFValueType.INT32: "i",
-    GGUFValueType.FLOAT32: "f",
-    GGUFValueType.BOOL: "?",
-    GGUFValueType.UINT64: "Q",
-    GGUFValueType.INT64: "q",
-    GGUFValueType.FLOAT64: "d",
-}
 
 
 @dataclass(frozen=True)
@@ -94,16 +64,6 @@ class GGUFInfo:
 
 
 @dataclass(frozen=True)
-class _Tensor:
-    name: str
-    n_elements: int
-    n_bytes: int
-    offset: int  # from the start of the data section
-    quant_type: GGMLQuantizationType = GGMLQuantizationType.F32
-    dims: tuple[int, ...] = ()  # ggml's order: dims[0] is the length of a row
-
-
-@dataclass(frozen=True)
 class TensorLocation:
     """Where one tensor's data lies in a GGUF file, for reading some of its rows (drafting heads)."""
 
@@ -111,96 +71,6 @@ class TensorLocation:
     dims: tuple[int, ...]  # ggml's order: dims[0] is the length of a row
     offset: int  # from the start of the file
     n_bytes: int
-
-
-class _Truncated(Exception):
-    pass
-
-
-class _Malformed(Exception):
-    """A header value no GGUF writer produces; the message says which, worded to follow "model file X"."""
-
-
-class _HeaderWalker:
-    """Sequential reads over a buffer; running past its end means a truncated file."""
-
-    def __init__(self, buffer, byte_order: str):
-        self.buffer = buffer
-        self.byte_order = byte_order
-        self.offset = 0
-
-    def many(self, count: int, fmt: str) -> tuple:
-        layout = f"{self.byte_order}{count}{fmt}"
-        try:
-            values = struct.unpack_from(layout, self.buffer, self.offset)
-        except struct.error as error:
-            raise _Truncated from error
-        self.offset += struct.calcsize(layout)
-        return values
-
-    def unpack(self, fmt: str):
-        return self.many(1, fmt)[0]
-
-    def string(self) -> str:
-        length = self.unpack("Q")
-        end = self.offset + length
-        if end > len(self.buffer):
-            raise _Truncated
-        text = bytes(self.buffer[self.offset:end]).decode("utf-8", errors="replace")
-        self.offset = end
-        return text
-
-    def skip(self, count: int, item_bytes: int) -> None:
-        """Step over count items of item_bytes each (at least that many, for items of their own length)."""
-        end = self.offset + count * item_bytes
-        if end > len(self.buffer):
-            raise _Truncated
-        self.offset = end
-
-    def skip_strings(self, count: int) -> None:
-        unpack_length = struct.Struct(self.byte_order + "Q").unpack_from
-        offset, size = self.offset, len(self.buffer)
-        if count * 8 > size - offset:  # each string has its 8-byte length: a count of 2**60 ends here
-            raise _Truncated
-        try:
-            for _ in range(count):
-                offset += 8 + unpack_length(self.buffer, offset)[0]
-                if offset > size:  # before a length near 2**64 reaches unpack_from as an offset
-                    raise _Truncated
-        except struct.error as error:
-            raise _Truncated from error
-        self.offset = offset
-
-    def value(self, value_type: int, depth: int = 0):
-        """One metadata value; string arrays come back as their length only."""
-        value_type = GGUFValueType(value_type)
-        if value_type == GGUFValueType.STRING:
-            return self.string()
-        if value_type == GGUFValueType.ARRAY:
-            item_type = GGUFValueType(self.unpack("I"))
-            count = self.unpack("Q")
-            if item_type == GGUFValueType.STRING:
-                self.skip_strings(count)
-                return _UnreadArray(count)
-            if item_type == GGUFValueType.ARRAY:
-                if depth >= _MAX_ARRAY_DEPTH:  # thousands deep would exhaust Python's stack
-                    raise _Malformed(f"nests arrays more than {_MAX_ARRAY_DEPTH} deep in its metadata")
-                if count * 12 > len(self.buffer) - self.offset:  # each array has a type and a count
-                    raise _Truncated
-                return tuple(self.value(item_type, depth + 1) for _ in range(count))
-            item_format = _SCALAR_FORMATS[item_type]
-            if count > _MAX_ARRAY_READ:
-                self.skip(count, struct.calcsize(item_format))
-                return _UnreadArray(count)
-            return self.many(count, item_format)
-        return self.unpack(_SCALAR_FORMATS[value_type])
-
-
-@dataclass(frozen=True)
-class _UnreadArray:
-    """A metadata array stepped over, not read: strings, or more items than any value this module uses."""
-
-    length: int
 
 
 def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
@@ -217,7 +87,7 @@ def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
             with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
                 try:
                     fields, tensors, data_offset = _read_header(buffer, path)
-                except _Truncated:
+                except HeaderTruncated:
                     raise ModelFileError(_problem(path, "is truncated: its GGUF header ends early")) from None
     except FileNotFoundError:
         raise ModelFileError(f"model file {path} does not exist; check the path or run `edgespec models list`") from None
@@ -237,43 +107,20 @@ def _problem(path: Path, what: str) -> str:
     return f"model file {path} {what}; download it again (`edgespec models pull NAME`) or pick another file"
 
 
-def _read_header(buffer, path: Path) -> tuple[dict, list[_Tensor], int]:
-    if len(buffer) < 4 or struct.unpack_from("<I", buffer, 0)[0] != GGUF_MAGIC:
-        raise ModelFileError(_problem(path, "is not a GGUF file (wrong magic bytes)"))
-    if len(buffer) < 24:  # the magic, then less than the version and the two counts
-        raise _Truncated
-    byte_order = "<"
-    version = struct.unpack_from("<I", buffer, 4)[0]
-    if version & 0xFFFF == 0:  # written on a big-endian machine
-        byte_order = ">"
-        version = struct.unpack_from(">I", buffer, 4)[0]
-    if version not in (2, 3):
-        raise ModelFileError(_problem(path, f"uses GGUF version {version}; only versions 2 and 3 are supported"))
-    walker = _HeaderWalker(buffer, byte_order)
-    walker.offset = 8
-    tensor_count, kv_count = walker.many(2, "Q")
-    if tensor_count > _MAX_TENSORS or kv_count > _MAX_KEYS:
-        raise ModelFileError(_problem(path, f"claims {tensor_count:,} tensors and {kv_count:,} metadata keys, more "
-                                            f"than the {_MAX_TENSORS:,} of each any model comes near"))
-    fields = {}
+def _read_header(buffer, path: Path) -> tuple[dict, list[Tensor], int]:
+    """gguf_header's read, its refusals worded as this file's, and the data section's offset."""
     try:
-        for _ in range(kv_count):
-            key = walker.string()
-            fields[key] = walker.value(walker.unpack("I"))
-        tensors = [_read_tensor_info(walker) for _ in range(tensor_count)]
-    except (ValueError, KeyError) as error:  # unknown value or tensor type codes
-        raise ModelFileError(
-            f"model file {path} has a header this gguf package cannot parse ({error}); "
-            "upgrade it with `pip install -U gguf` or pick another file"
-        ) from None
-    except _Malformed as error:
+        fields, tensors, header_end = read_header(buffer)
+    except HeaderMalformed as error:
         raise ModelFileError(_problem(path, str(error))) from None
+    except HeaderUnknownType as error:
+        raise ModelFileError(f"model file {path} has a header this gguf package cannot parse ({error}); "
+                             "upgrade it with `pip install -U gguf` or pick another file") from None
     alignment = fields.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
     # gguf.cpp refuses an alignment that is not a power of two; 0 would divide by zero below
     if not _is_whole(alignment) or alignment <= 0 or alignment & (alignment - 1):
         raise ModelFileError(_problem(path, f"gives general.alignment as {_shown(alignment)}, not a power of two"))
-    data_offset = -(-walker.offset // alignment) * alignment
-    return fields, tensors, data_offset
+    return fields, tensors, -(-header_end // alignment) * alignment
 
 
 def _is_whole(value) -> bool:
@@ -307,21 +154,6 @@ def _optional(path: Path, fields: dict, key: str, kind: type):
     raise ModelFileError(_problem(path, f"gives {key} as {_shown(value)}, not {wanted}"))
 
 
-def _read_tensor_info(walker: _HeaderWalker) -> _Tensor:
-    name = walker.string()
-    n_dims = walker.unpack("I")
-    if n_dims > _MAX_TENSOR_DIMS:  # a million dimensions would take minutes to multiply out
-        raise _Malformed(f"gives tensor {name[:40]!r} {n_dims} dimensions; ggml has at most {_MAX_TENSOR_DIMS}")
-    dims = walker.many(n_dims, "Q")
-    quant_type = GGMLQuantizationType(walker.unpack("I"))
-    offset = walker.unpack("Q")
-    n_elements = 1
-    for dim in dims:
-        n_elements *= dim
-    block_size, type_size = GGML_QUANT_SIZES[quant_type]
-    return _Tensor(name, n_elements, n_elements * type_size // block_size, offset, quant_type, tuple(dims))
-
-
 def read_tensor_locations(path: str | os.PathLike) -> dict[str, TensorLocation]:
     """Every tensor of the GGUF file at path, by name: its type, shape and where its data lies."""
     path = Path(path)
@@ -331,7 +163,7 @@ def read_tensor_locations(path: str | os.PathLike) -> dict[str, TensorLocation]:
     return {t.name: TensorLocation(t.quant_type, t.dims, data_offset + t.offset, t.n_bytes) for t in tensors}
 
 
-def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor], data_offset: int) -> GGUFInfo:
+def _build_info(path: Path, file_size: int, fields: dict, tensors: list[Tensor], data_offset: int) -> GGUFInfo:
     arch = fields.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelFileError(_problem(path, "has no general.architecture key, so it is not a model"))
@@ -353,7 +185,7 @@ def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor]
         raise ModelFileError(_problem(path, f"gives no {arch}.block_count, or 0: a model has at least one block"))
     arch_int("feed_forward_length")  # only checked: the planner sizes buffers with it
     tokens = fields.get("tokenizer.ggml.tokens")
-    vocab_size = arch_int("vocab_size", tokens.length if isinstance(tokens, _UnreadArray) else 0)
+    vocab_size = arch_int("vocab_size", tokens.length if isinstance(tokens, UnreadArray) else 0)
     layer_bytes, other_bytes = _bytes_by_layer(tensors, n_layer)
     file_type = _optional(path, fields, "general.file_type", int)
     parameter_count = fields.get("general.parameter_count", sum(t.n_elements for t in tensors))
@@ -379,15 +211,15 @@ def _build_info(path: Path, file_size: int, fields: dict, tensors: list[_Tensor]
         tensor_bytes=sum(t.n_bytes for t in tensors),
         layer_tensor_bytes=tuple(layer_bytes),
         other_tensor_bytes=other_bytes,
-        metadata={k: v for k, v in fields.items() if not isinstance(v, (tuple, _UnreadArray))},
-        array_lengths={k: (v.length if isinstance(v, _UnreadArray) else len(v))
-                       for k, v in fields.items() if isinstance(v, (tuple, _UnreadArray))},
+        metadata={k: v for k, v in fields.items() if not isinstance(v, (tuple, UnreadArray))},
+        array_lengths={k: (v.length if isinstance(v, UnreadArray) else len(v))
+                       for k, v in fields.items() if isinstance(v, (tuple, UnreadArray))},
         data_offset=data_offset,
         tensor_spans=tuple((data_offset + t.offset, t.n_bytes) for t in tensors),
     )
 
 
-def _bytes_by_layer(tensors: list[_Tensor], n_layer: int) -> tuple[list[int], int]:
+def _bytes_by_layer(tensors: list[Tensor], n_layer: int) -> tuple[list[int], int]:
     """Bytes of each block's tensors, and of the rest (embeddings, output head, final norm)."""
     layer_bytes = [0] * n_layer
     other_bytes = 0

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from edgespec.calibration import CalibrationCache, CalibrationKey
-from edgespec.catalog import CatalogError, USER_CATALOG_NAME, _read_user_catalog, store_dir
+from edgespec.catalog import CatalogError, USER_CATALOG_NAME, read_user_catalog, store_dir
 from edgespec.files import FileTooLarge, NotARegularFile, parse_json, read_arrays, read_regular
 from edgespec.learned import LEARNED_FILE, LearnedAcceptance
 from edgespec.model_identity import IdentityCache
@@ -231,7 +231,7 @@ def test_a_spoilt_models_json_is_one_line_naming_it(tmp_path, monkeypatch, how):
     monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "models"))
     path = store_dir() / USER_CATALOG_NAME
     spoil(path, how)
-    errors = refusals(_read_user_catalog, CatalogError)
+    errors = refusals(read_user_catalog, CatalogError)
     assert len(errors) == 1 and str(path) in errors[0] and "\n" not in errors[0] and "fix or delete" in errors[0]
     assert path.exists() or path.is_symlink()  # the user's file is left for them to mend
 
@@ -370,7 +370,7 @@ def test_a_crafted_snapshot_whose_cell_sits_at_the_last_position_leaves_no_ghost
 
 
 def test_an_import_keeps_what_a_newer_edgespec_wrote_in_models_json(tmp_path, monkeypatch):
-    from edgespec.catalog import import_model
+    from edgespec.model_import import import_model
     from tinygguf import write_tiny_model
 
     monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "models"))

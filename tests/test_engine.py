@@ -538,7 +538,7 @@ CHEAP_WIDE_PASSES = (1.0, 1.6, 2.1, 2.2, 3.2)  # the AVX2 EPYC's shape
 @pytest.fixture
 def auto_draft(tiny_models, tmp_path, monkeypatch):
     """--draft auto resolves to the tiny draft: the user imported it as the tiny target's draft."""
-    from edgespec.catalog import import_model
+    from edgespec.model_import import import_model
 
     monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "store"))
     import_model(tiny_models["target"], name="tiny-target")
@@ -769,7 +769,7 @@ def unfetched_draft(tiny_models, tmp_path, monkeypatch):
     import json
 
     import huggingface_hub.constants
-    from edgespec.catalog import import_model
+    from edgespec.model_import import import_model
     from models_helpers import HubServer
 
     store = tmp_path / "store"

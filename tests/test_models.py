@@ -10,7 +10,8 @@ import huggingface_hub
 import huggingface_hub.constants
 import pytest
 
-from edgespec.catalog import CatalogError, default_pair, import_model, load_catalog, local_path, UnknownModelError
+from edgespec.catalog import CatalogError, default_pair, load_catalog, local_path, UnknownModelError
+from edgespec.model_import import import_model
 from edgespec.commands import main
 from edgespec.fetch import ModelUnavailableError, pull, resolve_draft, resolve_model
 from edgespec.errors import EdgespecError, ModelFileError

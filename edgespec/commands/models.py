@@ -9,11 +9,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from edgespec.catalog import default_pair, import_model, load_catalog, local_path, name_problem, store_dir
+from edgespec.catalog import default_pair, load_catalog, local_path, name_problem, store_dir
 from edgespec.commands.console import ResultsConsole
 from edgespec.commands.options import file_path, model_text
 from edgespec.control_chars import terminal_text
 from edgespec.fetch import pull, resolve_model
+from edgespec.model_import import import_model
 from edgespec.units import format_size
 
 

@@ -84,7 +84,7 @@ def run_bench(
         peer = _peer(engine, llama_cpp_bin, n_threads) if any(c.is_peer for c in plan) else None
         runner = _Runner(engine, peer, overhead)
         runner.warm_up(prompts[0], plan)
-        runs, interrupted = _measure(runner, plan, prompts, temperatures, repeats, seed, on_run)
+        runs, cut_short_of = _measure(runner, plan, prompts, temperatures, repeats, seed, on_run)
     finally:
         engine.close()
     meta = _meta(engine.target_path, engine.draft_path, prompts, repeats, temperatures, seed, n_ctx, n_threads, started,
@@ -92,13 +92,14 @@ def run_bench(
     # other work on the machine distorts every figure; a quiet machine shows ~0 next to its core count
     meta.update(kv_type=kv_type, flash_attn=engine.flash_attn, priors="learned" if learned_priors else "cold",
                 load_average_start=load_at_start, load_average_end=load_average(), **_kernel_facts(engine))
-    if interrupted:  # Ctrl+C: the runs measured until then, which an hour's bench would otherwise lose
-        meta.update(interrupted=True, runs_planned=len(temperatures) * len(prompts) * repeats * len(plan))
-    return _results(meta, engine, plan, runs, runner, overhead)
+    return _results(meta, engine, plan, runs, runner, overhead, cut_short_of)
 
 
-def _results(meta: dict, engine, plan, runs: list[dict], runner, overhead: bool) -> dict:
-    """The bench's JSON: what ran where, every run, and the summaries."""
+def _results(meta: dict, engine, plan, runs: list[dict], runner, overhead: bool, cut_short_of: int | None) -> dict:
+    """The bench's JSON: what ran where, every run, and the summaries; cut_short_of: the runs planned, where
+    Ctrl+C stopped the bench (the runs measured until then are kept, which an hour's bench would otherwise lose)."""
+    if cut_short_of is not None:
+        meta.update(interrupted=True, runs_planned=cut_short_of)
     results = {
         "meta": meta,
         "configs": [_config_row(config) for config in plan],
@@ -168,9 +169,10 @@ def _peer(engine, llama_cpp_bin, n_threads: int) -> LlamaCppPeer:
                         n_threads=n_threads, n_gpu_layers=max(engine.target.n_gpu_layers, 0))
 
 
-def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> tuple[list[dict], bool]:
-    """Every prompt x repeat x configuration, the order rotated per prompt and repeat; and whether Ctrl+C cut
-    it short, keeping the runs done (those of a prompt it cut into unchecked for exactness)."""
+def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> tuple[list[dict], int | None]:
+    """Every prompt x repeat x configuration, the order rotated per prompt and repeat; and, where Ctrl+C cut
+    it short, how many runs there were to be (the runs done are kept, those of a prompt it cut into unchecked
+    for exactness)."""
     runs: list[dict] = []
     total = len(temperatures) * len(prompts) * repeats * len(plan)
     for temperature in temperatures:
@@ -183,7 +185,7 @@ def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> tupl
                         if on_run:
                             on_run(prompt_runs[-1], len(runs) + len(prompt_runs), total)
             except KeyboardInterrupt:
-                return runs + prompt_runs, True
+                return runs + prompt_runs, total
             if temperature == 0:
                 for tie in check_exactness(prompt_runs, partial(plain_logits, runner.engine.target), runner.engine.drift_bound()):
                     runner.near_ties.append(tie)
@@ -194,7 +196,7 @@ def _measure(runner, plan, prompts, temperatures, repeats, seed, on_run) -> tupl
             else:
                 mark_same_seed_matches(prompt_runs)
             runs.extend(prompt_runs)
-    return runs, False
+    return runs, None
 
 
 class _Runner:
