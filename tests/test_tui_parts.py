@@ -322,6 +322,22 @@ def test_an_exported_chat_holds_no_escape_sequences():
         assert ("<mark>Done</mark>: all clear" if marked else "Done: all clear") in text
 
 
+def test_an_exported_reply_that_may_be_unfinished_says_how_it_ended():
+    # every reply was a plain "## Assistant" section: a stopped one ended mid-sentence with no mark
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "whole"},
+                {"role": "user", "content": "b"}, {"role": "assistant", "content": "The ocean is", "cancelled": True},
+                {"role": "user", "content": "c"}, {"role": "assistant", "content": "cut"},
+                {"role": "user", "content": "d"}, {"role": "assistant", "content": "full"}]
+    turns = [{"message_index": 1, "finish_reason": "stop"}, {"message_index": 3, "finish_reason": "cancelled"},
+             {"message_index": 5, "finish_reason": "length"}, {"message_index": 7, "finish_reason": "context"}]
+    chat = StoredChat(id=1, title="t", target="m.gguf", settings={}, session={"messages": messages, "turn_stats": turns},
+                      extras={})
+    text = chat_markdown(chat, mark_drafts=False)
+    assert "whole\n\n## You" in text
+    assert "The ocean is\n\n*(stopped)*" in text and "cut\n\n*(cut at max tokens)*" in text
+    assert "full\n\n*(cut where the context was full)*" in text
+
+
 def test_the_chat_leaves_a_core_to_the_app_on_small_machines():
     assert [default_chat_threads(cores) for cores in (1, 2, 3, 4)] == [1, 1, 2, 3]
     assert default_chat_threads(SMALL_MACHINE_CORES + 1) is None  # the engine's own default

@@ -40,14 +40,31 @@ def _markdown(chat: StoredChat, mark_drafts: bool) -> str:
                   "(outside code, which is left as written).", ""]
     if chat.session.get("system_prompt"):
         lines += ["**System prompt:** " + chat.session["system_prompt"], ""]
-    for message in chat.session.get("messages", []):
+    endings = _unfinished_endings(chat.session)
+    for index, message in enumerate(chat.session.get("messages", [])):
         content = message["content"]
         if message["role"] == "user":
             lines += ["## You", "", content, ""]
             continue
         ranges = drafted.get(content_key(content), [])
         lines += ["## Assistant", "", _marked(content, ranges) if ranges else content, ""]
+        if message.get("cancelled") or index in endings:  # the app says so under the reply; so does the file
+            lines += [f"*({endings.get(index, 'stopped')})*", ""]
     return "\n".join(lines)
+
+
+# A reply's finish reason, as the chat footer says it (tui/stats.py), where the reply may be unfinished.
+_UNFINISHED = {"cancelled": "stopped", "length": "cut at max tokens", "context": "cut where the context was full"}
+
+
+def _unfinished_endings(session: dict) -> dict[int, str]:
+    """By message index, how each reply that may be unfinished ended: a stopped reply read as a whole answer."""
+    endings = {}
+    for turn in session.get("turn_stats", []):
+        index, ending = turn.get("message_index"), _UNFINISHED.get(turn.get("finish_reason"))
+        if isinstance(index, int) and ending is not None:
+            endings[index] = ending
+    return endings
 
 
 def _marked(text: str, ranges: list) -> str:
