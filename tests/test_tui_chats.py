@@ -208,6 +208,36 @@ async def test_an_edit_too_long_for_the_context_changes_nothing(models):
 
 
 @pilot_test
+async def test_the_message_being_written_waits_aside_while_an_earlier_one_is_edited(models):
+    # F3 put the earlier message in the input, and Esc left it empty: what was being written was gone
+    app = make_app(models, n_ctx=512)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        use_script(app.chat.engine, ScriptedReply("Sure."))
+        await send(pilot, "First question")
+        app.prompt_input.load_text("my half-written question")
+        await pilot.press("f3")
+        assert app.editing == 0 and app.prompt_input.text == "First question"
+        await pilot.press("escape")
+        assert app.editing is None and app.prompt_input.text == "my half-written question"
+
+        await pilot.press("f3")
+        app.prompt_input.load_text("First question, edited")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.generation is None and app.chat.session.messages[0]["content"].endswith("edited"))
+        assert app.prompt_input.text == "my half-written question", "back once the edit is sent"
+
+        await pilot.press("f3")  # an edit the context cannot hold: the edit comes back, the draft waits again
+        app.prompt_input.load_text("word " * 4000)
+        app.prompt_input.action_submit()
+        await wait_for(pilot, lambda: app.generation is None and app.query(Note)
+                       and "context" in str(app.query(Note).last().render()))
+        assert app.editing == 0 and app.prompt_input.text == ("word " * 4000).strip()
+        await pilot.press("escape")
+        assert app.prompt_input.text == "my half-written question"
+
+
+@pilot_test
 async def test_editing_an_earlier_message_answers_it_again_and_drops_what_followed(models):
     app = make_app(models, bit_exact=True)  # at T = 0 every reply is then plain decoding's: the same for the same chat
     async with app.run_test(size=SIZE) as pilot:

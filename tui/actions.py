@@ -36,6 +36,7 @@ class ChatActions:
     prompt_input: PromptInput
     generation: Generation | None  # the reply being generated, if one is
     editing: int | None  # the index of the user message the prompt input edits, if one is
+    set_aside_draft: str  # what the input held when the edit began, back in it when the edit ends
     model_spec: tuple[str, str]  # the target and draft asked for last
     loading: LoadingPanel | None  # shown while models load
 
@@ -81,7 +82,6 @@ class ChatActions:
             self.chat.session.cancel()
         elif self.editing is not None:
             self.end_editing()
-            self.prompt_input.load_text("")
 
     # -- editing an earlier message --------------------------------------------------
 
@@ -102,6 +102,8 @@ class ChatActions:
         messages = self.chat.session.messages
         if not (0 <= index < len(messages) and messages[index]["role"] == "user"):
             return  # a message the chat no longer has (e.g. a view left from before a rebuild)
+        if self.editing is None:  # the message being written waits aside: an edit given up lost it
+            self.set_aside_draft = self.prompt_input.text
         self.editing = index
         self.prompt_input.load_text(messages[index]["content"])
         self.prompt_input.move_cursor(self.prompt_input.document.end)
@@ -112,8 +114,12 @@ class ChatActions:
         self.refresh_bindings()
 
     def end_editing(self) -> None:
+        """Leave editing, sent or given up: the message being written before it is back in the input."""
         self.editing = None
         self.prompt_input.border_title = None
+        self.prompt_input.load_text(self.set_aside_draft)
+        self.prompt_input.move_cursor(self.prompt_input.document.end)
+        self.set_aside_draft = ""
         self.refresh_bindings()
 
     def _answer_edited(self, text: str) -> None:
@@ -147,7 +153,6 @@ class ChatActions:
         self.chat.new_chat()
         if self.editing is not None:
             self.end_editing()
-            self.prompt_input.load_text("")
         self.conversation.clear()
         self.show_reply_figures()
         self.prompt_input.focus()

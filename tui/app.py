@@ -78,6 +78,7 @@ class ChatApp(ChatActions, App):
         self.model_spec = (config.model or "", config.draft)
         self.loading: LoadingPanel | None = None
         self.editing: int | None = None  # the index of the user message the prompt input edits
+        self.set_aside_draft = ""  # what the input held when the edit began (ChatActions.begin_editing)
         self.stop_signal: int | None = None  # the STOP_SIGNALS number that ended the app, if one did
         self.kept_at: float | None = None  # when keep_what_was_written was done (time.monotonic)
         self.unsent_kept = False
@@ -306,7 +307,7 @@ class ChatApp(ChatActions, App):
             session.messages, session.turn_stats = edit.messages, edit.turn_stats
             session.first_visible = edit.first_visible
         self.rebuild_conversation()
-        if edit_undone and not self.prompt_input.text:  # still an edit: Enter must not send it as a new message
+        if edit_undone:  # still an edit: Enter must not send it as a new message (what is typed waits aside)
             self.begin_editing(edit.index)
             self.prompt_input.load_text(edit.text)
             self.prompt_input.move_cursor(self.prompt_input.document.end)
