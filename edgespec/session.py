@@ -89,16 +89,22 @@ class ChatSession:
         return result_of(self.stream_regenerate(params, **sampling))
 
     def stream_regenerate(self, params: SamplingParams | None = None, **sampling) -> Iterator[Step | Done | Notice]:
-        """Drop the last reply and sample a new one with a new seed."""
+        """Replace the last reply with a new one sampled with a new seed.  A new reply that is stopped (cancel(),
+        or leaving its stream) or fails keeps the one it was to replace: a stray regenerate, then Esc, lost a
+        whole answer for a few words of another."""
         if not self.messages or self.messages[-1]["role"] != "assistant":
             raise EdgespecError("there is no reply to regenerate (send a message first)")
         params = sampling_params(params, sampling)
         self._check_no_reply_open()
-        self.messages.pop()
-        # the reply's figures, where it has them: a chat saved with replies of no figures (edited by hand,
-        # or written by another program) failed here with the reply already dropped
+        # the reply with its figures, where it has them (a chat edited by hand may have none)
+        replaced = (self.messages.pop(), [s for s in self.turn_stats if s["message_index"] == len(self.messages)])
         self.turn_stats = [s for s in self.turn_stats if s["message_index"] < len(self.messages)]
-        return self.stream_reply(replace(params, seed=secrets.randbits(32)))
+        try:
+            prompt_ids, notice = self._prompt_for_reply(params)
+        except BaseException:
+            self._put_back(replaced)
+            raise
+        return self._reply(prompt_ids, notice, replace(params, seed=secrets.randbits(32)), replaced)
 
     def stream_reply(self, params: SamplingParams | None = None, **sampling) -> Iterator[Step | Done | Notice]:
         """Reply to the conversation as it stands (after an edit, say)."""
@@ -190,13 +196,15 @@ class ChatSession:
         users = [i for i in range(self.first_visible, len(self.messages)) if self.messages[i]["role"] == "user"]
         return users[1] if len(users) > 1 else None
 
-    def _reply(self, prompt_ids, notice, params) -> Iterator[Step | Done | Notice]:
+    def _reply(self, prompt_ids, notice, params, replaced: tuple | None = None) -> Iterator[Step | Done | Notice]:
         # Cleared as the stream is made, not at its first step: a cancel() in between (an Esc right after
         # Enter) stops the reply as one after any step does.
         self._cancel.clear()
-        return self._reply_events(prompt_ids, notice, params)
+        return self._reply_events(prompt_ids, notice, params, replaced)
 
-    def _reply_events(self, prompt_ids, notice, params) -> Iterator[Step | Done | Notice]:
+    def _reply_events(self, prompt_ids, notice, params, replaced) -> Iterator[Step | Done | Notice]:
+        """The reply's events, recorded when it ends; replaced: the reply a regeneration replaces, with its
+        figures, put back if the new one is stopped or fails."""
         self.params = params
         self._replying = True
         shift = notice is not None and self.shift_dropped_turns
@@ -207,7 +215,7 @@ class ChatSession:
                 yield notice
             for event in events:
                 if isinstance(event, Done):
-                    self._record(event.result)
+                    self._record(event.result, replaced)
                     recorded = True
                 yield event
         except GeneratorExit:
@@ -216,17 +224,29 @@ class ChatSession:
             # the next turn's, two user messages in a row.
             if not recorded:
                 self._cancel.set()
-                self._record(result_of(events))
+                self._record(result_of(events), replaced)
+            raise
+        except BaseException:  # the reply failed: a regeneration keeps the reply it was to replace
+            if not recorded and replaced is not None:
+                self._put_back(replaced)
             raise
         finally:
             self._replying = False
 
-    def _record(self, result: GenerationResult) -> None:
+    def _record(self, result: GenerationResult, replaced: tuple | None = None) -> None:
+        if result.finish_reason == "cancelled" and replaced is not None:
+            self._put_back(replaced)
+            return
         message = {"role": "assistant", "content": result.text}
         if result.finish_reason == "cancelled":
             message["cancelled"] = True
         self.messages.append(message)
         self.turn_stats.append({"message_index": len(self.messages) - 1, **result.stats.as_dict()})
+
+    def _put_back(self, replaced: tuple) -> None:
+        message, stats = replaced
+        self.messages.append(message)
+        self.turn_stats.extend(stats)
 
     # -- persistence ---------------------------------------------------------
 

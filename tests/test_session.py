@@ -108,6 +108,33 @@ def test_a_reply_saved_without_its_figures_regenerates(engines):
     assert [m["role"] for m in session.messages] == ["user", "assistant"] and len(session.turn_stats) == 1
 
 
+def test_a_stopped_or_failed_regeneration_keeps_the_reply_it_was_to_replace(engines):
+    # the reply was dropped before the new one began: a stopped regeneration left only its first words
+    engine, _ = engines
+    session = ChatSession(engine)
+    session.send(TURNS[0], GREEDY)
+    before = [dict(m) for m in session.messages], [dict(s) for s in session.turn_stats]
+    sampled = SamplingParams(temperature=1.0, max_tokens=12, seed=1)
+    stream = session.stream_regenerate(sampled)
+    next(event for event in stream if isinstance(event, Step))
+    stream.close()  # leaving the stream
+    assert (session.messages, session.turn_stats) == before
+    for event in session.stream_regenerate(sampled):
+        if isinstance(event, Step):
+            session.cancel()
+    assert (session.messages, session.turn_stats) == before
+    result = session.regenerate(sampled)  # one that ends replaces it
+    assert session.messages[1] == {"role": "assistant", "content": result.text}
+    assert [turn["message_index"] for turn in session.turn_stats] == [1]
+
+    # one that cannot start: the conversation no longer fits the context
+    too_long = ChatSession.from_dict(engine, {"messages": [{"role": "user", "content": "word " * 5000},
+                                                           {"role": "assistant", "content": "hi"}]})
+    with pytest.raises(ContextOverflowError):
+        too_long.regenerate(sampled)
+    assert too_long.messages[-1] == {"role": "assistant", "content": "hi"}
+
+
 def test_regenerate_and_edit_roll_back(engines):
     engine, fresh = engines
     engine.configure(mode="draft-model")

@@ -241,6 +241,26 @@ async def test_escape_stops_the_reply_and_keeps_what_arrived(models):
 
 
 @pilot_test
+async def test_a_regeneration_stopped_keeps_the_reply_it_was_to_replace(models):
+    # Ctrl+R then Esc left only the new reply's first words, marked stopped: the whole answer was gone
+    app = make_app(models, max_tokens=3000, n_ctx=4096)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        use_script(app.chat.engine, ScriptedReply("The whole first answer."))
+        await send(pilot, "Tell me")
+        before = [dict(m) for m in app.chat.session.messages]
+        use_script(app.chat.engine, ScriptedReply(REPLY, DRAFTED, endless=True, pause_s=0.002))  # until Esc
+        app.action_regenerate()
+        await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.generation is None)
+        assert app.chat.session.messages == before
+        assert [reply.reply.text for reply in replies(app)] == ["The whole first answer."]
+        assert "the reply before it is kept" in str(app.query(Note).last().render())
+        assert app.store.load_chat(app.chat.chat_id).session["messages"] == before
+
+
+@pilot_test
 async def test_regenerate_mode_switch_and_new_chat(models):
     # bit-exact at T = 0: every reply is plain decoding's, so a regenerated one is the same
     app = make_app(models, keymap={"regenerate": "f5"}, bit_exact=True)

@@ -290,6 +290,14 @@ class ChatApp(ChatActions, App):
             self._reply_failed(generation, stream.error or "the reply ended without a result")
             self._load_models_if_settings_ask()
             return
+        last = self.chat.session.messages[-1] if self.chat.session.messages else {}
+        stopped = {"role": "assistant", "content": stream.result.text, "cancelled": True}
+        if stream.result.finish_reason == "cancelled" and last != stopped:
+            # a regeneration stopped: the session kept the reply it was to replace, and so does the screen
+            self.rebuild_conversation()
+            self.conversation.add_note("stopped: the reply before it is kept")
+            self.chat.save()
+            return
         reply = event.message.reply
         reply.finish(stream.result.text)
         event.message.footer.update(self.chat.reply_finished(stream.result, reply.drafted_ranges()))
