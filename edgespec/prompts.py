@@ -23,6 +23,10 @@ from .text import check_text
 # of spaces or of one symbol (81 bytes in SmolLM2's vocabulary, 128 in Qwen2.5's). A prompt of more
 # than this many bytes per token of the context cannot fit in it whatever it says.
 MAX_PROMPT_BYTES_PER_TOKEN = 256
+# Of a predicted output, no more than a context's worth of tokens can ever be copied into a reply, so no more is
+# tokenized (at this many characters a token, more than text and code take) or indexed: a 650,000-character
+# prediction that a client may send held a server's engine for 40 s and took 5.7 GB to index whole.
+PREDICTION_CHARS_PER_TOKEN = 16
 
 
 class PromptBuilder:
@@ -71,7 +75,9 @@ class PromptBuilder:
         else:
             text = prediction_text(prediction)
         check_text(text, "the prediction")
-        return self.model.tokenize(text, add_special=False) if text else None
+        n_ctx = self.model.n_ctx
+        text = text[: n_ctx * PREDICTION_CHARS_PER_TOKEN]
+        return self.model.tokenize(text, add_special=False)[:n_ctx] if text else None
 
 
 def check_chat_fits(messages: Sequence[dict], n_ctx: int) -> None:
