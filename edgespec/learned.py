@@ -20,8 +20,9 @@ saw the position, it is worth the minimum, and the text at hand decides within a
 Reset: `edgespec models forget-learning [MODEL]`, or delete the file.  The file only saves learning:
 one that cannot be read or written is never an error.  One that is not a store (a crash's half, a
 hand edit that broke it) is said once through the notice and moved aside to
-`learned-acceptance.json.unreadable` before a new one is begun, so no edit of it is lost; one a newer
-edgespec wrote is read by none of its counts and never written over.
+`learned-acceptance.json.unreadable` (`.unreadable.1`, ... when that is taken) before a new one is
+begun, so no edit of it is lost; one a newer edgespec wrote is read by none of its counts and never
+written over.
 """
 
 from __future__ import annotations
@@ -122,6 +123,16 @@ def prior_counts(stored: Mapping[int, Mapping[str, Sequence[float]]]) -> dict[in
             tries.append(weight)
         counts[int(signal)] = (hits, tries)
     return counts
+
+
+def _free_name(path: Path) -> Path:
+    """path, or path.1, path.2, ... whichever no file has yet: a second damaged store moved aside over the
+    first one's copy lost the first hand edit."""
+    candidate, number = path, 0
+    while candidate.exists() or candidate.is_symlink():
+        number += 1
+        candidate = path.with_name(f"{path.name}.{number}")
+    return candidate
 
 
 def forget_all(path: Path | None = None) -> Path:
@@ -242,7 +253,7 @@ class LearnedAcceptance:
     def _unreadable(self, why: str, move: bool = True, keep: bool = False) -> dict | None:
         """{} after saying once why the file is not read, and moving it aside where a write would replace it
         (move: it may hold someone's edit); keep: None, so that nothing is written over it."""
-        aside = self.path.with_name(self.path.name + UNREADABLE_SUFFIX)
+        aside = _free_name(self.path.with_name(self.path.name + UNREADABLE_SUFFIX))
         moved = False
         if move and self.writable:
             try:

@@ -144,6 +144,17 @@ def test_a_file_that_is_not_a_store_is_said_once_and_moved_aside_before_a_new_on
     assert store.prior("ngram") is not None and len(said) == 1
 
 
+def test_a_second_damaged_store_is_moved_aside_beside_the_first_not_over_it(model_file, tmp_path):
+    # the second hand edit's rename replaced learned.json.unreadable: the first edit was lost
+    path = tmp_path / "learned.json"
+    for edit in ("HAND EDIT ONE", "HAND EDIT TWO", "HAND EDIT THREE"):
+        path.write_text(edit)
+        LearnedAcceptance(model_file, path, notice=lambda text: None).prior("ngram")
+    kept = [(tmp_path / name).read_text() for name in
+            ("learned.json.unreadable", "learned.json.unreadable.1", "learned.json.unreadable.2")]
+    assert kept == ["HAND EDIT ONE", "HAND EDIT TWO", "HAND EDIT THREE"]
+
+
 def test_a_read_only_store_says_a_file_it_cannot_read_and_leaves_it_where_it_is(model_file, tmp_path):
     path = tmp_path / "learned.json"
     path.write_text("not json")
