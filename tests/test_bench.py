@@ -377,6 +377,18 @@ def test_command_writes_json_and_prints_the_table(models, tmp_path, capsys):
     assert "[2/2]" in captured.err  # progress
 
 
+def test_the_bench_says_which_priors_its_runs_started_from(models, capsys):
+    # "learned" was written where no store existed, the runs starting from the built-in priors; and the
+    # tables never said which
+    options = dict(suites=["chat"], configs=["baseline", "ngram-k2"], max_tokens=8)
+    cold = quick_bench(models, **options)
+    learned_none = quick_bench(models, learned_priors=True, **options)
+    assert cold["meta"]["priors"] == "cold"
+    assert learned_none["meta"]["priors"] == "learned asked, none stored: built-in"
+    report.print_tables(cold)
+    assert "priors cold" in capsys.readouterr().out
+
+
 def test_ctrl_c_mid_bench_keeps_and_reports_the_runs_it_measured(models, tmp_path, monkeypatch, capsys):
     # it printed only "interrupted": nothing on stdout, no --json, an hour's runs lost
     out = tmp_path / "results.json"

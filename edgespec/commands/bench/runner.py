@@ -90,7 +90,7 @@ def run_bench(
     meta = _meta(engine.target_path, engine.draft_path, prompts, repeats, temperatures, seed, n_ctx, n_threads, started,
                  runner.rss_scope, peer)
     # other work on the machine distorts every figure; a quiet machine shows ~0 next to its core count
-    meta.update(kv_type=kv_type, flash_attn=engine.flash_attn, priors="learned" if learned_priors else "cold",
+    meta.update(kv_type=kv_type, flash_attn=engine.flash_attn, priors=_priors(engine, learned_priors),
                 load_average_start=load_at_start, load_average_end=load_average(), **_kernel_facts(engine))
     return _results(meta, engine, plan, runs, runner, overhead, cut_short_of)
 
@@ -111,6 +111,15 @@ def _results(meta: dict, engine, plan, runs: list[dict], runner, overhead: bool,
     if overhead:
         results["overhead"] = summarize_overhead(runs, plan, engine.plain_step_seconds)
     return results
+
+
+def _priors(engine, learned_priors: bool) -> str:
+    """Which priors the runs started from, as the results say it: "learned" only where this model had some
+    stored (else they start from the same built-in ones as a cold bench)."""
+    if not learned_priors:
+        return "cold"
+    stored = any(engine.planner.learned.prior(drafter) is not None for drafter in ("ngram", "draft-model", "heads"))
+    return "learned" if stored else "learned asked, none stored: built-in"
 
 
 def _bench_engine(model, draft, n_ctx: int, n_threads: int, kv_type: str, flash_attn: tuple[bool, str | None],
