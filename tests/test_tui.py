@@ -11,6 +11,7 @@ measurement itself pass cost_curve=None).  Tests wait for conditions, never for 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import signal
@@ -293,6 +294,23 @@ async def test_regenerate_mode_switch_and_new_chat(models):
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert app.chat.session.messages == [] and not replies(app) and app.chat.chat_id is None
+
+
+@pilot_test
+async def test_a_new_chat_starts_from_the_default_system_prompt_seed_and_stop_strings(models):
+    # Ctrl+N carried a chat's seed, stop strings and system prompt into the next, unrelated chat without a word
+    app = make_app(models, system_prompt="You are terse.", temperature=0.5)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        chat_own = dataclasses.replace(app.chat.settings, system_prompt="Talk like a pirate.", sampling=dataclasses.replace(
+            app.chat.settings.sampling, seed=42, stop=("zebra",), temperature=0.9))
+        app.apply_settings(chat_own)
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        settings = app.chat.settings
+        assert (settings.system_prompt, settings.sampling.seed, settings.sampling.stop) == ("You are terse.", None, ())
+        assert app.chat.session.system_prompt == "You are terse."
+        assert settings.sampling.temperature == 0.9, "the rest of the settings go on"
 
 
 @pilot_test

@@ -9,6 +9,7 @@ for the UI.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
 from pathlib import Path
@@ -73,7 +74,8 @@ class ChatController:
         self.store = store
         self.engine: Engine | None = None
         self.session: ChatSession | None = None
-        self.settings = ChatSettings(config.system_prompt, chat_sampling(config), config.draft_tokens, config.bit_exact)
+        self.defaults = ChatSettings(config.system_prompt, chat_sampling(config), config.draft_tokens, config.bit_exact)
+        self.settings = self.defaults
         self.chat_id: int | None = None
         self.drafted_marks: dict[str, list] = {}  # reply content key -> drafted character ranges
         self.shown_stats: Stats | None = None  # live stats of the running reply, or the last reply's
@@ -180,6 +182,11 @@ class ChatController:
     # -- the chat and its settings --------------------------------------------------------
 
     def new_chat(self) -> None:
+        # What is kept per chat (its system prompt, seed and stop strings) starts from the defaults, as at a
+        # start: a seed and a stop string carried into an unrelated chat without a word.  The rest goes on.
+        defaults = self.defaults.sampling
+        sampling = dataclasses.replace(self.settings.sampling, seed=defaults.seed, stop=defaults.stop)
+        self.settings = dataclasses.replace(self.settings, system_prompt=self.defaults.system_prompt, sampling=sampling)
         self.session = ChatSession(self.engine, system_prompt=self.settings.system_prompt or None)
         self.chat_id = None
         self.drafted_marks = {}
