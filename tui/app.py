@@ -31,10 +31,10 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Header
 
-from edgespec.errors import EdgespecError, Setting, as_flag
+from edgespec.errors import EdgespecError, as_flag
 from tui import stats as stats_text
 from tui.actions import ChatActions
-from tui.chat import ChatController, ReplyStream
+from tui.chat import ChatController, ReplyStream, as_the_chat_can_act
 from tui.config import KEY_ACTIONS, ChatConfig
 from tui.conversation import ConversationView, Edit, Generation
 from tui.engine_host import EngineHost
@@ -50,12 +50,6 @@ REPLY_STOP_SECONDS = 30.0  # the most a stopped reply is waited for (it ends wit
 # Most important first: a narrow footer keeps the first ones (ChatFooter)
 FOOTER_ACTIONS = ("cancel", "help", "new_chat", "history", "copy_reply", "model_info", "regenerate", "cycle_mode",
                   "settings", "toggle_marks")
-
-
-def _as_the_chat_can_act(setting: Setting) -> str:
-    """A fix's setting as the chat's user can act on it: the chat has no switch to send a prompt without the
-    chat template, which is what a failing template asks for; `edgespec run --raw` has."""
-    return "edgespec run --raw" if setting.name == "raw" else as_flag(setting)
 
 
 class ChatApp(ChatActions, App):
@@ -169,6 +163,8 @@ class ChatApp(ChatActions, App):
 
     def on_engine_host_loaded(self, event: EngineHost.Loaded) -> None:
         self._end_loading(event.notices)
+        if event.notices:  # they were said while it loaded ("measuring this model's speed ..."): that is over
+            self.conversation.add_note("Loaded: type a message and press Enter.", "note")
         self.chat.use_engine(event.engine)
         self.sub_title = stats_text.model_name(event.engine.target_path)
         self.show_models()
@@ -267,7 +263,7 @@ class ChatApp(ChatActions, App):
         try:
             self.chat.stream_reply(stream, events)
         except EdgespecError as error:
-            stream.error = error.worded(_as_the_chat_can_act)
+            stream.error = error.worded(as_the_chat_can_act)
         except Exception as error:  # a bug must not end the app with a traceback
             self.log.error(traceback.format_exc())
             stream.error = f"generation failed: {type(error).__name__}: {error}"

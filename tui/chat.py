@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from edgespec import ChatSession, Done, Engine, Notice, Step
-from edgespec.errors import flag_worded
+from edgespec.errors import Setting, as_flag, flag_worded
 from edgespec.limits import MODES
 from edgespec.stats import Stats
 from tui import stats as stats_text
@@ -65,6 +65,12 @@ class ReplyStream:
             taken = self._pieces, self._acceptance, self._notices, self._stats
             self._pieces, self._acceptance, self._notices, self._stats = [], [], [], None
         return taken
+
+
+def as_the_chat_can_act(setting: Setting) -> str:
+    """A fix's setting as the chat's user can act on it: the chat has no switch to send a prompt without the
+    chat template, which is what a failing template asks for; `edgespec run --raw` has."""
+    return "edgespec run --raw" if setting.name == "raw" else as_flag(setting)
 
 
 class ChatController:
