@@ -150,7 +150,8 @@ def _kept_in_memory_if_unwritable(fallback: Callable[..., object]):
                 if not self.unwritable:
                     self.unwritable = True
                     self._say(f"{error}; what is on screen stays, and is written at the next save that can be "
-                              "(check that its folder can be written and has room, and that no other program holds the file)")
+                              "(check that its folder can be written and has room, and that no other program "
+                              "holds the file)")
                 return fallback(*args, **kwargs)
             if self.unwritable:
                 self.unwritable = False

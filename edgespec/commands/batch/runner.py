@@ -249,8 +249,8 @@ def _job(engine, request: BatchRequest, base_params) -> Job | dict:
     request's error record, never the end of the batch.
     """
     def failed(code: str, reason: object) -> dict:
-        return error_record(request.custom_id, code, f"line {request.line}: {failure_text(reason)}", request.fingerprint,
-                            n_ctx=engine.n_ctx if code == CONTEXT_TOO_LONG else None)
+        return error_record(request.custom_id, code, f"line {request.line}: {failure_text(reason)}",
+                            request.fingerprint, n_ctx=engine.n_ctx if code == CONTEXT_TOO_LONG else None)
 
     try:
         params = request_params(request, base_params)

@@ -183,8 +183,8 @@ def print_tables(results: dict, console=None) -> None:
     meta = results["meta"]
     console.print(
         f"[bold]{Path(meta['model']).name}[/bold] on {meta['machine']['cpu']} ({meta['machine']['cores']} cores, "
-        f"{meta['n_threads']} threads), {meta['repeats']} repeat{'' if meta['repeats'] == 1 else 's'}, seed {meta['seed']}, "
-        f"priors {meta.get('priors', 'cold')}"
+        f"{meta['n_threads']} threads), {meta['repeats']} repeat{'' if meta['repeats'] == 1 else 's'}, "
+        f"seed {meta['seed']}, priors {meta.get('priors', 'cold')}"
     )
     for temperature in meta["temperatures"]:
         table = Table(title=f"T = {temperature:g}" + (" (token ids checked against baseline)" if temperature == 0
