@@ -152,7 +152,9 @@ class ChatApp(ChatActions, App):
             self.loading.remove()
             self.loading = None
         for notice in notices:
-            self.conversation.add_note(notice, "note")
+            # a notice of work in progress ("measuring this model's speed, once ... ...") kept after the load reads
+            # as still going on: the app was taken for hung
+            self.conversation.add_note(f"{notice} done" if notice.endswith("...") else notice, "note")
 
     def on_engine_host_load_failed(self, event: EngineHost.LoadFailed) -> None:
         self._end_loading(event.notices)
@@ -163,8 +165,6 @@ class ChatApp(ChatActions, App):
 
     def on_engine_host_loaded(self, event: EngineHost.Loaded) -> None:
         self._end_loading(event.notices)
-        if event.notices:  # they were said while it loaded ("measuring this model's speed ..."): that is over
-            self.conversation.add_note("Loaded: type a message and press Enter.", "note")
         self.chat.use_engine(event.engine)
         self.sub_title = stats_text.model_name(event.engine.target_path)
         self.show_models()
