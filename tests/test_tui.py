@@ -382,6 +382,9 @@ async def test_settings_apply_to_the_chat_and_save_as_defaults(models):
         assert "temperature = 0.5" in text and "draft_tokens = 6" in text and 'system_prompt = "Be brief."' in text
         assert 'help = "f9"' in text and "n_ctx = 1024" not in text
         assert str(models["target"]) not in text and str(models["draft"]) not in text
+        await pilot.press("ctrl+n")  # a new chat starts from the defaults just saved
+        await pilot.pause()
+        assert app.chat.session.system_prompt == "Be brief." and app.chat.settings.sampling.temperature == 0.5
 
         await pilot.press("ctrl+s")
         app.screen.query_one("#top-p").value = "2"

@@ -252,6 +252,8 @@ class ChatActions:
         except OSError as error:
             self.notify(f"Not saved as defaults: {error.strerror or error}", severity="error", markup=False)
         else:
+            # a new chat starts from them (seed and stop strings are not saved: they stay per chat)
+            self.chat.defaults = replace(self.chat.defaults, system_prompt=settings.system_prompt)
             self.notify(f"Saved as defaults in {path}.", markup=False)
 
     def action_model_info(self) -> None:
