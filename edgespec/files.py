@@ -67,6 +67,18 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
         return out.commit()
 
 
+def write_named_output(path: Path, text: str) -> None:
+    """text at a path the user named (batch --summary, bench --json), as that path stands: a device or a FIFO
+    (/dev/stdout) is written into, a symlink's file is replaced, anything else replaced whole.  A rename
+    replaced the node itself: run as root, --summary /dev/full put a JSON file in place of /dev/full.
+    (edgespec's own files are replaced whole whatever stands there: atomic_write.)"""
+    if path.exists() and not path.is_file():
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+    else:
+        atomic_write(os.path.realpath(path), text)
+
+
 @contextlib.contextmanager
 def update_lock(path: str | os.PathLike, wait_seconds: float = 2.0) -> Iterator[None]:
     """An exclusive lock on ``path``.lock for a read, change and write of path, so that two processes

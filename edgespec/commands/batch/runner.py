@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import signal
 import threading
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from ...errors import ContextOverflowError, EdgespecError
 from ...generation import Failed, Step
-from ...files import atomic_write
+from ...files import write_named_output
 from ...monitor import AcceptanceMonitor
 from ...scheduler import Job
 from ...session import ChatSession
@@ -349,15 +348,7 @@ def batch_summary_line(summary: dict) -> str:
 
 
 def write_summary(path: Path, summary: dict) -> None:
-    """The summary at the path the user named, as that path stands: a device or a FIFO (--summary /dev/stdout)
-    is written to, and a symlink's file replaced, where a rename replaced the node itself (run as root,
-    --summary /dev/full put a JSON file in place of /dev/full)."""
-    text = json.dumps(summary, indent=2) + "\n"
     try:
-        if path.exists() and not path.is_file():
-            with open(path, "w", encoding="utf-8") as out:
-                out.write(text)
-        else:
-            atomic_write(os.path.realpath(path), text)  # a fresh temporary name: never OUT
+        write_named_output(path, json.dumps(summary, indent=2) + "\n")  # a fresh temporary name: never OUT
     except OSError as err:
         raise BatchError(f"cannot write summary {path}: {err.strerror}; check the path") from None

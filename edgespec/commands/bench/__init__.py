@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from ...errors import EdgespecError
-from ...files import atomic_write
+from ...files import write_named_output
 from ..options import DEFAULT_MODEL, parse_flash_attn, parse_kv_type, parse_threads, sampling_value, setting, whole_number
 from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, PLAIN_AGAIN
 from .exactness import ExactnessError
@@ -205,12 +205,8 @@ def _check_writable(output: Path) -> None:
 
 def _write_json(output: Path, results: dict) -> None:
     """The results, whole or not at all: an earlier file at output stays as it was if the write fails."""
-    text = json.dumps(results, indent=1) + "\n"
     try:
-        if output.exists() and not output.is_file():  # /dev/stdout, a FIFO: written to, never replaced
-            output.write_text(text, encoding="utf-8")
-        else:
-            atomic_write(os.path.realpath(output), text)
+        write_named_output(output, json.dumps(results, indent=1) + "\n")
     except OSError as error:
         raise BenchError(f"cannot write {output}: {error.strerror or error}; the tables above hold the results") from None
 
