@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from edgespec.commands import batch
+from edgespec.commands.batch.parallel import parallel_for
 from edgespec.controller import DraftLengthController
 from edgespec.costs import CostModel
 from edgespec.drafters import Hint, NgramDrafter
@@ -203,11 +204,11 @@ def test_the_default_number_of_sequences_is_the_best_tokens_per_second_on_the_cu
 
 
 def test_batch_picks_the_number_of_sequences_from_the_curve_and_the_requests_left(engine):
-    assert batch.parallel_for(engine, None, pending=100) == 8  # the fixed curve gains up to its widest pass
-    assert batch.parallel_for(engine, None, pending=3) == 3
-    assert batch.parallel_for(engine, 5, pending=100) == 5
+    assert parallel_for(engine, None, pending=100) == 8  # the fixed curve gains up to its widest pass
+    assert parallel_for(engine, None, pending=3) == 3
+    assert parallel_for(engine, 5, pending=100) == 5
     engine.configure(bit_exact=True)
     try:
-        assert batch.parallel_for(engine, None, pending=100) == 1
+        assert parallel_for(engine, None, pending=100) == 1
     finally:
         engine.configure(bit_exact=False)

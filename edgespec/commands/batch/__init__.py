@@ -56,12 +56,11 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ...errors import EdgespecError
-from ...notices import print_notice
 from ...limits import MAX_PARALLEL
-from ...scheduler import best_parallel
 from ...stats import Stats
 from ..options import add_engine_options, add_sampling_options, engine_from_args, file_path, sampling_params, setting
 from ..serve import API_KEY_ENV
+from .parallel import parallel_for
 from .output import FINGERPRINT_FIELD, RecordWriter, changed_sampling, is_done, same_file
 from .endpoint import EXAMPLE_URL, Endpoint, shown_url, url_problem
 from .remote import MAX_ATTEMPTS, MAX_CONCURRENCY, default_fields, filled_in, run_remote_batch
@@ -298,42 +297,6 @@ def _run_with_engine(args, entries, writer, finished, resumed) -> RunTally:
             return run_batch(engine, entries, writer, params, finished, interrupt, parallel, on_progress)
     finally:
         engine.close()
-
-
-def parallel_for(engine, asked: int | None, pending: int) -> int:
-    """How many requests to decode together: as asked (checked against memory), or the best the curve allows."""
-    if engine.bit_exact:
-        if asked is not None and asked > 1:
-            print_notice(f"running one request at a time, not {asked}: rows in a shared pass are not bit-identical "
-                         "to plain decoding (--bit-exact)")
-        return 1
-    fit = _sequences_that_fit(engine)
-    if asked is not None and asked > fit:
-        raise BatchError(f"--parallel {asked} needs a KV cache per request, and the memory budget has room for "
-                         f"{fit}: use --parallel {fit} or less, or a smaller --n-ctx")
-    limit = asked if asked is not None else max(1, min(MAX_PARALLEL, fit, pending))
-    if limit > 1:
-        engine.measure_sequences()  # once per model and machine, and before the batch's clock starts
-    if asked is not None:
-        return asked
-    parallel = best_parallel(engine.cost, limit)
-    if parallel > 1:
-        print_notice(f"decoding {parallel} requests together (the most tokens per second on this machine's "
-                     "cost curve; --parallel N to choose)")
-    # requests decoded together keep their n-grams and heads; only a draft model's cache holds one sequence
-    if parallel > 1 and engine.mode in ("draft-model", "combined") and engine.draft_path is not None:
-        print_notice("each request drafts without the draft model, which drafts for one sequence at a time")
-    return parallel
-
-
-def _sequences_that_fit(engine) -> int:
-    """How many sequences' KV caches the memory plan has room for (MAX_PARALLEL without a plan)."""
-    plan = engine.plan
-    if plan is None or not plan.parts or plan.parts[0].kv_bytes <= 0:
-        return MAX_PARALLEL
-    per_sequence = plan.parts[0].kv_bytes // plan.parallel
-    room = plan.budget_bytes - plan.total_bytes
-    return max(1, min(MAX_PARALLEL, plan.parallel + room // per_sequence))
 
 
 def _run_on_endpoint(args, entries, writer, finished, resumed) -> RunTally:
