@@ -124,6 +124,8 @@ def test_the_first_stop_signal_ends_a_batch_waiting_on_the_model_list_at_once(fa
         process.kill()
     assert process.returncode == batch.EXIT_INTERRUPTED, err
     assert "Traceback" not in err and not Path(f"{out}.edgespec-lock").exists()
+    # nothing had finished: the hint named OUT as holding "finished results"
+    assert f"no result was written to {out} yet; rerun the same command to start again" in err
 
 
 def other_host(fake_server):

@@ -129,7 +129,14 @@ def handle_batch(args) -> int:
 
 
 def _resume_hint(args) -> str:
-    return f"finished results are saved in {args.output}; rerun the same command to resume"
+    """What a rerun does: OUT is named as holding results only when it holds some."""
+    try:
+        holds_results = args.output.stat().st_size > 0
+    except OSError:
+        holds_results = False
+    if holds_results:
+        return f"finished results are saved in {args.output}; rerun the same command to resume"
+    return f"no result was written to {args.output} yet; rerun the same command to start again"
 
 
 def _batch_command(args) -> int:
