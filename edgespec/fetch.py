@@ -62,6 +62,9 @@ def resolve_model(name_or_path: str | os.PathLike, *, pull: bool = True,
         raise ModelFileError(f"{as_path} is a directory, not a model file; pass the .gguf file inside it")
     if as_path.exists() and (looks_like_a_path or text not in load_catalog().models):  # a pipe, a device, a socket
         raise ModelFileError(f"{as_path} is not a regular file, so not a model file; pass a .gguf file")
+    if looks_like_a_path and as_path.is_symlink():  # is_file() and exists() say False for a loop too
+        raise ModelFileError(f"model file {as_path} is a symbolic link that leads to no file (its target is "
+                             "missing, or it loops); point it at a .gguf file")
     if looks_like_a_path:
         raise ModelFileError(f"model file {as_path} does not exist; check the path or use a catalog name")
     entry = load_catalog().get(text)

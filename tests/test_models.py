@@ -104,6 +104,15 @@ def test_missing_path_is_a_file_error_not_a_name(store, tmp_path):
         resolve_model(tmp_path / "nowhere.gguf")
 
 
+@pytest.mark.parametrize("target", ["loop.gguf", "gone.gguf"])
+def test_a_symlink_to_no_file_is_named_as_one(store, tmp_path, target):
+    # a link that loops, or whose target is gone, was called a file that "does not exist": it is right there
+    link = tmp_path / "loop.gguf"
+    link.symlink_to(tmp_path / target)
+    with pytest.raises(ModelFileError, match="loop.gguf is a symbolic link that leads to no file"):
+        resolve_model(link)
+
+
 @pytest.mark.parametrize("name", ["", "  "])
 def test_an_empty_model_name_is_named_not_called_a_directory(store, name):
     # Path("") is the current folder: the library called it "a directory", which nobody typed
