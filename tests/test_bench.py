@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -389,20 +391,32 @@ def test_the_bench_says_which_priors_its_runs_started_from(models, capsys):
     assert "priors cold" in capsys.readouterr().out
 
 
-def test_ctrl_c_mid_bench_keeps_and_reports_the_runs_it_measured(models, tmp_path, monkeypatch, capsys):
-    # it printed only "interrupted": nothing on stdout, no --json, an hour's runs lost
+def _fail_on_sigterm(signum, frame):
+    pytest.fail("SIGTERM reached the test's own handler: the bench let it end the process")
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_a_stop_mid_bench_keeps_and_reports_the_runs_it_measured(models, tmp_path, monkeypatch, capsys, stop):
+    # Ctrl+C printed only "interrupted": nothing on stdout, no --json, an hour's runs lost; then SIGTERM
+    # (timeout, kill) still lost them, ending the process with 143 and no word
     out = tmp_path / "results.json"
     shown = bench._progress_line
 
-    def ctrl_c_at_the_third_run(run, done, total):
+    def stop_at_the_third_run(run, done, total):
         if done == 3:
-            raise KeyboardInterrupt
+            if stop == "ctrl-c":
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs at once, in this thread
         return shown(run, done, total)
 
-    monkeypatch.setattr(bench, "_progress_line", ctrl_c_at_the_third_run)
-    code = bench_cli("--model", models["target"], "--suites", "creative", "--configs", "baseline,ngram-k2",
-                     "--prompts", "2", "--repeats", "1", "--temperature", "0", "--max-tokens", "8",
-                     "--threads", "1", "--json", out)
+    monkeypatch.setattr(bench, "_progress_line", stop_at_the_third_run)
+    previous = signal.signal(signal.SIGTERM, _fail_on_sigterm)  # the default would end pytest itself
+    try:
+        code = bench_cli("--model", models["target"], "--suites", "creative", "--configs", "baseline,ngram-k2",
+                         "--prompts", "2", "--repeats", "1", "--temperature", "0", "--max-tokens", "8",
+                         "--threads", "1", "--json", out)
+    finally:
+        assert signal.signal(signal.SIGTERM, previous) is _fail_on_sigterm  # the bench put it back
     assert code == bench.EXIT_INTERRUPTED
     results = json.loads(out.read_text())
     assert results["meta"]["interrupted"] and results["meta"]["runs_planned"] == 4 and len(results["runs"]) == 3

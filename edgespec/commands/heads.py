@@ -15,15 +15,14 @@ import errno
 import fcntl
 import os
 import shlex
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 from ..errors import EdgespecError, UsageError
 from ..files import parse_json
 from .options import DEFAULT_MODEL, file_path, model_text, parse_threads, setting, whole_number
+from .stop_signals import sigterm_as_ctrl_c
 
 # Per sequence (prompts are answered 16 at a time): a prompt of up to 512 tokens and its reply fit, and
 # text is labelled in windows of 1023 tokens.
@@ -122,7 +121,7 @@ def _train(args: argparse.Namespace, path: Path, memory_plan, heads_path: Path) 
         plan = TrainingPlan(form=args.form, n_heads=args.n_heads, vocab_size=args.vocab)
         budget = Budget(seconds=args.minutes * 60.0, max_tokens=args.max_tokens)
         progress = ProgressLine()
-        with _sigterm_as_ctrl_c():
+        with sigterm_as_ctrl_c():
             record = train_heads(model, LmHead(path), sources, plan, budget, heads_path, progress)
         progress.done()
     except BaseException:
@@ -165,24 +164,6 @@ def _the_only_training_of(heads_path: Path):
     finally:
         if descriptor is not None:
             os.close(descriptor)  # which releases the lock
-
-
-@contextlib.contextmanager
-def _sigterm_as_ctrl_c():
-    """kill, timeout and docker stop send SIGTERM, which ended a training at once with the work since the last
-    resume file lost: it stops the training as Ctrl-C does, keeping what was done to go on from."""
-    def interrupt(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one would cut short the resume file's writing
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set a handler
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)  # None: set outside Python
 
 
 def _check_writable(heads_path: Path) -> None:

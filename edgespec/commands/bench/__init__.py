@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ...errors import EdgespecError
 from ...files import write_named_output
+from ..stop_signals import sigterm_as_ctrl_c
 from ..options import DEFAULT_MODEL, parse_flash_attn, parse_kv_type, parse_threads, sampling_value, setting, whole_number
 from .configs import DEFAULT_CONFIGS, PEER_SPEC_TYPES, PLAIN_AGAIN
 from .exactness import ExactnessError
@@ -48,7 +49,7 @@ def add_bench_parser(subparsers) -> None:
             "best tokens nearly tie (closer than llama.cpp's kernels drift between pass widths) is reported instead. "
             "With --llama-cpp-bin, llama.cpp's own speculation runs on the same prompts as peers (llamacpp-*). "
             "Exit codes: 0 done, 1 exactness check failed, 2 refused (bad options, model failed to load), "
-            "130 interrupted (the tables and --json hold the runs measured until Ctrl+C)."
+            "130 interrupted (the tables and --json hold the runs measured until Ctrl+C or SIGTERM)."
         ),
     )
     _add_prompt_options(parser.add_argument_group("prompts: which, how many times, how sampled"))
@@ -156,26 +157,27 @@ def _bench_command(args) -> int:
                                  workloads_dir=args.workloads)
         print_cost_curve(results)
     else:
-        results = run_bench(
-            args.model,
-            args.draft,
-            suites=_split(args.suites) if args.suites else None,
-            configs=_split(args.configs) if args.configs is not None else None,
-            repeats=args.repeats,
-            prompts_per_suite=args.prompts,
-            temperatures=args.temperature or DEFAULT_TEMPERATURES,
-            seed=args.seed,
-            n_ctx=args.n_ctx,
-            n_threads=args.threads,
-            max_tokens=args.max_tokens,
-            workloads_dir=args.workloads,
-            on_run=lambda run, done, total: print(_progress_line(run, done, total), file=sys.stderr, flush=True),
-            overhead=args.overhead,
-            llama_cpp_bin=args.llama_cpp_bin,
-            kv_type=args.kv_type,
-            flash_attn=args.flash_attn,
-            learned_priors=args.learned_priors,
-        )
+        with sigterm_as_ctrl_c():  # `timeout` and kill keep the runs measured, as Ctrl+C does
+            results = run_bench(
+                args.model,
+                args.draft,
+                suites=_split(args.suites) if args.suites else None,
+                configs=_split(args.configs) if args.configs is not None else None,
+                repeats=args.repeats,
+                prompts_per_suite=args.prompts,
+                temperatures=args.temperature or DEFAULT_TEMPERATURES,
+                seed=args.seed,
+                n_ctx=args.n_ctx,
+                n_threads=args.threads,
+                max_tokens=args.max_tokens,
+                workloads_dir=args.workloads,
+                on_run=lambda run, done, total: print(_progress_line(run, done, total), file=sys.stderr, flush=True),
+                overhead=args.overhead,
+                llama_cpp_bin=args.llama_cpp_bin,
+                kv_type=args.kv_type,
+                flash_attn=args.flash_attn,
+                learned_priors=args.learned_priors,
+            )
         print_tables(results)
         if args.overhead:
             print_overhead(results)
