@@ -100,6 +100,17 @@ def test_a_heads_file_that_cannot_be_written_is_refused_before_the_training(tiny
     assert err.count("\n") == 1 and "a file stands where a folder of that path goes" in err
 
 
+def test_more_max_tokens_than_ram_can_hold_is_refused_before_the_model_loads(tiny_models, tmp_path, monkeypatch,
+                                                                             capsys):
+    # any number was taken: the positions' hidden states grew until the process was killed for memory
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["heads", "train", "--model", str(tiny_models["target"]), "--max-tokens", str(10**15),
+                 "--minutes", "1", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--max-tokens {10**15} keeps " in err and "give --max-tokens " in err
+    assert not default_heads_path(tiny_models["target"]).exists()
+
+
 def test_a_second_training_of_the_same_heads_is_refused_while_the_first_runs(tiny_models, tmp_path, monkeypatch,
                                                                              capsys):
     # two at once took turns overwriting the heads and the resume file; the last to save won

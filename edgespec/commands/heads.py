@@ -94,10 +94,26 @@ def train_command(args: argparse.Namespace) -> int:
             raise UsageError(f"{where}: {given} does not exist")
     path, _, memory_plan, _ = plan_load(args.model, "none", n_ctx=TRAINING_N_CTX, n_gpu_layers=args.gpu_layers, pull=False,
                                  notice=print_notice)
+    _check_max_tokens_fit(args.max_tokens, path, memory_plan)
     heads_path = args.output or default_heads_path(path)
     _check_writable(heads_path)
     with _the_only_training_of(heads_path):
         return _train(args, path, memory_plan, heads_path)
+
+
+def _check_max_tokens_fit(max_tokens: int, path: Path, memory_plan) -> None:
+    """UsageError now, not a process killed for memory after an hour of labelling, when RAM cannot hold
+    --max-tokens positions: each keeps the hidden state in float16, and joining the pieces copies them once."""
+    from ..gguf_info import read_gguf_info
+    from ..memory import ram_budget
+    from ..units import format_size
+
+    per_position = 2 * 2 * read_gguf_info(path).n_embd
+    room = ram_budget().available_bytes - (memory_plan.total_bytes if memory_plan.device == "cpu" else 0)
+    if max_tokens * per_position > room:
+        fit = max(0, room // per_position)
+        raise UsageError(f"--max-tokens {max_tokens} keeps {format_size(max_tokens * per_position)} of hidden states, "
+                         f"and RAM has {format_size(max(room, 0))} free beside the model: give --max-tokens {fit} or less")
 
 
 def _train(args: argparse.Namespace, path: Path, memory_plan, heads_path: Path) -> int:
