@@ -24,6 +24,8 @@ from ..files import parse_json
 from .options import DEFAULT_MODEL, file_path, model_text, parse_threads, setting, whole_number
 from .stop_signals import sigterm_as_ctrl_c
 
+MIN_MAX_TOKENS = 100  # the least --max-tokens taken
+
 # Per sequence (prompts are answered 16 at a time): a prompt of up to 512 tokens and its reply fit, and
 # text is labelled in windows of 1023 tokens.
 TRAINING_N_CTX = 1024
@@ -53,7 +55,7 @@ def add_heads_parser(subparsers) -> None:
                        help="heads, 1 to 4 (default: %(default)s)")
     train.add_argument("--vocab", type=whole_number(2), default=8192,
                        help="reduced vocabulary the heads rank (default: %(default)s)")
-    train.add_argument("--max-tokens", type=whole_number(100), default=100_000,
+    train.add_argument("--max-tokens", type=whole_number(MIN_MAX_TOKENS), default=100_000,
                        help="training positions kept in memory (default: %(default)s)")
     train.add_argument("--output", type=file_path, default=None,
                        help="heads file (default: next to the calibration cache)")
@@ -111,9 +113,10 @@ def _check_max_tokens_fit(max_tokens: int, path: Path, memory_plan) -> None:
     per_position = 2 * 2 * read_gguf_info(path).n_embd
     room = ram_budget().available_bytes - (memory_plan.total_bytes if memory_plan.device == "cpu" else 0)
     if max_tokens * per_position > room:
-        fit = max(0, room // per_position)
+        fit = room // per_position
+        fix = f"give --max-tokens {fit} or less" if fit >= MIN_MAX_TOKENS else "free some memory first"
         raise UsageError(f"--max-tokens {max_tokens} keeps {format_size(max_tokens * per_position)} of hidden states, "
-                         f"and RAM has {format_size(max(room, 0))} free beside the model: give --max-tokens {fit} or less")
+                         f"and RAM has {format_size(max(room, 0))} free beside the model: {fix}")
 
 
 def _train(args: argparse.Namespace, path: Path, memory_plan, heads_path: Path) -> int:
