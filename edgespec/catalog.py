@@ -60,7 +60,6 @@ class Source:
 class ModelEntry:
     name: str
     sources: tuple[Source, ...]
-    description: str = ""
     architecture: str = ""
     tokenizer: str = ""
     quantization: str = ""
@@ -152,7 +151,6 @@ def parse_model(raw: dict, origin: Path) -> ModelEntry:
     return ModelEntry(
         name=name,
         sources=sources,
-        description=raw.get("description", ""),
         architecture=raw.get("architecture", ""),
         tokenizer=raw.get("tokenizer", ""),
         quantization=raw.get("quantization", ""),

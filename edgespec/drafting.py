@@ -146,10 +146,6 @@ class DraftPlanner:
         controller = self.controller(name, drafter_set)
         return controller is not None and controller.may_draft
 
-    def drafter_cost(self, name: str) -> CostModel | None:
-        """What drafting with `name` costs per step (None: it cannot draft on this curve)."""
-        return self._drafter_costs.get(name)
-
     @property
     def widest(self) -> int:
         """The widest pass the cost curve covers."""

@@ -143,9 +143,6 @@ class ChatSession:
         self.turn_stats = [s for s in self.turn_stats if s["message_index"] < index]
         self.first_visible = min(self.first_visible, index)
 
-    def reset(self) -> None:
-        self.messages, self.turn_stats, self.first_visible = [], [], 0
-
     # -- rendering and the context window ---------------------------------------
 
     def visible_messages(self) -> list[dict]:

@@ -13,11 +13,11 @@ kvcache.py is the token arithmetic of reusing a cache.
 from .runtime import RUNTIME, default_threads, supports_gpu_offload, width_independent_kernels  # isort: skip
 from .kvcache import common_prefix_length, dropped_span
 from .model import LlamaModel
-from .probing import PassProbe, plain_logits, probe_pass_widths, probe_tokens, time_forward, time_sequence_passes
+from .probing import plain_logits, probe_pass_widths, probe_tokens, time_forward, time_sequence_passes
 from .state import state_buffer
 
 __all__ = [
-    "LlamaModel", "PassProbe", "RUNTIME", "plain_logits", "probe_tokens", "common_prefix_length", "dropped_span", "probe_pass_widths", "time_forward",
+    "LlamaModel", "RUNTIME", "plain_logits", "probe_tokens", "common_prefix_length", "dropped_span", "probe_pass_widths", "time_forward",
     "time_sequence_passes",
     "state_buffer",
     "default_threads", "supports_gpu_offload", "width_independent_kernels",
