@@ -262,6 +262,33 @@ async def test_a_regeneration_stopped_keeps_the_reply_it_was_to_replace(models):
 
 
 @pilot_test
+async def test_settings_applied_during_a_regeneration_keep_the_stored_reply(models):
+    # Apply saved the chat at once, the reply being replaced set aside: a kill before the new one ended lost both
+    app = make_app(models, max_tokens=3000, n_ctx=4096)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        use_script(app.chat.engine, ScriptedReply("The whole first answer."))
+        await send(pilot, "Tell me")
+        before = [dict(m) for m in app.chat.session.messages]
+        use_script(app.chat.engine, ScriptedReply(REPLY, DRAFTED, endless=True, pause_s=0.002))  # until Esc
+        app.action_regenerate()
+        await wait_for(pilot, lambda: app.generation is not None and app.generation.view.reply.text)
+        # actions and button presses, not pilot.press or click: they wait for widgets that stream to go idle
+        app.action_settings()
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#apply"))
+        app.screen.query_one("#temperature").value = "0.5"
+        app.screen.query_one("#apply").press()
+        await wait_for(pilot, lambda: app.chat.settings.sampling.temperature == 0.5)
+        still_regenerating = app.generation is not None
+        stored_meanwhile = app.store.load_chat(app.chat.chat_id).session["messages"]
+        await pilot.press("escape")  # before any assert: an endless reply left running holds the test's loop
+        await wait_for(pilot, lambda: app.generation is None)
+        assert still_regenerating and stored_meanwhile == before
+        stored = app.store.load_chat(app.chat.chat_id)
+        assert stored.session["messages"] == before and stored.settings["sampling"]["temperature"] == 0.5
+
+
+@pilot_test
 async def test_regenerate_mode_switch_and_new_chat(models):
     # bit-exact at T = 0: every reply is plain decoding's, so a regenerated one is the same
     app = make_app(models, keymap={"regenerate": "f5"}, bit_exact=True)

@@ -238,7 +238,8 @@ class ChatActions:
             if save:
                 self.config = replace(self.config, **settings.config_values())
                 self._save_defaults(settings)
-            self.chat.save()
+            if self.generation is None:  # else the reply's end saves them; now would store the chat without
+                self.chat.save()  # the reply a regeneration set aside, and a kill before it ended lost that too
 
         self.push_screen(SettingsScreen(self.chat.settings), apply)
 
