@@ -44,18 +44,24 @@ MIN_TEMPERATURE = 1e-3
 MAX_SEED = 2**64 - 1
 
 
+def _shown(value) -> str:
+    """A value as an error quotes it: cut short, so that a seed of 4,000 digits is not printed back whole."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
 def _checked_number(value, name: str, accepts, valid: str) -> float:
     """value as a float if it is a finite number `accepts` takes; else ValueError naming name and valid."""
     is_number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
     if not (is_number and math.isfinite(value) and accepts(float(value))):
-        raise ValueError(f"{name} must be {valid}, not {value!r}")
+        raise ValueError(f"{name} must be {valid}, not {_shown(value)}")
     return float(value)
 
 
 def _checked_whole(value, name: str, low: int, high: int | None, valid: str) -> int:
     is_whole = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
     if not (is_whole and value >= low and (high is None or value <= high)):
-        raise ValueError(f"{name} must be {valid}, not {value!r}")
+        raise ValueError(f"{name} must be {valid}, not {_shown(value)}")
     return int(value)
 
 
@@ -97,7 +103,7 @@ class SamplingParams:
             "stop": (self.stop,) if isinstance(self.stop, str) else self.stop,
         }
         if not (isinstance(checked["stop"], (tuple, list)) and all(isinstance(text, str) for text in checked["stop"])):
-            raise ValueError(f"stop must be a string or a list of strings, not {self.stop!r}")
+            raise ValueError(f"stop must be a string or a list of strings, not {_shown(self.stop)}")
         if len(checked["stop"]) > MAX_STOPS:
             raise ValueError(f"stop holds {len(checked['stop']):,} strings; at most {MAX_STOPS} are accepted")
         if "" in checked["stop"]:  # the stop check skips it, so accepted it would silently stop nothing

@@ -44,6 +44,25 @@ def test_stream_and_usage_options():
     assert refusal(stream=True, stream_options={"include_usage": "yes"}).param == "stream_options.include_usage"
 
 
+def test_newer_openai_fields_that_cannot_change_the_output_are_taken():
+    # safety_identifier and prompt_cache_key replace user in OpenAI's API; include_obfuscation false is its neutral
+    # value: each was "unrecognized", a 400
+    request = chat(safety_identifier="u-1", prompt_cache_key="k", stream=True,
+                   stream_options={"include_usage": True, "include_obfuscation": False})
+    assert request.params == DEFAULTS and request.include_usage
+    assert chat(stream=True, stream_options={"include_obfuscation": True}).stream
+    error = refusal(stream=True, stream_options={"include_obfuscation": "no"})
+    assert error.param == "stream_options.include_obfuscation"
+    assert refusal(safety_identifier=5).param == "safety_identifier"
+
+
+def test_a_value_quoted_back_in_an_error_is_cut_short_and_min_p_has_one_range():
+    # a 4,000-digit seed was repeated whole; min_p 2 read "between 0 and 1" while min_p 1 read "in [0, 1)"
+    message = refusal(seed=int("9" * 4000)).message
+    assert len(message) < 300 and "..." in message
+    assert "in [0, 1)" in refusal(min_p=2).message and "in [0, 1)" in refusal(min_p=1).message
+
+
 def test_a_number_beyond_a_double_is_called_too_large_not_infinite():
     assert "too large" in refusal(temperature=json.loads("1e999")).message  # as JSON reads 1e999
     assert "not NaN" in refusal(temperature=json.loads("NaN")).message
@@ -255,4 +274,4 @@ def test_a_null_inside_a_message_or_stream_options_is_not_set():
     streamed = chat(stream=True, stream_options={"include_usage": True, "include_obfuscation": None})
     assert streamed.include_usage
     assert refusal(messages=[{**with_nulls[0], "tool_call_id": "call_1"}]).param == "messages[0].tool_call_id"
-    assert refusal(stream=True, stream_options={"include_obfuscation": False}).param == "stream_options.include_obfuscation"
+    assert refusal(stream=True, stream_options={"obfuscate": False}).param == "stream_options.obfuscate"

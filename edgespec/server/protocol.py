@@ -51,8 +51,13 @@ _COMPLETION_INERT_VALUES = {**_INERT_VALUES, "logprobs": (0,)}
 _SCALAR_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number"}
 _SAMPLING_FIELDS = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop"}
 # Fields that cannot change the output, with the JSON type each must have: accepted and left unused.
-# (metadata and store are for OpenAI's dashboard, service_tier its pricing, user its abuse checks.)
-_UNUSED_FIELDS = {"model": str, "user": str, "metadata": dict, "store": bool, "service_tier": str}
+# (metadata and store are for OpenAI's dashboard, service_tier its pricing, user and safety_identifier its abuse
+# checks, prompt_cache_key the routing to its cache; edgespec's prompt cache is keyed by the prompt itself.)
+_UNUSED_FIELDS = {"model": str, "user": str, "safety_identifier": str, "prompt_cache_key": str, "metadata": dict,
+                  "store": bool, "service_tier": str}
+# include_obfuscation pads OpenAI's stream chunks (on by default there) against an eavesdropper who measures their
+# sizes. edgespec pads none: either value is taken, as the field is OpenAI's, and left unused (README: Server).
+_STREAM_OPTIONS = {"include_usage", "include_obfuscation"}
 _COMMON_FIELDS = {"stream", "stream_options", "prediction"} | set(_UNUSED_FIELDS) | _SAMPLING_FIELDS | set(_INERT_VALUES)
 CHAT_FIELDS = _COMMON_FIELDS | {"messages"}
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt"}
@@ -207,9 +212,10 @@ def _stream_options(body: dict, stream: bool) -> bool:
     if not isinstance(options, dict):
         raise bad_param("stream_options", "stream_options must be an object")
     for key, value in options.items():
-        if key != "include_usage" and value is not None:  # null: "not set", as at the top level
+        if key not in _STREAM_OPTIONS and value is not None:  # null: "not set", as at the top level
             param = f"stream_options.{_cut(key)}"
             raise bad_param(param, f"{param} is not supported by edgespec", "unsupported_parameter")
+    _boolean(options, "include_obfuscation", "stream_options.include_obfuscation")
     return _boolean(options, "include_usage", "stream_options.include_usage")
 
 
@@ -218,7 +224,8 @@ def _sampling(body: dict) -> dict[str, Any]:
     for name in ("max_tokens", "max_completion_tokens"):  # the newer name, last, wins when both are given
         if body.get(name) is not None:
             fields["max_tokens"] = _number(body, name, integer=True, low=1)
-    for name, low, high in (("temperature", 0, None), ("top_p", 0, 1), ("top_k", 0, None), ("min_p", 0, 1)):
+    # min_p's bound above (1, which it may not reach) is SamplingParams' to state, in the words every front end uses
+    for name, low, high in (("temperature", 0, None), ("top_p", 0, 1), ("top_k", 0, None), ("min_p", 0, None)):
         if body.get(name) is not None:
             fields[name] = _number(body, name, integer=name == "top_k", low=low, high=high)
     if body.get("seed") is not None:
