@@ -514,6 +514,34 @@ def test_stopping_the_server_ends_open_streams_cleanly(start_server):
     assert not any("Traceback" in line or "Exception" in line for line in server.lines), server.lines
 
 
+def test_stopping_the_server_answers_a_request_still_sending_its_body(start_server):
+    # it waited out uvicorn's 5 s of grace for the body, then logged the request's cancellation as a traceback
+    server = start_server()
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_SECONDS) as sending:
+        sending.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 100\r\n\r\n{")
+        assert server.health()["status"] == "ok"  # a later request answered: this one's head was read first
+        server.process.terminate()
+        answer = sending.makefile("rb").read()
+    assert answer.startswith(b"HTTP/1.1 503") and b"shutting down" in answer, answer
+    assert server.process.wait(timeout=WAIT_SECONDS) in (0, -signal.SIGTERM)
+    server.stop()
+    assert not any("Traceback" in line or "Exception" in line for line in server.lines), server.lines
+
+
+def test_a_websocket_upgrade_from_a_page_is_answered_over_http_without_a_word_in_the_log(start_server):
+    # every new WebSocket("ws://127.0.0.1:PORT/") logged two warnings, one advising to pip install a library
+    server = start_server()
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_SECONDS) as connection:
+        connection.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                           b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        assert connection.recv(65536).startswith(b"HTTP/1.1 200")
+    assert server.health()["status"] == "ok"  # answered after the upgrade's request: its warnings would be out
+    assert not any("upgrade" in line.lower() or "WebSocket" in line for line in server.lines), server.lines
+
+
 def test_other_addresses_need_an_api_key(tiny_models, tmp_path):
     script = Path(sys.executable).parent / "edgespec"
     result = subprocess.run([str(script), "serve", "--host", "0.0.0.0", "--model", str(tiny_models["target"])],

@@ -63,7 +63,8 @@ def add_serve_parser(subparsers) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     from ..prefix_cache import MemoryPrefixCache
-    from ..server.app import ServerConfig, create_app, run_app
+    from ..server.app import ServerConfig, create_app
+    from ..server.http_server import run_app
     from ..server.guard import allowed_host_names, origin_regex, origins_from_env, url_host
 
     _check_options(args)

@@ -13,10 +13,8 @@ import contextlib
 import hmac
 import json
 import logging
-import socket
 from dataclasses import dataclass
 
-import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -29,13 +27,13 @@ from starlette.routing import Route
 from ..engine import Done, Engine, Step
 from ..monitor import AcceptanceMonitor
 from ..sampling import SamplingParams
-from .deadlines import BODY_SECONDS, http_protocol
+from .deadlines import BODY_SECONDS
 from .error_answers import AnswerErrorsInJson, api_error, http_error
 from .guard import RequestGuard
 from .metrics import ServerMetrics
 from .protocol import ApiError, parse_request
 from .responses import ResponseWriter
-from .worker import EngineWorker, Job, QueueFull
+from .worker import EngineWorker, Job, QueueFull, shutting_down
 
 log = logging.getLogger("edgespec.serve")
 
@@ -68,6 +66,12 @@ class _Server:
         self.worker = EngineWorker(engine, config.queue_size, lambda job, result: self.metrics.record_generation(result.stats),
                                    config.parallel)
         self.metrics.queue_depth.set_function(lambda: self.worker.depth)
+        self.stopping = asyncio.Event()  # set when the server goes down: a body still arriving is not waited for
+
+    def stop_all(self) -> None:
+        """The server is going down: every job ends with a 503, and so does every request still sending its body."""
+        self.stopping.set()
+        self.worker.stop_all()
 
     # -- routes ----------------------------------------------------------------
 
@@ -235,21 +239,33 @@ class _Server:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and (len(declared) > 15 or int(declared) > limit):
             raise too_large
-        body = bytearray()
         seconds = min(BODY_SECONDS, self.config.request_timeout)
+        reading = asyncio.ensure_future(_read_body(request, limit, too_large))
+        stopping = asyncio.ensure_future(self.stopping.wait())
         try:
-            async with asyncio.timeout(seconds):  # a body declared and never sent held its connection for good
-                async for chunk in request.stream():
-                    body += chunk
-                    if len(body) > limit:
-                        raise too_large
-        except ClientDisconnect:
-            raise _ClientGone() from None
-        except TimeoutError:
-            raise ApiError(408, f"the request body did not arrive whole within {seconds:g} s; send all of it "
-                                "(as many bytes as Content-Length says)", type="timeout",
-                           code="request_timeout") from None
-        return _json_value(bytes(body))
+            # a body declared and never sent held its connection for good, and a shutdown waited on it
+            done, _ = await asyncio.wait((reading, stopping), timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            reading.cancel()  # nothing, when it is done
+        if reading in done:
+            return _json_value(reading.result())
+        if stopping in done:
+            raise shutting_down()
+        raise ApiError(408, f"the request body did not arrive whole within {seconds:g} s; send all of it "
+                            "(as many bytes as Content-Length says)", type="timeout", code="request_timeout")
+
+
+async def _read_body(request: Request, limit: int, too_large: ApiError) -> bytes:
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+    except ClientDisconnect:
+        raise _ClientGone() from None
+    return bytes(body)
 
 
 def _is_json(content_type: str) -> bool:
@@ -353,23 +369,5 @@ def create_app(engine: Engine, config: ServerConfig, monitor: AcceptanceMonitor)
     # A path with a trailing slash is a 404 naming the path without it, not Starlette's 307 to it: a client
     # that does not follow a redirect for a POST (httpx, which openai-python uses, does not) saw only the 307.
     app.router.redirect_slashes = False
-    app.state.stop_generating = server.worker.stop_all  # for the HTTP server's shutdown, before it drains
+    app.state.stop_generating = server.stop_all  # for the HTTP server's shutdown, before it drains
     return app
-
-
-class _HttpServer(uvicorn.Server):
-    """uvicorn, stopping every generation before it waits for open responses to finish."""
-
-    async def shutdown(self, sockets=None):
-        self.config.app.state.stop_generating()
-        await super().shutdown(sockets)
-        if self.force_exit:  # a second Ctrl-C: uvicorn skips the app's shutdown, whose task, cancelled at the
-            await self.lifespan.shutdown()  # exit, then logged a traceback; it only lets go of the engine
-
-
-def run_app(app: Starlette, sock: socket.socket, request_timeout: float) -> None:
-    """Serve on a bound, listening socket until SIGINT or SIGTERM; a request's head must come within
-    request_timeout (at most deadlines.HEAD_SECONDS)."""
-    config = uvicorn.Config(app, log_config=None, log_level="warning", timeout_graceful_shutdown=5,
-                            http=http_protocol(request_timeout))
-    _HttpServer(config).run(sockets=[sock])

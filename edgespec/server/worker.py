@@ -88,6 +88,11 @@ def client_id(authorization: str) -> str:
     return "serve-" + hashlib.sha256(credentials.encode("utf-8", "replace")).hexdigest()
 
 
+def shutting_down() -> ApiError:
+    """The answer to a request the server can no longer serve: it is going down."""
+    return ApiError(503, "the server is shutting down; retry when it is back", type="server_error", code="shutting_down")
+
+
 class EngineWorker:
     def __init__(self, engine: Engine, queue_size: int, on_finished: Callable[[Job, GenerationResult], None],
                  parallel: int = 1):
@@ -107,7 +112,7 @@ class EngineWorker:
 
     def stop_all(self) -> None:
         """The server is going down: every job, waiting or running, ends now with a 503."""
-        error = ApiError(503, "the server is shutting down; retry when it is back", type="server_error", code="shutting_down")
+        error = shutting_down()
         with self._wake:
             self._closed = True
             for job in [*self._waiting, *self._running]:
@@ -133,7 +138,7 @@ class EngineWorker:
     def submit(self, job: Job) -> None:
         with self._wake:
             if self._closed:
-                raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
+                raise shutting_down()
             if len(self._waiting) + len(self._running) > self.queue_size + self.parallel - 1:
                 raise QueueFull()
             self._waiting.append(job)
