@@ -201,3 +201,40 @@ def test_an_allowed_web_page_can_read_the_no_retry_header():
     reply = TestClient(app).get("/v1/nothing", headers={"Origin": "http://localhost:3000"})
     exposed = reply.headers["access-control-expose-headers"].lower()
     assert "x-should-retry" in exposed and "retry-after" in exposed
+
+
+def test_a_pipelined_request_still_being_answered_is_not_cut_off_by_the_head_deadline():
+    # The deadline for the next head was armed after uvicorn had already begun the pipelined request, and took
+    # it for the request answered: HEAD_SECONDS later that request's connection was closed with no answer.
+    import asyncio
+    import socket
+    import threading
+
+    import uvicorn
+
+    from edgespec.server.deadlines import http_protocol
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/slow":
+            await asyncio.sleep(1.0)  # the head deadline, 0.2 s, passes meanwhile
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning", http=http_protocol(0.2),
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
+    thread.start()
+    try:
+        with socket.create_connection(listening.getsockname(), timeout=30) as connection:
+            connection.sendall(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\nGET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            received = b""
+            while received.count(b"HTTP/1.1 200") < 2 and (chunk := connection.recv(65536)):
+                received += chunk
+        assert received.count(b"HTTP/1.1 200") == 2, received
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        listening.close()

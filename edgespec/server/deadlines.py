@@ -28,15 +28,17 @@ class _HeadDeadlineProtocol(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self._wait_for_a_head()
+        self._wait_for_a_head(answered=None)
 
     def on_response_complete(self) -> None:
+        # Taken before uvicorn's own, which begins a pipelined request already received: the deadline is for
+        # the head after the one just answered, not after the request now being worked on.
+        answered = self.cycle
         super().on_response_complete()
-        self._wait_for_a_head()
+        self._wait_for_a_head(answered)
 
-    def _wait_for_a_head(self) -> None:
-        answered = self.cycle  # None before the first request
-
+    def _wait_for_a_head(self, answered) -> None:
+        """Close the connection head_seconds from now unless a request cycle other than `answered` began."""
         def close_if_none_came() -> None:
             if self.cycle is answered and not self.transport.is_closing():
                 self.transport.close()
