@@ -41,6 +41,17 @@ def engine(tiny_models):
         yield engine
 
 
+def test_a_model_file_whose_name_is_not_utf8_loads(tiny_models, tmp_path):
+    # its path went to llama.cpp encoded as UTF-8, which a Latin-1 name (surrogates to Python) cannot be: a traceback
+    import os
+    import shutil
+
+    latin1 = Path(os.fsdecode(bytes(tmp_path) + b"/sm\xf6l.gguf"))
+    shutil.copyfile(tiny_models["target"], latin1)
+    with edgespec.load(str(latin1), "none", pull=False, n_ctx=256, n_threads=1, cost_curve=(1.0, 1.2)) as engine:
+        assert engine.generate("one two", max_tokens=2, raw=True).stats.tokens_generated >= 1
+
+
 def test_keyword_sampling_is_the_same_as_sampling_params(engine):
     by_keywords = engine.generate("one two three", max_tokens=8, temperature=0.7, seed=3, raw=True)
     by_params = engine.generate("one two three", SamplingParams(max_tokens=8, temperature=0.7, seed=3), raw=True)

@@ -40,7 +40,8 @@ class Weights:
         # AMX build they stay off.
         params.use_extra_bufts = EXTRA_BUFFER_TYPES_SAFE
         forget_log()
-        model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        # the file system's own bytes: a name that is not UTF-8 (Latin-1 on an old disk) is valid here too
+        model = llama_cpp.llama_model_load_from_file(os.fsencode(self.path), params)
         raise_kept_interrupt(model, llama_cpp.llama_model_free)  # a Ctrl+C while it loaded
         if not model:
             raise ModelLoadError(
