@@ -287,6 +287,22 @@ def test_import_registers_a_local_gguf(store, tmp_path, capsys):
     assert set(load_catalog().models) >= {"my-tiny-model", "tiny2"}
 
 
+def test_a_path_the_locale_cannot_encode_is_printed_escaped_not_a_traceback(store, tmp_path):
+    # under LC_ALL=en_US.ISO-8859-1 or PYTHONIOENCODING=ascii, `models path` of a path with a "é" (and a
+    # reply with an emoji) ended in a UnicodeEncodeError halfway through the output
+    import os
+    import subprocess
+
+    from test_batch import edgespec_command
+
+    tiny = write_tiny_model(tmp_path / "caf\u00e9.gguf", seed=0)
+    import_model(tiny, name="cafe")
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "EDGESPEC_MODELS_DIR": str(store)}
+    shown = subprocess.run(edgespec_command() + ["models", "path", "cafe"], capture_output=True, env=env, timeout=120)
+    assert shown.returncode == 0 and shown.stdout.decode("ascii").strip() == str(tiny).replace("\u00e9", "\\xe9")
+    assert b"Traceback" not in shown.stderr
+
+
 @pytest.mark.parametrize("name", ["", "a\nb", "a b", "../x", "x.gguf"])
 def test_the_library_refuses_a_name_no_command_could_use(store, tmp_path, name):
     tiny = write_tiny_model(tmp_path / "tiny.gguf", seed=0)

@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is not None:
         return _run_command(argv)
     _hold_closed_standard_streams()
+    _escape_what_the_streams_cannot_encode()
     signal.signal(signal.SIGINT, _interrupt_once)
     try:
         try:
@@ -151,6 +152,15 @@ def _hold_closed_standard_streams() -> None:
                 os.close(null)
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w", encoding="utf-8")
+
+
+def _escape_what_the_streams_cannot_encode() -> None:
+    """Under a locale whose encoding is not UTF-8 (LC_ALL=en_US.ISO-8859-1, PYTHONIOENCODING=ascii), an emoji in a
+    reply or a path ended the command in a UnicodeEncodeError halfway through its output: such a character is
+    written as its escape (\\U0001f600) instead, as Python writes it on stderr anyway."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _one_line(message: str) -> str:
