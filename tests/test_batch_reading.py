@@ -30,6 +30,26 @@ def test_only_a_leading_mark_is_skipped(tmp_path):
     assert isinstance(first, batch_requests.BatchRequest) and isinstance(second, batch_requests.InvalidRequest)
 
 
+@pytest.mark.parametrize("source", ["model", "/dev/zero", "utf-16 without a mark"])
+def test_binary_input_is_refused_in_one_line_before_a_record_is_written(tiny_models, tmp_path, capsys, source):
+    # /dev/zero was read until the machine's memory ran out; a model given as IN became 464,000 error records
+    path = {"model": tiny_models["target"], "/dev/zero": "/dev/zero"}.get(source, tmp_path / "in.jsonl")
+    if source.startswith("utf-16"):
+        path.write_bytes('"Hello"\n'.encode("utf-16-le"))
+    out = tmp_path / "out.jsonl"
+    assert run_cli(batch_argv(tiny_models, path, out)) == batch.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is binary, not JSONL text" in err
+    assert not out.exists() or out.stat().st_size == 0
+
+
+def test_input_past_the_size_a_batch_reads_is_refused(tmp_path, monkeypatch):
+    source = write_lines(tmp_path / "in.jsonl", [json.dumps("Hello")] * 100)
+    monkeypatch.setattr(batch_requests, "MAX_INPUT_BYTES", 500)
+    with pytest.raises(batch_requests.BatchError, match="is larger than 0.5 KiB; split it"):
+        batch_requests.read_requests(source)
+
+
 def test_a_chat_longer_than_any_chat_prompt_is_refused_with_a_fix_batch_has(tmp_path):
     text = "word " * (MAX_RENDER_CHARS // 5)
     for value in (text, {"prompt": text}, json.loads(chat_line("c", text))):

@@ -16,11 +16,14 @@ from pathlib import Path
 
 from ...chat_template import MAX_RENDER_CHARS
 from ...errors import EdgespecError
+from ...units import format_size
 from ...server.protocol import ApiError, check_body, worded_for_requests
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EXIT_REFUSED = 2
+# What a batch reads of IN at most: past OpenAI's Batch API's own limit, 200 MB, and what it parses fits in memory
+MAX_INPUT_BYTES = 256 << 20
 
 
 def failure_text(reason: object) -> str:
@@ -69,22 +72,39 @@ class _LineError(Exception):
 
 def read_requests(path: Path) -> list[BatchRequest | InvalidRequest]:
     """Parse every non-blank line; bad lines become InvalidRequest entries."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise BatchError(f"cannot read batch input {path}: {err.strerror}; check the path") from None
-    data = data.removeprefix(codecs.BOM_UTF8)  # Windows editors start UTF-8 files with one
-    # PowerShell's Out-File writes UTF-16: read as UTF-8, every line was an error record of its own
-    for encoding, marks in (("UTF-32", (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)),
-                            ("UTF-16", (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))):
-        if data.startswith(marks):
-            raise BatchError(f"batch input {path} is {encoding} text (it starts with a {encoding} byte-order mark), and "
-                             f"a batch reads UTF-8; convert it first, e.g. with iconv -f {encoding} -t UTF-8")
     entries = []
-    for line_no, raw in enumerate(data.split(b"\n"), start=1):
+    for line_no, raw in enumerate(_read_input(path).split(b"\n"), start=1):
         if raw.strip():
             entries.append(parse_line(raw, line_no))
     return entries
+
+
+def _read_input(path: Path) -> bytes:
+    """IN's bytes, a UTF-8 byte-order mark left out; BatchError for what is no batch input.
+
+    Read in a bounded way (a file, or a pipe such as bash's <(...)): /dev/zero took all the machine's memory
+    until the process was killed, and a model file given as IN became 464,000 error records."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+            data = head.removeprefix(codecs.BOM_UTF8)  # Windows editors start UTF-8 files with one
+            # PowerShell's Out-File writes UTF-16: read as UTF-8, every line was an error record of its own
+            for encoding, marks in (("UTF-32", (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)),
+                                    ("UTF-16", (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))):
+                if data.startswith(marks):
+                    raise BatchError(f"batch input {path} is {encoding} text (it starts with a {encoding} byte-order "
+                                     f"mark), and a batch reads UTF-8; convert it first, e.g. with iconv -f {encoding} "
+                                     "-t UTF-8")
+            if b"\0" in head:  # JSON text never holds a NUL byte: a model, an archive, /dev/zero
+                raise BatchError(f"batch input {path} is binary, not JSONL text (it holds NUL bytes); give a file of "
+                                 "one JSON request per line (is IN a model file?)")
+            data += f.read(max(0, MAX_INPUT_BYTES + 1 - len(head)))
+    except OSError as err:
+        raise BatchError(f"cannot read batch input {path}: {err.strerror}; check the path") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise BatchError(f"batch input {path} is larger than {format_size(MAX_INPUT_BYTES)}; split it into smaller "
+                         "files and run each")
+    return data
 
 
 def parse_line(raw: bytes, line_no: int) -> BatchRequest | InvalidRequest:
