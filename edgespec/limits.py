@@ -150,6 +150,6 @@ def checked_threads(n_threads: int) -> int:
     """
     cores = usable_cores()
     if isinstance(n_threads, bool) or not isinstance(n_threads, int) or not 1 <= n_threads <= cores:
-        raise SettingError(f"threads must be a whole number from 1 to {cores} (the CPU cores edgespec may use "
+        raise SettingError(f"n_threads must be a whole number from 1 to {cores} (the CPU cores edgespec may use "
                            f"here), not {n_threads!r}")
     return n_threads

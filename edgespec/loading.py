@@ -24,7 +24,7 @@ from .ngram_pool import NgramPool
 from .engine import Engine
 from .errors import BadValueError, EdgespecError, ModelFileError, Setting, Wording
 from .heads.attach import heads_drafter, trained_heads
-from .limits import MIN_N_CTX, checked_setting, flash_attention_on
+from .limits import MIN_N_CTX, checked_setting, checked_switch, flash_attention_on
 from .exactness import exactness_notices
 from .fetch import resolve_model
 from .notices import log_notice
@@ -67,6 +67,7 @@ def plan_load(
     """
     _check_sizes(target, n_ctx=n_ctx or None, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
                  parallel=parallel)
+    _check_arguments(draft, notice, pull=pull, progress=progress)
     flash_attn = flash_attention_on(flash_attn, bit_exact)
     fetching = {"pull": pull, "notice": notice, "progress": progress}
     target_path = resolve_model(target, **fetching)
@@ -333,6 +334,18 @@ def _check_sizes(target, **sizes) -> None:
     for name, value in sizes.items():
         if value is not None:
             checked_setting(name, value)
+
+
+def _check_arguments(draft, notice, **switches) -> None:
+    """TypeError or SettingError naming the parameter, before anything loads: draft=5 failed deep in pathlib,
+    notice=5 at the first notice, and pull="no" was read as True."""
+    if draft is not None and not isinstance(draft, (str, os.PathLike)):
+        raise TypeError(f'draft must be "auto", "ngram", "heads", "none", None or a model (a catalog name or a GGUF '
+                        f"path), not {type(draft).__name__}")
+    if not callable(notice):
+        raise TypeError(f"notice must be a function that takes the notice's text, not {type(notice).__name__}")
+    for name, value in switches.items():
+        checked_switch(name, value)
 
 
 def _load_models(target_path: Path, draft_path: Path | None, plan: Plan, n_ctx: int,

@@ -91,6 +91,21 @@ def test_a_model_that_is_no_path_is_named_as_such():
         edgespec.load(None)
 
 
+@pytest.mark.parametrize("options, error, named", [
+    ({"draft": 5}, TypeError, "draft must be "),
+    ({"notice": 5}, TypeError, "notice must be a function"),
+    ({"pull": "no"}, EdgespecError, "pull must be True or False, not 'no'"),
+    ({"progress": 1}, EdgespecError, "progress must be True or False"),
+    ({"n_threads": 0}, EdgespecError, "n_threads must be a whole number"),
+])
+def test_a_load_argument_of_the_wrong_kind_is_named_before_loading(tiny_models, options, error, named):
+    # draft=5 failed deep in pathlib, notice=5 at the first notice, pull="no" was read as True, and n_threads was
+    # called threads
+    arguments = {"draft": "none", "pull": False, "n_threads": 1, **options}
+    with pytest.raises(error, match=named):
+        edgespec.load(str(tiny_models["target"]), **arguments)
+
+
 def test_loading_prints_nothing_and_tells_the_logger(tiny_models, caplog):
     stderr = io.StringIO()
     with caplog.at_level("INFO", logger="edgespec"), contextlib.redirect_stderr(stderr):
