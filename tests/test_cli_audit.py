@@ -271,8 +271,8 @@ def test_run_draws_a_replys_escapes_on_a_terminal_and_pipes_them_as_they_are(tty
     reply = "ok \x1b]2;pwned\x07 rm -rf ~\rls \x9b31m"
     real_engine_from_args = run_command.engine_from_args
 
-    def engine_with_scripted_reply(args):
-        engine = real_engine_from_args(args)
+    def engine_with_scripted_reply(args, notice):
+        engine = real_engine_from_args(args, notice=notice)
         use_script(engine, ScriptedReply(reply))
         return engine
 
@@ -289,6 +289,43 @@ def test_run_draws_a_replys_escapes_on_a_terminal_and_pipes_them_as_they_are(tty
         assert shown == "ok \u241b]2;pwned\u2407 rm -rf ~\u240dls \ufffd31m\r\n", repr(shown)
     else:
         assert shown == reply + "\n"
+
+
+def test_a_notice_at_a_replys_end_starts_a_line_of_its_own_on_a_terminal(tiny_models, monkeypatch):
+    # "The quick brown foxcannot save a prefix snapshot in ...": the notice went on the reply's last line
+    import pty
+
+    import edgespec.commands.run as run_command
+    from edgespec.commands import main
+    from edgespec.engine import Done
+    from pty_output import read_until_closed
+    from scripted_reply import ScriptedReply, use_script
+
+    real_engine_from_args = run_command.engine_from_args
+
+    def engine_with_a_notice_at_the_end(args, notice):
+        engine = real_engine_from_args(args, notice=notice)
+        use_script(engine, ScriptedReply("The quick brown fox"))
+        stream = engine.stream
+
+        def stream_then_notice(*arguments, **keywords):
+            for event in stream(*arguments, **keywords):
+                if isinstance(event, Done):  # as a prompt snapshot that could not be saved says so
+                    notice("cannot save a prefix snapshot")
+                yield event
+
+        monkeypatch.setattr(engine, "stream", stream_then_notice)
+        return engine
+
+    monkeypatch.setattr(run_command, "engine_from_args", engine_with_a_notice_at_the_end)
+    reader, writer = pty.openpty()
+    with open(writer, "w", encoding="utf-8") as terminal:
+        monkeypatch.setattr(sys, "stdout", terminal)
+        monkeypatch.setattr(sys, "stderr", terminal)
+        assert main(["run", "hi", "--model", str(tiny_models["target"]), "--draft", "none"]) == 0
+    shown = read_until_closed(reader).decode("utf-8")
+    os.close(reader)
+    assert "The quick brown fox\r\ncannot save a prefix snapshot\r\n" in shown, repr(shown)
 
 
 @pytest.mark.parametrize("stderr", ["file", "closed"])

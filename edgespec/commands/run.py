@@ -9,6 +9,7 @@ import sys
 
 from ..control_chars import terminal_text
 from ..errors import EdgespecError
+from ..notices import print_notice
 from ..prompts import MAX_PROMPT_BYTES_PER_TOKEN
 from ..stats import MIN_REPLY_TOKENS, Stats, plausible_speedup
 from ..units import format_size
@@ -37,18 +38,30 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args.prompt, args.n_ctx)
     params = sampling_params(args)
-    engine = engine_from_args(args)
+    to_terminal = sys.stdout.isatty()
+    line_open = False  # part of a reply's line is on the terminal
+
+    def notice(message: str) -> None:
+        nonlocal line_open
+        if line_open:  # a notice at a reply's end (a prompt snapshot not saved) was drawn on its last line
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            line_open = False
+        print_notice(message)
+
+    engine = engine_from_args(args, notice=notice)
     result = None
     # A reply is untrusted text: a terminal would obey the escape sequences a model copies from a
     # prompt (retitle the window, hide a line), so they are drawn there. A pipe gets the text as is.
-    shown = terminal_text if sys.stdout.isatty() else str
+    shown = terminal_text if to_terminal else str
     try:
         for event in engine.stream(prompt, params, raw=args.raw):
             if isinstance(event, Done):
                 result = event.result
-            if not args.json:
+            if not args.json and event.text:
                 sys.stdout.write(shown(event.text))
                 sys.stdout.flush()
+                line_open = to_terminal and not event.text.endswith("\n")
     finally:
         engine.close()
     if args.json:
