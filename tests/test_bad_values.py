@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import math
+import os
 import random
 import sqlite3
 import subprocess
@@ -78,6 +79,14 @@ def test_non_finite_sampling_values_and_negative_seeds_get_one_line(tiny_models,
     line = one_error_line(done)
     assert done.returncode == 2, "a usage error, like every other bad flag (issue 25)"
     assert line.startswith(f"edgespec run: argument {flag}") and named in line and value in line
+
+
+def test_a_stop_string_that_is_not_utf8_is_refused_as_the_prompt_is(tiny_models):
+    # it was taken, and as no reply can hold its byte, it never matched
+    done = subprocess.run([*map(os.fsencode, EDGESPEC), *map(os.fsencode, tiny_run(tiny_models)), b"--stop", b"a\xe9"],
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+    line = one_error_line(done)
+    assert done.returncode == 2 and "argument --stop: byte 0xe9 at offset 1 is not UTF-8" in line
 
 
 @pytest.mark.parametrize("flag, value, valid", [

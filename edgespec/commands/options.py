@@ -102,7 +102,18 @@ def add_sampling_options(parser: argparse.ArgumentParser, max_tokens: int | None
                        help=f"0.0 switches it off (default: {shown('min_p', 0.05)})")
     if per_request:
         group.add_argument("--seed", type=sampling_value("seed", int), default=None)
-        group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+        group.add_argument("--stop", action="append", default=[], type=_stop_text, help="stop string (repeatable)")
+
+
+def _stop_text(text: str) -> str:
+    """An argparse type for --stop: UTF-8 text, as a reply is.  Python keeps an argument's bytes that are not
+    UTF-8 as lone surrogates, which no reply can hold: such a stop string was taken and never matched."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise argparse.ArgumentTypeError(f"byte 0x{ord(text[error.start]) - 0xDC00:02x} at offset {error.start} is "
+                                         "not UTF-8; give the stop string as UTF-8 text") from None
+    return text
 
 
 def model_text(text: str) -> str:
