@@ -25,6 +25,24 @@ def test_a_hostile_workload_line_is_refused_in_one_line(tmp_path, line, reason):
     assert "\n" not in str(caught.value)
 
 
+def test_two_prompts_under_one_id_are_refused(tmp_path):
+    # runs are told apart by the id: the second prompt was never run, the first run twice in its place
+    (tmp_path / "dup.jsonl").write_text('{"id": "d", "prompt": "Say hi."}\n{"id": "e", "prompt": "x"}\n'
+                                        '{"id": "d", "prompt": "Repeat: apple"}\n')
+    with pytest.raises(workloads.BenchError, match=re.escape("dup.jsonl:3 has the id 'd' of line 1")):
+        workloads.load_workloads(["dup"], directory=tmp_path)
+
+
+@pytest.mark.parametrize("name", ["speedup.txt", "speedup"])
+def test_a_plot_file_of_no_image_type_is_refused_before_the_bench_runs(tmp_path, capsys, name):
+    # every run was measured first, then matplotlib's ValueError ended the bench in a traceback with exit 1
+    pytest.importorskip("matplotlib")
+    assert main(["bench", "--plot", str(tmp_path / name), "--suites", "chat", "--configs", "baseline",
+                 "--model", str(tmp_path / "not-loaded.gguf")]) == workloads.BenchError.exit_code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give a file name ending in an image type" in err
+
+
 def test_the_command_refuses_a_too_deep_line_before_loading_a_model(tmp_path, capsys):
     (tmp_path / "deep.jsonl").write_text("[" * 100_000 + "\n")
     assert main(["bench", "--workloads", str(tmp_path), "--suites", "deep", "--configs", "baseline",

@@ -143,7 +143,13 @@ def handle_bench(args) -> int:
 
 def _bench_command(args) -> int:
     if args.plot:
-        pyplot()  # fail before the long part, not after it
+        plotting = pyplot()  # fail before the long part, not after it
+        figure = plotting.figure()
+        formats = figure.canvas.get_supported_filetypes()
+        plotting.close(figure)
+        if args.plot.suffix.lower().lstrip(".") not in formats:  # else a traceback after every run was measured
+            raise BenchError(f"--plot {args.plot}: give a file name ending in an image type matplotlib writes, "
+                             f"e.g. .png, .svg or .pdf (not {args.plot.suffix or 'no suffix'})")
     for output in filter(None, (args.json, args.plot)):
         _check_writable(output)
     if args.configs is not None and not _split(args.configs):  # "" ran the default set, ",," asked for llama.cpp

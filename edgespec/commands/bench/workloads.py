@@ -98,7 +98,7 @@ def _read_suite(suite: str, path: Path) -> list[BenchPrompt]:
         raise BenchError(f"{path} cannot be read ({err.strerror or err}); check the path and its permissions") from None
     except UnicodeDecodeError as err:
         raise BenchError(f"{path} cannot be read as UTF-8 text ({err}); save it as UTF-8") from None
-    prompts = []
+    prompts, lines_of = [], {}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -107,6 +107,11 @@ def _read_suite(suite: str, path: Path) -> list[BenchPrompt]:
         except (ValueError, KeyError, TypeError) as err:
             raise BenchError(f"{path}:{number} is not a workload line ({err}); expected "
                              "{\"id\": ..., \"prompt\": \"text\", \"max_tokens\": a whole number from 1 up}") from None
+        # runs are told apart by their prompt's id: a second prompt under one id was run as the first
+        first = lines_of.setdefault(prompts[-1].id, number)
+        if first != number:
+            raise BenchError(f"{path}:{number} has the id {prompts[-1].id[:60]!r} of line {first}; give each prompt "
+                             "an id of its own")
     return prompts
 
 
