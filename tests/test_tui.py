@@ -513,6 +513,7 @@ async def test_context_overflow_is_a_message_not_a_crash(models):
         await wait_for(pilot, lambda: app.generation is None)
         assert "context" in str(app.query(Note).last().render())
         assert app.prompt_input.text == ("the cat sat " * 100).strip(), "the refused message is back in the input"
+        assert app.prompt_input.cursor_location == app.prompt_input.document.end
         app.prompt_input.load_text("")
         await pilot.pause()  # the input shrinks back before send() clicks it
         await send(pilot, "hi")  # still usable
@@ -670,6 +671,8 @@ async def test_a_half_written_message_is_back_in_the_input_at_the_next_start(mod
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         assert app.prompt_input.text == "half a question\nwith a second line"
+        # at the start, what was typed next went before it: "xhalf a question"
+        assert app.prompt_input.cursor_location == app.prompt_input.document.end
         assert "back in the input" in str(app.query(Note).first().render())
         app.prompt_input.load_text("")  # the user decides against it
     app = make_app(models)

@@ -105,8 +105,7 @@ class ChatActions:
         if self.editing is None:  # the message being written waits aside: an edit given up lost it
             self.set_aside_draft = self.prompt_input.text
         self.editing = index
-        self.prompt_input.load_text(messages[index]["content"])
-        self.prompt_input.move_cursor(self.prompt_input.document.end)
+        self.prompt_input.show_text(messages[index]["content"])
         later = len(messages) - index - 1
         self.prompt_input.border_title = (f"editing message {index + 1}: Enter answers it again"
                                           f"{f' and drops the {later} after it' if later else ''}; Esc cancels")
@@ -117,8 +116,7 @@ class ChatActions:
         """Leave editing, sent or given up: the message being written before it is back in the input."""
         self.editing = None
         self.prompt_input.border_title = None
-        self.prompt_input.load_text(self.set_aside_draft)
-        self.prompt_input.move_cursor(self.prompt_input.document.end)
+        self.prompt_input.show_text(self.set_aside_draft)
         self.set_aside_draft = ""
         self.refresh_bindings()
 

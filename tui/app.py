@@ -99,7 +99,7 @@ class ChatApp(ChatActions, App):
         self.store.on_notice = self._history_notice
         unsent = self.store.take_unsent()
         if unsent:
-            self.prompt_input.load_text(unsent)
+            self.prompt_input.show_text(unsent)
             self.conversation.add_note("The message you were writing when edgespec last ended is back in the input.",
                                        "note")
         self._exit_on_stop_signals()
@@ -313,12 +313,11 @@ class ChatApp(ChatActions, App):
         self.rebuild_conversation()
         if edit_undone:  # still an edit: Enter must not send it as a new message (what is typed waits aside)
             self.begin_editing(edit.index)
-            self.prompt_input.load_text(edit.text)
-            self.prompt_input.move_cursor(self.prompt_input.document.end)
+            self.prompt_input.show_text(edit.text)
         self.conversation.add_note(error)
         refused = self.chat.reply_failed(generation.prompt)
         if refused and not self.prompt_input.text:  # nothing typed is lost: the message is back in the input
-            self.prompt_input.load_text(generation.prompt)
+            self.prompt_input.show_text(generation.prompt)
         self.show_reply_figures()
 
     # -- the stats bar ---------------------------------------------------------------------
@@ -356,7 +355,7 @@ class ChatApp(ChatActions, App):
             if self.prompt_input.text.strip():  # what is being written stays; the prompt went to the prompt history
                 where = "Up on the input's first line brings it back"
             else:
-                self.prompt_input.load_text(pending)
+                self.prompt_input.show_text(pending)
                 where = "it is back in the input"
             self.conversation.add_note(f"The last prompt got no reply before edgespec stopped; {where}.", "note")
         self.apply_settings(self.chat.settings)  # which shows the models' figures, or loads them again

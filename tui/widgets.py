@@ -83,7 +83,7 @@ class PromptInput(TextArea):
             self._recall_index = len(self.prompts)
         if self._recall_index > 0:
             self._recall_index -= 1
-            self._show(self.prompts[self._recall_index])
+            self.show_text(self.prompts[self._recall_index])
 
     def action_cursor_down(self, select: bool = False) -> None:
         last_row = self.document.line_count - 1
@@ -93,11 +93,13 @@ class PromptInput(TextArea):
         self._recall_index += 1
         if self._recall_index >= len(self.prompts):
             self._recall_index = None
-            self._show(self._unsent)
+            self.show_text(self._unsent)
         else:
-            self._show(self.prompts[self._recall_index])
+            self.show_text(self.prompts[self._recall_index])
 
-    def _show(self, text: str) -> None:
+    def show_text(self, text: str) -> None:
+        """The input holding text, the cursor at its end, where typing goes on (load_text leaves it at the start:
+        a draft put back and then typed into read "xdraft")."""
         self.load_text(text)
         self.move_cursor(self.document.end)
 
