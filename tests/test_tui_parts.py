@@ -211,6 +211,8 @@ def test_settings_no_load_can_keep_are_refused_before_the_app_starts(tmp_path, m
 
 @pytest.mark.parametrize("text, problem", [
     ("colour = 1\n", "unknown setting colour"),
+    # "unknown setting temperature" for a known setting in the wrong place
+    ("temperature = 0.5\n", "temperature is a sampling setting; put it under the \\[sampling\\] section"),
     ("[keymap]\nfly = \"x\"\n", "unknown setting \\[keymap\\] fly"),
     ("draft_tokens = \"four\"\n", "draft_tokens must be"),
     ("model = [\n", "cannot read"),

@@ -294,8 +294,11 @@ def _check_keys_are_distinct(keymap: dict[str, str], path: Path) -> None:
 
 
 def _check_key(key: str, known: tuple[str, ...], path: Path, section: str) -> None:
-    if key not in known:
-        raise ConfigError(f"{path}: unknown setting {section}{key}; known ones are {', '.join(known)}")
+    if key in known:
+        return
+    if not section and key in SAMPLING_SETTINGS:  # temperature = 0.5 above every section
+        raise ConfigError(f"{path}: {key} is a sampling setting; put it under the [sampling] section")
+    raise ConfigError(f"{path}: unknown setting {section}{key}; known ones are {', '.join(known)}")
 
 
 def save_defaults(config: ChatConfig, path: Path | None = None) -> Path:
