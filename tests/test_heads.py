@@ -134,7 +134,7 @@ def test_a_damaged_heads_file_is_refused_with_one_line(trained, tmp_path, damage
         data[len(data) // 2] ^= 0xFF  # inside an array: the member's CRC no longer matches
         broken.write_bytes(bytes(data))
     elif damage == "garbage":
-        broken.write_bytes(b"not a heads file at all")
+        broken.write_bytes(b"PK\x03\x04 then not an archive at all")
     elif damage == "declares 149 GiB":  # np.load allocated it before reading: a MemoryError's traceback
         with zipfile.ZipFile(broken, "w", zipfile.ZIP_STORED) as archive:
             archive.writestr("meta.npy", npy_member((2,), b"{}", "|u1"))
@@ -145,6 +145,19 @@ def test_a_damaged_heads_file_is_refused_with_one_line(trained, tmp_path, damage
     with pytest.raises(HeadsFileError) as refused:
         read_heads(broken)
     assert "\n" not in str(refused.value) and "damaged" in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", ["text", "folder"])
+def test_a_path_that_is_no_heads_file_is_not_called_damaged(tmp_path, kind):
+    # heads show --heads verify.py said the user's source file was damaged, "or delete the file"
+    path = tmp_path / "verify.py"
+    if kind == "folder":
+        path.mkdir()
+    else:
+        path.write_text("import numpy\n")
+    with pytest.raises(HeadsFileError) as refused:
+        read_heads(path)
+    assert "is not a heads file" in str(refused.value) and "delete" not in str(refused.value)
 
 
 def _rewritten(source, target, *, meta_changes=None, array_changes=None):

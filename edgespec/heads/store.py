@@ -69,6 +69,17 @@ def save_heads(path: str | os.PathLike, heads: Heads, record: HeadsRecord) -> Pa
     return atomic_write(path, buffer.getvalue())
 
 
+def _starts_as_an_archive(path: Path) -> bool:
+    """Whether path is a file that begins as the zip archive np.savez writes (a damaged heads file still does)."""
+    if not path.is_file():  # a folder; a FIFO, which open() would wait on for a writer
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
 def read_heads(path: str | os.PathLike) -> tuple[HeadsRecord, dict[str, np.ndarray]]:
     """The record and arrays of a heads file; HeadsFileError (one line) when it cannot be read whole."""
     path = Path(path)
@@ -80,6 +91,9 @@ def read_heads(path: str | os.PathLike) -> tuple[HeadsRecord, dict[str, np.ndarr
     except FileNotFoundError:
         raise HeadsFileError(f"no heads file at {path} (train heads with `edgespec heads train --model MODEL`)") from None
     except (OSError, ValueError, KeyError, TypeError):  # UnicodeDecodeError is a ValueError
+        if not _starts_as_an_archive(path):  # a folder, a source file: the advice to delete it was wrong
+            raise HeadsFileError(f"{path} is not a heads file (an archive `edgespec heads train` writes); give the "
+                                 "path of one, or train heads with `edgespec heads train --model MODEL`") from None
         raise HeadsFileError(f"heads file {path} is damaged (train the heads again with "
                              "`edgespec heads train --model MODEL`, or delete the file)") from None
     if record.format != FORMAT or record.form not in FORMS or not {"vocab", "a", "b", "bias"} <= arrays.keys():
