@@ -104,7 +104,7 @@ def train_command(args: argparse.Namespace) -> int:
 
 
 def _check_max_tokens_fit(max_tokens: int, path: Path, memory_plan) -> None:
-    """UsageError now, not a process killed for memory after an hour of labelling, when RAM cannot hold
+    """UsageError now, not a process killed for memory after its labelling, when RAM cannot hold
     --max-tokens positions: each keeps the hidden state in float16, and joining the pieces copies them once."""
     from ..gguf_info import read_gguf_info
     from ..memory import ram_budget
