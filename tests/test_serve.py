@@ -498,6 +498,20 @@ def test_time_limit_gets_408_and_the_server_goes_on(start_server):
     assert server.health()["status"] == "ok"
 
 
+def assert_ended_cleanly(server: ServerProcess) -> None:
+    """The server, sent SIGTERM, ended without a traceback or a logged exception."""
+    # uvicorn, once it has shut down, dies of the signal it caught, as servers do
+    assert server.process.wait(timeout=WAIT_SECONDS) in (0, -signal.SIGTERM)
+    server.stop()
+    assert not any("Traceback" in line or "Exception" in line for line in server.lines), server.lines
+
+
+def raw_connection(server: ServerProcess) -> socket.socket:
+    """A TCP connection to the server, for requests no HTTP client would send."""
+    port = int(server.url.rsplit(":", 1)[1])
+    return socket.create_connection(("127.0.0.1", port), timeout=WAIT_SECONDS)
+
+
 def test_stopping_the_server_ends_open_streams_cleanly(start_server):
     server = start_server()
     stream = server.client().completions.create(model="tiny", prompt="The cat", stream=True, **LONG_REQUEST)
@@ -508,33 +522,26 @@ def test_stopping_the_server_ends_open_streams_cleanly(start_server):
         for _ in range(LONG_REQUEST["max_tokens"]):
             next(chunks)
     assert "shutting down" in str(caught.value)
-    # uvicorn, once it has shut down, dies of the signal it caught, as servers do
-    assert server.process.wait(timeout=WAIT_SECONDS) in (0, -signal.SIGTERM)
-    server.stop()
-    assert not any("Traceback" in line or "Exception" in line for line in server.lines), server.lines
+    assert_ended_cleanly(server)
 
 
 def test_stopping_the_server_answers_a_request_still_sending_its_body(start_server):
     # it waited out uvicorn's 5 s of grace for the body, then logged the request's cancellation as a traceback
     server = start_server()
-    port = int(server.url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_SECONDS) as sending:
+    with raw_connection(server) as sending:
         sending.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                         b"Content-Length: 100\r\n\r\n{")
         assert server.health()["status"] == "ok"  # a later request answered: this one's head was read first
         server.process.terminate()
         answer = sending.makefile("rb").read()
     assert answer.startswith(b"HTTP/1.1 503") and b"shutting down" in answer, answer
-    assert server.process.wait(timeout=WAIT_SECONDS) in (0, -signal.SIGTERM)
-    server.stop()
-    assert not any("Traceback" in line or "Exception" in line for line in server.lines), server.lines
+    assert_ended_cleanly(server)
 
 
 def test_a_websocket_upgrade_from_a_page_is_answered_over_http_without_a_word_in_the_log(start_server):
     # every new WebSocket("ws://127.0.0.1:PORT/") logged two warnings, one advising to pip install a library
     server = start_server()
-    port = int(server.url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_SECONDS) as connection:
+    with raw_connection(server) as connection:
         connection.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
                            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
         assert connection.recv(65536).startswith(b"HTTP/1.1 200")
