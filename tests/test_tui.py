@@ -25,7 +25,8 @@ from scripted_reply import FILLER, ScriptedReply, use_script
 from edgespec import SamplingParams
 from edgespec.engine import Step
 from tinygguf import write_model_family, write_tiny_model
-from tui.app import STOP_SIGNALS, ChatApp
+from tui.app import ChatApp
+from tui.ending import STOP_SIGNALS
 from tui.engine_host import EngineHost
 from tui.config import KEY_ACTIONS, ChatConfig, config_path
 from tui.history import ChatStore

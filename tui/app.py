@@ -1,6 +1,6 @@
 """edgespec chat: a Textual chat app that shows speculative decoding at work.
 
-The app is made of four parts:
+The app is made of five parts:
 
 - ChatApp (here): the layout, the bindings, the dialogs and the actions
   (tui/actions.py), and the path of a reply: sent, generated on a worker
@@ -11,6 +11,8 @@ The app is made of four parts:
   that streams into the last one at a bounded frame rate.
 - EngineHost (tui/engine_host.py): loading models and re-measuring their
   speed on worker threads.
+- AppEnding (tui/ending.py): what Ctrl+Q, a closed terminal or `kill` keeps
+  as the app ends.
 
 The StatsBar (tui/widgets.py) shows reactive figures: the app sets each one
 when it changes.  Entry point: `run_chat`.
@@ -18,10 +20,6 @@ when it changes.  Entry point: `run_chat`.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
-import time
 import traceback
 from dataclasses import replace
 from typing import Callable, Iterator
@@ -37,22 +35,19 @@ from tui.actions import ChatActions
 from tui.chat import ChatController, ReplyStream, as_the_chat_can_act
 from tui.config import KEY_ACTIONS, ChatConfig
 from tui.conversation import ConversationView, Edit, Generation
+from tui.ending import AppEnding
 from tui.engine_host import EngineHost
 from tui.history import ChatStore
 from tui.render import BlockRenderer
 from tui.settings import ChatSettings
 from tui.widgets import ChatFooter, LoadingPanel, ModelFigures, PromptInput, StatsBar
 
-# What ends the app as Ctrl+Q does, so that the reply being written is kept: a closed terminal and `kill`
-STOP_SIGNALS = tuple(name for name in ("SIGHUP", "SIGTERM") if hasattr(signal, name))  # neither on Windows
-NO_SIGNALS_HERE = (NotImplementedError, RuntimeError, ValueError)  # a loop or thread that cannot take them
-REPLY_STOP_SECONDS = 30.0  # the most a stopped reply is waited for (it ends within a step)
 # Most important first: a narrow footer keeps the first ones (ChatFooter)
 FOOTER_ACTIONS = ("cancel", "help", "new_chat", "history", "copy_reply", "model_info", "regenerate", "cycle_mode",
                   "settings", "toggle_marks")
 
 
-class ChatApp(ChatActions, App):
+class ChatApp(AppEnding, ChatActions, App):
     CSS_PATH = "app.tcss"
     TITLE = "edgespec chat"
     BINDINGS = [
@@ -105,25 +100,6 @@ class ChatApp(ChatActions, App):
         self._exit_on_stop_signals()
         self.prompt_input.focus()
         self.load_models(*self.model_spec)
-
-    def _exit_on_stop_signals(self) -> None:
-        """STOP_SIGNALS end the app as Ctrl+Q does, stopping the reply being written and keeping it (close_engine
-        saves it); by default they end the process, and a reply on screen with it, unsaved."""
-        loop = asyncio.get_running_loop()
-        for name in STOP_SIGNALS:
-            with contextlib.suppress(*NO_SIGNALS_HERE):
-                loop.add_signal_handler(getattr(signal, name), self._end_on_signal, getattr(signal, name))
-
-    def _end_on_signal(self, number: int) -> None:
-        self.stop_signal = number  # `edgespec chat` exits with 128 + number, as a process the signal ended would
-        self.call_next(self.action_quit)
-
-    def on_unmount(self) -> None:
-        self._keep_unsent()  # however the app ends
-        loop = asyncio.get_running_loop()
-        for name in STOP_SIGNALS:
-            with contextlib.suppress(*NO_SIGNALS_HERE):
-                loop.remove_signal_handler(getattr(signal, name))
 
     def _history_notice(self, text: str) -> None:
         self.conversation.add_note(text, "note")
@@ -194,39 +170,6 @@ class ChatApp(ChatActions, App):
 
     def on_engine_host_measuring(self, event: EngineHost.Measuring) -> None:
         self.stats_bar.status = "measuring speed…" if event.active else None
-
-    async def keep_what_was_written(self) -> None:
-        """Before the app ends: stop the reply being written and save it, and keep the message being written for
-        the next start.  Done before Textual's shutdown, which after a closed terminal could hang for good
-        writing to it (1 in 4 tries), and with it a save made after the app had ended."""
-        if self.generation is not None and self.chat.session is not None:
-            self.chat.session.cancel()
-            await asyncio.to_thread(self.generation.stream.finished.wait, REPLY_STOP_SECONDS)
-        self._save_stopped_reply()
-        self._keep_unsent()
-        self.kept_at = time.monotonic()
-
-    def _save_stopped_reply(self) -> None:
-        # The session holds the reply so far, as cancelled; the save its end would make in the app
-        # (on_conversation_view_ended) comes too late once the app is ending.
-        stream = self.generation.stream if self.generation is not None else None
-        if stream is not None and stream.finished.is_set() and stream.result is not None:
-            self.chat.save()
-
-    def _keep_unsent(self) -> None:
-        if self.unsent_kept:  # once: a second row would bring the message back twice
-            return
-        self.unsent_kept = True
-        self.store.keep_unsent(self.prompt_input.text)  # a history that cannot be written says so
-
-    def close_engine(self) -> None:
-        """Stop a running reply, keeping what it wrote, and free the models (call after the app has exited)."""
-        if self.generation is not None and self.chat.session is not None:
-            self.chat.session.cancel()
-            self.generation.stream.finished.wait(timeout=REPLY_STOP_SECONDS)
-        self._save_stopped_reply()
-        self.host.wait_idle(timeout=30)
-        self.chat.close()
 
     # -- sending, streaming, finishing ------------------------------------------------------
 
