@@ -79,7 +79,7 @@ class ChatActions:
 
     def action_cancel(self) -> None:
         if self.generation is not None:
-            self.chat.session.cancel()
+            self.chat.stop_reply(self.generation.stream)
         elif self.editing is not None:
             self.end_editing()
 
@@ -305,7 +305,7 @@ class ChatActions:
         """Ctrl+C: stop the reply being generated, as Ctrl+C stops a command in a terminal (Esc does too);
         with none, Textual's hint on how to quit.  Its hint alone, mid-reply, left the reply running."""
         if self.generation is not None:
-            self.chat.session.cancel()
+            self.chat.stop_reply(self.generation.stream)
             return
         super().action_help_quit()
 

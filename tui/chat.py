@@ -42,6 +42,7 @@ class ReplyStream:
         self.result = None  # the GenerationResult, once Done arrived
         self.error: str | None = None
         self.finished = threading.Event()
+        self.stop_asked = threading.Event()  # ChatController.stop_reply
 
     def add_step(self, step: Step, acceptance: float | None) -> None:
         with self._lock:
@@ -136,7 +137,10 @@ class ChatController:
         """Run a reply's events into `stream` (in the generation thread); errors are left to the caller."""
         decode_seconds = 0.0  # of the reply so far, to time each step
         plain_steps = self.plain_steps
-        for event in events():
+        replying = events()
+        if stream.stop_asked.is_set():  # a stop asked before the session's stream was made, which clears its cancel
+            self.session.cancel()
+        for event in replying:
             if isinstance(event, Step):
                 stream.add_step(event, stats_text.step_acceptance(event.drafted, event.accepted))
                 plain_steps.observe(event.drafted, event.stats.decode_seconds - decode_seconds)
@@ -146,6 +150,12 @@ class ChatController:
                 stream.result = event.result
             elif isinstance(event, Notice):
                 stream.add_notice(flag_worded(event.text))
+
+    def stop_reply(self, stream: ReplyStream) -> None:
+        """Stop the reply streaming into `stream` after its current step, or before its first: an Esc right after
+        Enter can come before the generation thread has begun it."""
+        stream.stop_asked.set()
+        self.session.cancel()
 
     def show_stats(self, stats: Stats) -> None:
         self.shown_stats = stats

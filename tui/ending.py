@@ -62,7 +62,7 @@ class AppEnding:
         the next start.  Done before Textual's shutdown, which after a closed terminal could hang for good
         writing to it (1 in 4 tries), and with it a save made after the app had ended."""
         if self.generation is not None and self.chat.session is not None:
-            self.chat.session.cancel()
+            self.chat.stop_reply(self.generation.stream)
             await asyncio.to_thread(self.generation.stream.finished.wait, REPLY_STOP_SECONDS)
         self._save_stopped_reply()
         self._keep_unsent()
@@ -84,7 +84,7 @@ class AppEnding:
     def close_engine(self) -> None:
         """Stop a running reply, keeping what it wrote, and free the models (call after the app has exited)."""
         if self.generation is not None and self.chat.session is not None:
-            self.chat.session.cancel()
+            self.chat.stop_reply(self.generation.stream)
             self.generation.stream.finished.wait(timeout=REPLY_STOP_SECONDS)
         self._save_stopped_reply()
         self.host.wait_idle(timeout=30)
