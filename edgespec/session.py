@@ -73,7 +73,8 @@ class ChatSession:
 
     def stream(self, text: str, params: SamplingParams | None = None, **sampling) -> Iterator[Step | Done | Notice]:
         """The reply to text, step by step, recorded when it ends; leaving it early (a break, close()) is
-        cancel(): the reply so far is recorded as cancelled."""
+        cancel(): the reply so far is recorded as cancelled.  One stopped before it wrote anything is not
+        recorded: text stays the last message, unanswered, for stream_reply to answer."""
         check_text(text, "the message")
         params = sampling_params(params, sampling)  # a dict is refused here, not mid-turn
         self._check_no_reply_open()
@@ -233,6 +234,10 @@ class ChatSession:
     def _record(self, result: GenerationResult, replaced: tuple | None = None) -> None:
         if result.finish_reason == "cancelled" and replaced is not None:
             self._put_back(replaced)
+            return
+        if result.finish_reason == "cancelled" and not result.text:
+            # Stopped before its first word (an Esc right after Enter): an empty reply is no answer, and the
+            # message waits for stream_reply, as one whose stream never started does.
             return
         message = {"role": "assistant", "content": result.text}
         if result.finish_reason == "cancelled":

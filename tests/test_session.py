@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from edgespec import ChatSession, Done, Notice, SamplingParams, Step
+from edgespec.engine import result_of
 from edgespec.loading import load_engine
 from edgespec.errors import ContextOverflowError, EdgespecError, flag_worded
 from edgespec.prompts import MAX_PROMPT_BYTES_PER_TOKEN
@@ -96,8 +97,12 @@ def test_a_cancel_before_the_first_step_stops_the_reply_too(engines):
     session = ChatSession(engine)
     events = session.stream(TURNS[0], SamplingParams(temperature=0.0, max_tokens=400))
     session.cancel()  # an Esc right after Enter, before the chat app's worker asked for the first step
-    result = next(event.result for event in events if isinstance(event, Done))
-    assert result.finish_reason == "cancelled" and session.messages[-1].get("cancelled") is True
+    result = next(event.result for event in list(events) if isinstance(event, Done))
+    assert result.finish_reason == "cancelled" and result.text == ""
+    # an empty reply is no answer: the message waits, unanswered, for stream_reply
+    assert session.messages == [{"role": "user", "content": TURNS[0]}] and session.turn_stats == []
+    result_of(session.stream_reply(GREEDY))
+    assert [m["role"] for m in session.messages] == ["user", "assistant"] and len(session.turn_stats) == 1
 
 
 def test_a_reply_saved_without_its_figures_regenerates(engines):

@@ -269,6 +269,26 @@ async def test_a_regeneration_stopped_keeps_the_reply_it_was_to_replace(models):
 
 
 @pilot_test
+async def test_an_esc_right_after_enter_leaves_the_message_unanswered_with_no_empty_reply_saved(models):
+    # An Esc before the generation thread began the reply was lost (making the session's stream clears its
+    # cancel), and one before the first token saved an empty reply, marked stopped, as the answer
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        use_script(app.chat.engine, ScriptedReply(REPLY))
+        app.on_prompt_input_submitted(PromptInput.Submitted("Tell me"))
+        app.action_cancel()  # this coroutine has not yielded since: the worker thread has not begun the reply
+        await wait_for(pilot, lambda: app.generation is None)
+        assert app.chat.session.messages == [{"role": "user", "content": "Tell me"}] and not replies(app)
+        assert "stopped before the reply began" in str(app.query(Note).last().render())
+        saved = app.store.load_chat(app.chat.chat_id)
+        assert saved.session["messages"] == app.chat.session.messages and saved.extras["pending_prompt"] is None
+        app.action_regenerate()  # answers the message left unanswered
+        await wait_for(pilot, lambda: app.generation is None)
+        assert app.chat.session.messages[-1] == {"role": "assistant", "content": REPLY}
+
+
+@pilot_test
 async def test_settings_applied_during_a_regeneration_keep_the_stored_reply(models):
     # Apply saved the chat at once, the reply being replaced set aside: a kill before the new one ended lost both
     app = make_app(models, max_tokens=3000, n_ctx=4096)

@@ -22,7 +22,7 @@ from tui.history_screens import ConfirmScreen, ExportScreen, HistoryScreen, Rena
 from tui.render import Block, BlockRenderer
 from tui.reply import SEGMENT_LINES, BlockView, ReplyView
 from tui.screens import SettingsScreen
-from tui.widgets import Note, UserMessage
+from tui.widgets import Note, PromptInput, UserMessage
 
 CODE = "".join(f"    total += {i}\n" for i in range(20))
 REPLY = f"Here is the **sum**:\n\n```python\ndef total():\n{CODE}```\n\nIt adds the numbers."
@@ -205,6 +205,24 @@ async def test_an_edit_too_long_for_the_context_changes_nothing(models):
         assert app.store.load_chat(app.chat.chat_id).session["messages"] == stored_before
         assert app.prompt_input.text == too_long.strip(), "nothing typed is lost"
         assert app.editing == 0 and "editing message 1" in app.prompt_input.border_title  # Enter edits, not sends
+
+
+@pilot_test
+async def test_an_edit_stopped_before_its_reply_began_is_undone(models):
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        use_script(app.chat.engine, ScriptedReply("Sure."))
+        await send(pilot, "First question")
+        before = [dict(m) for m in app.chat.session.messages]
+        app.begin_editing(0)
+        app.on_prompt_input_submitted(PromptInput.Submitted("First question, edited"))
+        app.action_cancel()  # this coroutine has not yielded since: the worker thread has not begun the reply
+        await wait_for(pilot, lambda: app.generation is None)
+        assert app.chat.session.messages == before
+        assert app.store.load_chat(app.chat.chat_id).session["messages"] == before
+        assert app.editing == 0 and app.prompt_input.text == "First question, edited"
+        assert "the edit is undone" in str(app.query(Note).last().render())
 
 
 @pilot_test

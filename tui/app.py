@@ -231,6 +231,12 @@ class ChatApp(AppEnding, ChatActions, App):
             return
         last = self.chat.session.messages[-1] if self.chat.session.messages else {}
         stopped = {"role": "assistant", "content": stream.result.text, "cancelled": True}
+        if stream.result.finish_reason == "cancelled" and last.get("role") == "user":
+            # stopped before it wrote anything: no reply is kept, and an edit is undone as a failed one is
+            then = ("the edit is undone" if generation.edit is not None
+                    else f"{self._key_label('regenerate')} answers the message")
+            self._reply_failed(generation, f"stopped before the reply began: {then}")
+            return
         if stream.result.finish_reason == "cancelled" and last != stopped:
             # a regeneration stopped: the session kept the reply it was to replace, and so does the screen
             self.rebuild_conversation()
