@@ -344,7 +344,7 @@ def _choose_draft(size, draft: GGUFInfo | None, target_part: ModelMemory, availa
                   target_partial: bool, force_mode: str | None,
                   force_draft_gpu_layers: int | None) -> tuple[str, ModelMemory | None, str]:
     """(mode, the draft's share or None, why) once the target is placed."""
-    as_asked = {"ngram": "n-gram drafting", "none": "no drafting", "heads": "the heads trained for this model"}
+    as_asked = {"ngram": "n-gram drafting", "none": "no drafting", "heads": "drafting heads"}
     if force_mode in as_asked:  # heads hold a few MB of weights, and draft through the target's own pass
         return force_mode, None, f"{as_asked[force_mode]} as asked"
     if draft is None:

@@ -145,12 +145,13 @@ def test_a_path_that_is_neither_a_file_nor_a_folder_is_named_as_such(tiny_models
 
 
 def test_plan_with_heads_says_heads_and_whether_any_are_trained(tiny_models, tmp_path, monkeypatch, capsys):
-    # the plan said "ngram ... n-gram drafting as asked", and "fits" with no heads trained, where run refuses
+    # the plan said "ngram ... n-gram drafting as asked", and "fits" with no heads trained, where run refuses;
+    # then "the heads trained for this model as asked" above "no heads are trained"
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
     plan = ["plan", "--model", str(tiny_models["target"]), "--draft", "heads"]
     assert main(plan) == 0
     out = " ".join(capsys.readouterr().out.split())  # the caption wraps at the table's width
-    assert "edgespec plan: heads on" in out and "heads trained for this model as asked" in out
+    assert "edgespec plan: heads on" in out and "drafting heads as asked" in out and "heads trained" not in out
     assert "no heads are trained for" in out and "edgespec heads train --model" in out
 
     (tmp_path / "a.txt").write_text("the cat sat on the mat and the cat sat on the mat. " * 20)
@@ -159,7 +160,7 @@ def test_plan_with_heads_says_heads_and_whether_any_are_trained(tiny_models, tmp
     capsys.readouterr()
     assert main(plan) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "edgespec plan: heads on" in out and "no heads are trained" not in out
+    assert "edgespec plan: heads on" in out and "drafting heads as asked" in out and "no heads are trained" not in out
 
 
 def test_sigterm_stops_a_training_as_ctrl_c_does_keeping_the_work(tiny_models, tmp_path, monkeypatch, capsys):
