@@ -56,6 +56,7 @@ def test_training_again_keeps_the_heads_it_replaces_and_refuses_to_write_over_ot
     assert main([*train, "--output", str(notes)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a heads file" in err and notes.read_text() == "my notes\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a.txt", "cache", "notes.txt"]  # no lock file beside
 
 
 def test_a_run_that_saves_no_heads_leaves_the_heads_kept_before_as_they_are(tiny_models, tmp_path, monkeypatch,

@@ -99,6 +99,8 @@ def train_command(args: argparse.Namespace) -> int:
     _check_max_tokens_fit(args.max_tokens, path, memory_plan)
     heads_path = args.output or default_heads_path(path)
     _check_writable(heads_path)
+    if args.output is not None:  # refused before a lock file is made beside the user's file
+        _heads_it_replaces(heads_path, named=True)
     with _the_only_training_of(heads_path):
         return _train(args, path, memory_plan, heads_path)
 
