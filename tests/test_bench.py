@@ -184,6 +184,9 @@ def test_configurations_resolve_to_distinct_draft_lengths():
     assert [(c.name, c.drafter) for c in again] == [("baseline", "baseline"), ("baseline-again", "baseline")]
     with pytest.raises(bench.BenchError, match="--draft"):
         configs.resolve_configs(["draft-model"], 4, has_draft=False, explicit=True)
+    # heads trained but not loaded (no --draft heads) were told to be trained, then loaded
+    with pytest.raises(bench.BenchError, match="needs heads, which --draft heads loads .train them first"):
+        configs.resolve_configs(["heads"], 4, has_draft=False, explicit=True)
 
 
 def test_flash_attention_is_refused_with_bit_exact_configurations_before_loading(tmp_path):

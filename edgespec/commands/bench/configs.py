@@ -109,7 +109,7 @@ def _missing_for(drafter: str, has_draft: bool, has_peer: bool, has_heads: bool)
     if drafter in NEEDS_DRAFT_MODEL and not has_draft:
         return "a draft model and none is loaded (pass --draft FILE)"
     if drafter == "heads" and not has_heads:
-        return "trained heads (train them with `edgespec heads train`, then pass --draft heads)"
+        return "heads, which --draft heads loads (train them first with `edgespec heads train` if none are)"
     return None
 
 
