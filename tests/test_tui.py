@@ -25,6 +25,7 @@ from scripted_reply import FILLER, ScriptedReply, use_script
 from edgespec import SamplingParams
 from edgespec.engine import Step
 from tinygguf import write_model_family, write_tiny_model
+import tui.app as tui_app
 from tui.app import ChatApp
 from tui.ending import STOP_SIGNALS
 from tui.engine_host import EngineHost
@@ -619,6 +620,38 @@ async def test_copying_mid_reply_copies_nothing_but_says_so(models):
             await wait_for(pilot, lambda: app.generation is None)
     finally:
         app.close_engine()
+
+
+@pilot_test
+async def test_a_reply_is_saved_as_it_streams_so_that_a_kill_keeps_it(models, monkeypatch):
+    # A kill -9, the OOM killer or a power cut mid-reply lost all of it: it was saved only at its end
+    monkeypatch.setattr(tui_app, "PARTIAL_SAVE_SECONDS", 0.0)
+    app = make_app(models, max_tokens=3000)
+
+    def stored() -> list[dict]:
+        return app.store.load_chat(app.chat.chat_id).session["messages"]
+
+    async with app.run_test(size=SIZE) as pilot:
+        try:
+            await an_endless_reply_streaming(pilot)
+            await wait_for(pilot, lambda: len(stored()) == 2)  # saved at a Progress, while it streams
+            saved = stored()[1]
+            assert saved["cancelled"] is True and app.generation.view.reply.text.startswith(saved["content"])
+        finally:
+            app.chat.session.cancel()  # an endless reply left running would hold the test open
+        await wait_for(pilot, lambda: app.generation is None)
+        assert stored() == app.chat.session.messages and len(stored()) == 2  # the stopped reply, once
+
+        before = stored()
+        use_script(app.chat.engine, ScriptedReply(REPLY, endless=True, pause_s=0.002))
+        app.action_regenerate()
+        try:
+            await wait_for(pilot, lambda: app.generation.view.reply.text)
+            app._save_reply_so_far()
+            assert stored() == before, "a regeneration keeps the reply it replaces stored until it ends"
+        finally:
+            app.chat.session.cancel()
+        await wait_for(pilot, lambda: app.generation is None)
 
 
 @pilot_test

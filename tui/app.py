@@ -20,6 +20,7 @@ when it changes.  Entry point: `run_chat`.
 
 from __future__ import annotations
 
+import time
 import traceback
 from dataclasses import replace
 from typing import Callable, Iterator
@@ -42,6 +43,9 @@ from tui.render import BlockRenderer
 from tui.settings import ChatSettings
 from tui.widgets import ChatFooter, LoadingPanel, ModelFigures, PromptInput, StatsBar
 
+# How often a reply to a new message is saved as it streams: a kill -9, the OOM killer or a power cut loses
+# that much of it, not all (Ctrl+Q, SIGTERM and a closed terminal save all of it: tui/ending.py)
+PARTIAL_SAVE_SECONDS = 5.0
 # Most important first: a narrow footer keeps the first ones (ChatFooter)
 FOOTER_ACTIONS = ("cancel", "help", "new_chat", "history", "copy_reply", "model_info", "regenerate", "cycle_mode",
                   "settings", "toggle_marks")
@@ -219,6 +223,18 @@ class ChatApp(AppEnding, ChatActions, App):
         if event.stats is not None:
             self.chat.show_stats(event.stats)
         self.show_reply_figures()
+        self._save_reply_so_far()
+
+    def _save_reply_so_far(self) -> None:
+        """Every PARTIAL_SAVE_SECONDS, save the reply to a new message as far as it has come.  A regeneration or
+        an edit is not: until it ends, the chat stays stored as it was, the reply it replaces included."""
+        generation = self.generation
+        if generation is None or generation.prompt is None or generation.edit is not None:
+            return
+        now, text = time.monotonic(), generation.view.reply.text
+        if text and now - generation.saved_at >= PARTIAL_SAVE_SECONDS:
+            generation.saved_at = now
+            self.chat.save(reply_so_far=text)
 
     def on_conversation_view_ended(self, event: ConversationView.Ended) -> None:
         generation, self.generation = self.generation, None

@@ -217,8 +217,9 @@ class ChatController:
         if self.engine is not None:
             self.engine.configure(draft_tokens=settings.draft_tokens, bit_exact=settings.bit_exact)
 
-    def save(self, pending_prompt: str | None = None) -> None:
-        """Write the chat in one transaction: after each reply, and with the prompt before it."""
+    def save(self, pending_prompt: str | None = None, reply_so_far: str | None = None) -> None:
+        """Write the chat in one transaction: after each reply, with the prompt before it, and now and then with
+        the reply so far while it streams, as a stopped reply: what it is if the process dies then."""
         if self.session is None:
             return
         first_user = next((m["content"] for m in self.session.messages if m["role"] == "user"), pending_prompt)
@@ -229,8 +230,12 @@ class ChatController:
         extras = {"drafted": self.drafted_marks, "pending_prompt": pending_prompt}
         settings = dict(self.settings.as_dict(), mode=self.engine.mode)
         title = first_user.strip().splitlines()[0][:80]
-        self.chat_id = self.store.save_chat(self.chat_id, title, str(self.engine.target_path),
-                                            settings, self.session.to_dict(), extras)
+        session = self.session.to_dict()
+        messages = session["messages"]
+        if reply_so_far and messages and messages[-1]["role"] == "user":  # the reply is not recorded yet
+            messages.append({"role": "assistant", "content": reply_so_far, "cancelled": True})
+        target = str(self.engine.target_path)
+        self.chat_id = self.store.save_chat(self.chat_id, title, target, settings, session, extras)
 
     def open(self, chat_id: int) -> StoredChat:
         """Continue a saved chat with the loaded engine; raises EdgespecError for a damaged one.  Its settings

@@ -13,7 +13,7 @@ feed need not move faster) and Ended (the stream, complete).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from textual.containers import VerticalScroll
@@ -38,6 +38,7 @@ class Generation:
     view: AssistantMessage
     prompt: str | None = None
     edit: Edit | None = None  # the edit it answers, undone if the reply fails
+    saved_at: float = field(default_factory=time.monotonic)  # when the reply so far was saved last (ChatApp)
 
 
 @dataclass(frozen=True)
