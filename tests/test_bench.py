@@ -304,8 +304,11 @@ def test_a_missing_suite_names_the_suites_the_folder_has(tmp_path):
 @pytest.mark.parametrize("line, reason", [
     ('{"id": "a", "prompt": "hi", "max_tokens": -5}', "max_tokens is -5"),
     ('{"id": "a", "prompt": "hi", "max_tokens": "12"}', "max_tokens is '12'"),
-    ('{"id": "a", "prompt": ["hi"]}', "the prompt is list, not text"),
-    ('[1, 2]', "list indices"),
+    ('{"id": "a", "prompt": ["hi"]}', "the prompt is an array, not text"),
+    # Python's words were shown: "list indices must be integers or slices, not str", "'prompt'"
+    ('[1, 2]', "it is an array, not an object"),
+    ('null', "it is null, not an object"),
+    ('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}', "it has no 'prompt'"),
 ])
 def test_a_bad_workload_line_is_refused_with_its_reason(tmp_path, line, reason):
     # A negative max_tokens ended in a ValueError traceback once the model had loaded.
@@ -362,6 +365,11 @@ def test_without_suites_a_folder_runs_every_suite_it_holds(tmp_path):
     only_replies.mkdir()
     (tmp_path / "replies-model.jsonl").rename(only_replies / "replies-model.jsonl")
     with pytest.raises(bench.BenchError, match="holds no <suite>.jsonl files of prompts"):
+        workloads.load_workloads(directory=only_replies)
+    # a folder whose only suite's first line is broken said it held no suite files, and not which it left out
+    (only_replies / "notes.jsonl").write_text('{"id": "n", "text": "once"}\n')
+    with pytest.raises(bench.BenchError, match="the first line of notes.jsonl is not a workload line; name it "
+                                               "with --suites notes to see why"):
         workloads.load_workloads(directory=only_replies)
 
 

@@ -60,11 +60,16 @@ def suites_in(directory: Path) -> list[str]:
     return [suite for suite in SUITES if suite in found] + sorted(found.difference(SUITES))
 
 
+def _left_out(directory: Path, suites: list[str]) -> list[str]:
+    """The .jsonl files that are neither suites nor recorded replies (replies-*.jsonl)."""
+    return sorted(path.name for path in directory.glob("*.jsonl")
+                  if path.stem not in suites and not path.name.startswith("replies-"))
+
+
 def _say_what_is_left_out(directory: Path, suites: list[str]) -> None:
-    """A notice naming the .jsonl files that are neither suites nor recorded replies (replies-*.jsonl): a suite
-    whose first line is broken was left out of the bench without a word."""
-    left_out = sorted(path.name for path in directory.glob("*.jsonl")
-                      if path.stem not in suites and not path.name.startswith("replies-"))
+    """A notice naming the files _left_out: a suite whose first line is broken was left out of the bench without
+    a word."""
+    left_out = _left_out(directory, suites)
     if left_out:
         print_notice(f"bench: left out {', '.join(left_out)} in {directory}: the first line is not a workload "
                      "line ({\"id\": ..., \"prompt\": ...}); name the suite with --suites to see why")
@@ -75,6 +80,9 @@ def _holds(directory: Path) -> str:
     if not directory.is_dir():
         return f"there is no folder {directory} (--workloads)"
     suites = suites_in(directory)
+    if not suites and (left_out := _left_out(directory, suites)):  # files whose first line is broken, as it was
+        return (f"{directory} holds no <suite>.jsonl files of prompts: the first line of {left_out[0]} is not a "
+                f"workload line; name it with --suites {Path(left_out[0]).stem} to see why")
     if not suites:
         return f"{directory} holds no <suite>.jsonl files of prompts"
     return f"name its suites with --suites: {', '.join(suites)}"
@@ -122,10 +130,14 @@ def _parsed(line: str):
         raise ValueError("its JSON nests too deeply") from None
 
 
-def _workload_line(suite: str, row: dict) -> BenchPrompt:
+def _workload_line(suite: str, row) -> BenchPrompt:
+    if not isinstance(row, dict):
+        raise TypeError(f"it is {_json_kind(row)}, not an object")
+    if missing := [key for key in ("id", "prompt") if key not in row]:
+        raise ValueError(f"it has no {missing[0]!r}")
     prompt, max_tokens = row["prompt"], row.get("max_tokens", 128)
     if not isinstance(prompt, str):
-        raise TypeError(f"the prompt is {type(prompt).__name__}, not text")
+        raise TypeError(f"the prompt is {_json_kind(prompt)}, not text")
     # JSON's escapes can spell half a UTF-16 pair, which the tokenizer refuses only after the model has loaded
     for what, text in (("the prompt", prompt), ("the id", row["id"])):
         if isinstance(text, str) and (problem := surrogate_problem(text)):
@@ -133,3 +145,16 @@ def _workload_line(suite: str, row: dict) -> BenchPrompt:
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens is {max_tokens!r}")
     return BenchPrompt(suite, str(row["id"]), prompt, max_tokens)
+
+
+def _json_kind(value) -> str:
+    """What a parsed JSON value is, in JSON's words: a line's error names what the user wrote, not Python's type."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return "a number"
