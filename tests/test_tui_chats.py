@@ -208,6 +208,26 @@ async def test_an_edit_too_long_for_the_context_changes_nothing(models):
 
 
 @pilot_test
+async def test_a_reopened_chat_titles_its_replies_as_they_were_written(models):
+    # every reply of a reopened chat, or of one shown again after an error, was titled "reply"
+    app = make_app(models)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        use_script(app.chat.engine, ScriptedReply("Sure."))
+        await send(pilot, "First question")
+        written = str(replies(app)[0].border_title)
+        assert written != "reply" and " · " in written
+        chat_id, older = app.chat.chat_id, saved_chat(app.store)  # saved before labels were kept
+        app.action_new_chat()
+        app.open_chat(chat_id)
+        await wait_for(pilot, lambda: replies(app))
+        assert [str(reply.border_title) for reply in replies(app)] == [written]
+        app.open_chat(older)
+        await wait_for(pilot, lambda: replies(app) and replies(app)[0].reply.text == REPLY)
+        assert [str(reply.border_title) for reply in replies(app)] == ["reply"]
+
+
+@pilot_test
 async def test_an_edit_stopped_before_its_reply_began_is_undone(models):
     app = make_app(models)
     async with app.run_test(size=SIZE) as pilot:

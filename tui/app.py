@@ -193,9 +193,9 @@ class ChatApp(AppEnding, ChatActions, App):
     def start_reply(self, events: Callable[[], Iterator], prompt: str | None = None, edit: Edit | None = None) -> None:
         """Generate a reply from events() on a worker thread; prompt: the new message it answers, if any;
         edit: the edit of an earlier message it answers, if any."""
-        stream = ReplyStream()
-        view = self.conversation.follow(stream, self._reply_title())
-        self.generation = Generation(stream, view, prompt, edit)
+        stream, label = ReplyStream(), self._reply_title()
+        view = self.conversation.follow(stream, label)
+        self.generation = Generation(stream, view, prompt, edit, label=label)
         self.chat.begin_reply()
         self.show_reply_figures()
         self.refresh_bindings()
@@ -261,7 +261,7 @@ class ChatApp(AppEnding, ChatActions, App):
             return
         reply = event.message.reply
         reply.finish(stream.result.text)
-        event.message.footer.update(self.chat.reply_finished(stream.result, reply.drafted_ranges()))
+        event.message.footer.update(self.chat.reply_finished(stream.result, reply.drafted_ranges(), generation.label))
         self.show_reply_figures()
         self.chat.save()
         self._load_models_if_settings_ask()
@@ -306,7 +306,7 @@ class ChatApp(AppEnding, ChatActions, App):
             self.end_editing()
         session = self.chat.session
         self.conversation.show_messages(session.messages, session.system_prompt, self.chat.turn_footers(),
-                                        self.chat.drafted_ranges)
+                                        self.chat.drafted_ranges, self.chat.reply_label)
 
     def open_chat(self, chat_id: int) -> None:
         stored = self.chat.open(chat_id)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from edgespec import ChatSession, Done, Engine, Notice, Step
+from edgespec.control_chars import visible_controls
 from edgespec.errors import Setting, as_flag, flag_worded
 from edgespec.limits import MODES
 from edgespec.stats import Stats
@@ -85,6 +86,7 @@ class ChatController:
         self.settings = self.defaults
         self.chat_id: int | None = None
         self.drafted_marks: dict[str, list] = {}  # reply content key -> drafted character ranges
+        self.reply_labels: dict[str, str] = {}  # reply content key -> what it was written with ("model · mode")
         self.shown_stats: Stats | None = None  # live stats of the running reply, or the last reply's
         self.context_used = 0
         self.acceptance: deque[float] = deque(maxlen=SPARKLINE_STEPS)
@@ -161,10 +163,11 @@ class ChatController:
         self.shown_stats = stats
         self.context_used = stats_text.context_used(stats)
 
-    def reply_finished(self, result, drafted_ranges: list) -> str:
-        """Book a finished reply; returns its footer line."""
+    def reply_finished(self, result, drafted_ranges: list, label: str) -> str:
+        """Book a finished reply, written with what label names; returns its footer line."""
         self.show_stats(result.stats)
         self.drafted_marks[content_key(result.text)] = drafted_ranges
+        self.reply_labels[content_key(result.text)] = label
         return stats_text.reply_footer(result.stats, self.plain_speed())
 
     def reply_failed(self, prompt: str | None) -> bool:
@@ -195,6 +198,10 @@ class ChatController:
     def drafted_ranges(self, text: str) -> list:
         return self.drafted_marks.get(content_key(text), [])
 
+    def reply_label(self, text: str) -> str:
+        """What the reply of this text was written with, as its title showed it then ("reply" if not known)."""
+        return self.reply_labels.get(content_key(text), "reply")
+
     # -- the chat and its settings --------------------------------------------------------
 
     def new_chat(self) -> None:
@@ -205,7 +212,7 @@ class ChatController:
         self.settings = dataclasses.replace(self.settings, system_prompt=self.defaults.system_prompt, sampling=sampling)
         self.session = ChatSession(self.engine, system_prompt=self.settings.system_prompt or None)
         self.chat_id = None
-        self.drafted_marks = {}
+        self.drafted_marks, self.reply_labels = {}, {}
         self.shown_stats = None
         self.context_used = 0
         self.acceptance.clear()
@@ -227,7 +234,8 @@ class ChatController:
             return
         replies = {content_key(m["content"]) for m in self.session.messages if m["role"] == "assistant"}
         self.drafted_marks = {k: v for k, v in self.drafted_marks.items() if k in replies}
-        extras = {"drafted": self.drafted_marks, "pending_prompt": pending_prompt}
+        self.reply_labels = {k: v for k, v in self.reply_labels.items() if k in replies}
+        extras = {"drafted": self.drafted_marks, "labels": self.reply_labels, "pending_prompt": pending_prompt}
         settings = dict(self.settings.as_dict(), mode=self.engine.mode)
         title = first_user.strip().splitlines()[0][:80]
         session = self.session.to_dict()
@@ -251,6 +259,7 @@ class ChatController:
         except _DAMAGE as error:
             raise self._damaged(chat_id, error) from None
         self.session, self.chat_id, self.drafted_marks = session, stored.id, marks
+        self.reply_labels = _reply_labels(stored.extras.get("labels"))
         self.settings = settings
         if stored.settings.get("mode") in self.available_modes():
             self.engine.configure(mode=stored.settings["mode"])
@@ -302,3 +311,12 @@ def _drafted_marks(stored: dict) -> dict[str, list]:
             raise ValueError("draft marks that are not character ranges")
         marks[str(key)] = ranges
     return marks
+
+
+def _reply_labels(stored) -> dict[str, str]:
+    """A saved chat's reply labels, those that are text: a label is only a title (chats saved before labels were
+    kept have none, and their replies show as "reply"); its control characters drawn as symbols, as a hand-edited
+    history's text is anybody's."""
+    if not isinstance(stored, dict):
+        return {}
+    return {key: visible_controls(label) for key, label in stored.items() if isinstance(label, str)}

@@ -39,6 +39,7 @@ class Generation:
     prompt: str | None = None
     edit: Edit | None = None  # the edit it answers, undone if the reply fails
     saved_at: float = field(default_factory=time.monotonic)  # when the reply so far was saved last (ChatApp)
+    label: str = "reply"  # its title: the model and the drafting it is written with
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,9 @@ class ConversationView(VerticalScroll):
         self.remove_children()
 
     def show_messages(self, messages: list[dict], system_prompt: str | None, footers: dict[int, str],
-                      drafted_ranges: Callable[[str], list]) -> None:
-        """Show a whole conversation, final (after reopening a chat, or after an error)."""
+                      drafted_ranges: Callable[[str], list], label: Callable[[str], str]) -> None:
+        """Show a whole conversation, final (after reopening a chat, or after an error); label(text): the title
+        of the reply of that text."""
         self.remove_children()
         if system_prompt:
             self.mount(Note(f"system prompt: {system_prompt}", "note"))
@@ -116,7 +118,7 @@ class ConversationView(VerticalScroll):
             if message["role"] == "user":
                 self.mount(UserMessage(message["content"], index))
                 continue
-            view = AssistantMessage(self.renderer, self.mark_drafts, "reply")
+            view = AssistantMessage(self.renderer, self.mark_drafts, label(message["content"]))
             self.mount(view)
             view.reply.set_text(message["content"], drafted_ranges(message["content"]))
             if index in footers:
