@@ -69,8 +69,9 @@ class AppEnding:
         self.kept_at = time.monotonic()
 
     def _save_stopped_reply(self) -> None:
-        # The session holds the reply so far, as cancelled; the save its end would make in the app
-        # (on_conversation_view_ended) comes too late once the app is ending.
+        # The session holds the reply so far, as cancelled (or, stopped before its first word, the message
+        # unanswered); the save its end would make in the app (on_conversation_view_ended) comes too late once
+        # the app is ending.
         stream = self.generation.stream if self.generation is not None else None
         if stream is not None and stream.finished.is_set() and stream.result is not None:
             self.chat.save()
