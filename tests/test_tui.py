@@ -637,6 +637,8 @@ async def test_a_reply_is_saved_as_it_streams_so_that_a_kill_keeps_it(models, mo
             await wait_for(pilot, lambda: len(stored()) == 2)  # saved at a Progress, while it streams
             saved = stored()[1]
             assert saved["cancelled"] is True and app.generation.view.reply.text.startswith(saved["content"])
+            labels = app.store.load_chat(app.chat.chat_id).extras["labels"]  # its title, for a reopening
+            assert list(labels.values()) == [str(app.generation.view.border_title)]
         finally:
             app.chat.session.cancel()  # an endless reply left running would hold the test open
         await wait_for(pilot, lambda: app.generation is None)

@@ -234,7 +234,7 @@ class ChatApp(AppEnding, ChatActions, App):
         now, text = time.monotonic(), generation.view.reply.text
         if text and now - generation.saved_at >= PARTIAL_SAVE_SECONDS:
             generation.saved_at = now
-            self.chat.save(reply_so_far=text)
+            self.chat.save(reply_so_far=(text, generation.label))
 
     def on_conversation_view_ended(self, event: ConversationView.Ended) -> None:
         generation, self.generation = self.generation, None

@@ -224,24 +224,29 @@ class ChatController:
         if self.engine is not None:
             self.engine.configure(draft_tokens=settings.draft_tokens, bit_exact=settings.bit_exact)
 
-    def save(self, pending_prompt: str | None = None, reply_so_far: str | None = None) -> None:
+    def save(self, pending_prompt: str | None = None, reply_so_far: tuple[str, str] | None = None) -> None:
         """Write the chat in one transaction: after each reply, with the prompt before it, and now and then with
-        the reply so far while it streams, as a stopped reply: what it is if the process dies then."""
+        the reply so far while it streams (its text and label), as a stopped reply: what it is if the process
+        dies then."""
         if self.session is None:
             return
         first_user = next((m["content"] for m in self.session.messages if m["role"] == "user"), pending_prompt)
         if first_user is None:
             return
-        replies = {content_key(m["content"]) for m in self.session.messages if m["role"] == "assistant"}
-        self.drafted_marks = {k: v for k, v in self.drafted_marks.items() if k in replies}
-        self.reply_labels = {k: v for k, v in self.reply_labels.items() if k in replies}
-        extras = {"drafted": self.drafted_marks, "labels": self.reply_labels, "pending_prompt": pending_prompt}
-        settings = dict(self.settings.as_dict(), mode=self.engine.mode)
-        title = first_user.strip().splitlines()[0][:80]
         session = self.session.to_dict()
         messages = session["messages"]
+        labels = self.reply_labels
         if reply_so_far and messages and messages[-1]["role"] == "user":  # the reply is not recorded yet
-            messages.append({"role": "assistant", "content": reply_so_far, "cancelled": True})
+            text, label = reply_so_far
+            messages.append({"role": "assistant", "content": text, "cancelled": True})
+            labels = {**labels, content_key(text): label}
+        replies = {content_key(m["content"]) for m in messages if m["role"] == "assistant"}
+        self.drafted_marks = {k: v for k, v in self.drafted_marks.items() if k in replies}
+        self.reply_labels = {k: v for k, v in self.reply_labels.items() if k in replies}
+        extras = {"drafted": self.drafted_marks, "labels": {k: v for k, v in labels.items() if k in replies},
+                  "pending_prompt": pending_prompt}
+        settings = dict(self.settings.as_dict(), mode=self.engine.mode)
+        title = first_user.strip().splitlines()[0][:80]
         target = str(self.engine.target_path)
         self.chat_id = self.store.save_chat(self.chat_id, title, target, settings, session, extras)
 
