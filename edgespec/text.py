@@ -24,6 +24,13 @@ def surrogates_escaped(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def json_kind(value: object) -> str:
+    """What a value parsed from JSON is, in JSON's words ("array", "null"): an error names what was written, not
+    Python's type."""
+    kinds = ((bool, "boolean"), (int, "number"), (float, "number"), (str, "string"), (list, "array"), (dict, "object"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), "null")
+
+
 def check_text(text: object, what: str) -> None:
     """Refuse what is not a str, or no text (see surrogate_problem), naming what it is ("the prompt")."""
     if not isinstance(text, str):

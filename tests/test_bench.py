@@ -304,10 +304,10 @@ def test_a_missing_suite_names_the_suites_the_folder_has(tmp_path):
 @pytest.mark.parametrize("line, reason", [
     ('{"id": "a", "prompt": "hi", "max_tokens": -5}', "max_tokens is -5"),
     ('{"id": "a", "prompt": "hi", "max_tokens": "12"}', "max_tokens is '12'"),
-    ('{"id": "a", "prompt": ["hi"]}', "the prompt is an array, not text"),
+    ('{"id": "a", "prompt": ["hi"]}', "the prompt is a JSON array, not text"),
     # Python's words were shown: "list indices must be integers or slices, not str", "'prompt'"
-    ('[1, 2]', "it is an array, not an object"),
-    ('null', "it is null, not an object"),
+    ('[1, 2]', "it is a JSON array, not an object"),
+    ('null', "it is a JSON null, not an object"),
     ('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}', "it has no 'prompt'"),
 ])
 def test_a_bad_workload_line_is_refused_with_its_reason(tmp_path, line, reason):

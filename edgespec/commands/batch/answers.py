@@ -11,6 +11,7 @@ redone on resume.
 
 from __future__ import annotations
 
+from ...text import json_kind
 from .requests import CHAT_URL, COMPLETIONS_URL
 
 CHAT_OBJECT = "chat.completion"
@@ -26,7 +27,7 @@ def answer_object(url: str) -> str:
 def answer_problem(url: str, body: object) -> str | None:
     """What keeps body from being an answer to a request for url, or None when it is one."""
     if not isinstance(body, dict):
-        return f"it is a JSON {_json_kind(body)}, not an object"
+        return f"it is a JSON {json_kind(body)}, not an object"
     if body.get("error") is not None:
         return f"it holds an error: {_error_text(body['error'])}"
     expected = answer_object(url)
@@ -85,11 +86,6 @@ def _non_empty_list(value: object) -> bool:
 def _error_text(error: object) -> str:
     message = error.get("message") if isinstance(error, dict) else error
     return _shown(message)
-
-
-def _json_kind(value: object) -> str:
-    kinds = ((bool, "boolean"), (int, "number"), (float, "number"), (str, "string"), (list, "array"))
-    return next((name for kind, name in kinds if isinstance(value, kind)), "null")
 
 
 def _shown(value: object, limit: int = 120) -> str:

@@ -9,7 +9,7 @@ from typing import Iterable
 
 from ...errors import EdgespecError
 from ...notices import print_notice
-from ...text import surrogate_problem
+from ...text import json_kind, surrogate_problem
 
 WORKLOADS_DIR = Path(__file__).resolve().parents[3] / "benchmarks" / "workloads"
 SUITES = ("code-edit", "summarize", "qa-context", "chat", "creative")
@@ -132,12 +132,12 @@ def _parsed(line: str):
 
 def _workload_line(suite: str, row) -> BenchPrompt:
     if not isinstance(row, dict):
-        raise TypeError(f"it is {_json_kind(row)}, not an object")
+        raise TypeError(f"it is a JSON {json_kind(row)}, not an object")
     if missing := [key for key in ("id", "prompt") if key not in row]:
         raise ValueError(f"it has no {missing[0]!r}")
     prompt, max_tokens = row["prompt"], row.get("max_tokens", 128)
     if not isinstance(prompt, str):
-        raise TypeError(f"the prompt is {_json_kind(prompt)}, not text")
+        raise TypeError(f"the prompt is a JSON {json_kind(prompt)}, not text")
     # JSON's escapes can spell half a UTF-16 pair, which the tokenizer refuses only after the model has loaded
     for what, text in (("the prompt", prompt), ("the id", row["id"])):
         if isinstance(text, str) and (problem := surrogate_problem(text)):
@@ -146,15 +146,3 @@ def _workload_line(suite: str, row) -> BenchPrompt:
         raise ValueError(f"max_tokens is {max_tokens!r}")
     return BenchPrompt(suite, str(row["id"]), prompt, max_tokens)
 
-
-def _json_kind(value) -> str:
-    """What a parsed JSON value is, in JSON's words: a line's error names what the user wrote, not Python's type."""
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if value is None or isinstance(value, bool):
-        return json.dumps(value)
-    return "a number"
