@@ -141,7 +141,8 @@ def draft_step(drafter: NgramDrafter, controller, context: list[int], room: int)
     limit = min(room, k_max)
     cap = limit if hint.available is None else min(limit, hint.available)
     foreseen = (lambda: drafter.propose(context, k_max).tokens) if hint.available != 0 else list
-    controller.watch(context, hint.signal, foreseen)
+    # a drafter from before copies were told apart (ngram_sim_before.py) hints no copy
+    controller.watch(context, hint.signal, foreseen, getattr(hint, "copy", None))
     k = controller.choose(hint.signal, cap) if cap > 0 else 0
     return hint.signal, cap, drafter.propose(context, k).tokens if k > 0 else []
 

@@ -43,7 +43,7 @@ class OldNgramController:
         self.controller = module.DraftLengthController(cost, k_max, None, hindsight=True, decay=module.HINDSIGHT_DECAY,
                                                        prior_by_bucket=module.NGRAM_PRIOR_BY_BUCKET)
 
-    def watch(self, context, signal, proposal):
+    def watch(self, context, signal, proposal, copy=None):
         self.controller.settle(context)
         self.controller.foresee(context, proposal(), signal)
 

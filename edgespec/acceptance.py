@@ -147,7 +147,8 @@ class VerifiedAcceptance(_Estimates):
                  caution: float = 0.0, learned=None):
         super().__init__(k_max, decay=decay, prior_acceptance=prior_acceptance, caution=caution, learned=learned)
 
-    def watch(self, context: list[int], signal: int, proposal: Callable[[], Sequence[int]]) -> None:
+    def watch(self, context: list[int], signal: int, proposal: Callable[[], Sequence[int]],
+              copy: int | None = None) -> None:
         """Nothing to learn before a step: this learner sees only what verification keeps."""
 
     def record(self, proposed: int, accepted: int, signal: int = 0) -> None:

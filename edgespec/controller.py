@@ -199,11 +199,13 @@ class DraftLengthController:
 
     # -- choosing k -----------------------------------------------------------------------
 
-    def watch(self, context: list[int], signal: int, proposal: Callable[[], Sequence[int]]) -> None:
+    def watch(self, context: list[int], signal: int, proposal: Callable[[], Sequence[int]],
+              copy: int | None = None) -> None:
         """Before choosing, at every step the drafter is considered (whether it can propose now or not): let
         the estimate learn from the drafter's whole proposal (proposal() makes it; only a hindsight learner
-        calls it), and add the step's budget to the signal's probe allowance."""
-        self.estimate.watch(context, signal, proposal)
+        calls it) and the copy it continues (Hint.copy), and add the step's budget to the signal's probe
+        allowance."""
+        self.estimate.watch(context, signal, proposal, copy)
         if not self.estimate.learns_without_drafting:
             held = self._allowances.get(signal, 0.0)
             self._allowances[signal] = min(held + self.probe_budget, PROBE_SAVINGS * self._probe_worst_loss())

@@ -34,6 +34,9 @@ from .sampling import SamplingParams, sample, to_probs
 class Hint:
     signal: int = 0  # the drafter's class of its guess, e.g. where an n-gram matched and how long (ngram_signal)
     available: int | None = None  # the most tokens it can propose now (None: no limit)
+    # which copy the guess continues: how far back from the context's end its source stands, the same at every
+    # step of one copy of a text (None: not known), so that the steps of one copy count as one copy (hindsight.py)
+    copy: int | None = None
 
 
 @dataclass(frozen=True)
@@ -166,9 +169,9 @@ class NgramDrafter:
         match = self._lookup(context, MAX_DRAFT_TOKENS)
         if match is None:
             return Hint(0, 0)
-        source, n, tokens = match
+        source, n, tokens, copy = match
         # a copy cut at an end token, or the end of a prediction or a pooled text, offers no more than that
-        return Hint(ngram_signal(source, n), len(tokens) if len(tokens) < MAX_DRAFT_TOKENS else None)
+        return Hint(ngram_signal(source, n), len(tokens) if len(tokens) < MAX_DRAFT_TOKENS else None, copy)
 
     def _copy_length(self, n: int, start: int) -> int:
         """How many tokens before the context's end match those before start: the match of n, extended
@@ -182,12 +185,12 @@ class NgramDrafter:
         match = self._lookup(context, k) if k > 0 else None
         if match is None:
             return NO_PROPOSAL
-        source, _, tokens = match
+        source, _, tokens, _ = match
         return Proposal(tokens, None, source)
 
-    def _lookup(self, context: list[int], k: int) -> tuple[str, int, list[int]] | None:
-        """(source, match length, the tokens it proposes: k, or fewer where an end token or its source ends them)
-        of the best match, or None."""
+    def _lookup(self, context: list[int], k: int) -> tuple[str, int, list[int], int | None] | None:
+        """(source, match length, the tokens it proposes: k, or fewer where an end token or its source ends them,
+        the copy it continues: Hint.copy) of the best match, or None."""
         best = None
         found = self._copy_match(context)
         if found is not None:
@@ -198,21 +201,23 @@ class NgramDrafter:
             # Past the end of the context, assume the text keeps repeating with the
             # period the match implies: that is what a loop or a copy looks like.
             source = "prompt" if start < self._prompt_end else "context"
-            best = (source, n, lambda: [written(canonical[start + i % period]) for i in range(k)])
+            best = (source, n, lambda: [written(canonical[start + i % period]) for i in range(k)], period)
         # a predicted output is the text before the edit: looked up and written with the renames made since
         found = self.prediction.lookup(self._canonical) if self.prediction is not None else None
         if found is not None and (best is None or found[0] > best[1]):
             n, start = found
             predicted, written = self.prediction.tokens, self._renames.written
             self._renames.watch(len(context), predicted, start)
-            best = ("prediction", n, lambda: [written(token) for token in predicted[start: start + k]])
+            best = ("prediction", n, lambda: [written(token) for token in predicted[start: start + k]],
+                    len(context) - start)
         if self.pool is not None and (best is None or best[1] < min(self.pool.lengths)):
             pooled = self.pool.lookup(context, max(k, 1))
             if pooled is not None and pooled[1] and (best is None or pooled[0] > best[1]):
-                best = ("pool", pooled[0], lambda: pooled[1][:k])
+                best = ("pool", pooled[0], lambda: pooled[1][:k], None)  # the pool does not say where it matched
         if best is None:
             return None
-        return best[0], best[1], up_to_an_end(best[2](), self.end_tokens)
+        source, n, tokens, copy = best
+        return source, n, up_to_an_end(tokens(), self.end_tokens), copy
 
     def _copy_match(self, context: list[int]) -> tuple[int, int] | None:
         """(copy length, where its next token is) of the copy to continue in the context: the copy the

@@ -267,7 +267,7 @@ class DraftPlanner:
             if controller is not None:
                 controller.watch(context, hint.signal, lambda: (
                     drafter.propose(context, controller.k_max, generation.params, generation.rng).tokens
-                    if hint.available != 0 else []))
+                    if hint.available != 0 else []), hint.copy)
             if controller is not None and cap > 0:
                 options.append((drafter, hint, cap, controller))
         if not options:

@@ -13,7 +13,9 @@ a renamed name) and past the spots where they went on.
 
 A plan is made on a cautious estimate: the mean less `caution` standard errors of the counts behind
 it, so a wide pass, whose price is paid whether its tail is kept or not, is chosen only on evidence
-that copies this long go on.  Its counts go to the learned prior store as acceptance.py's do.
+that copies this long go on.  For copies of the text's own writing, the evidence behind a copy length
+is the copies that reached it, not their tokens (OBSERVATIONS_PER_COPY).  Its counts go to the learned
+prior store as acceptance.py's do.
 """
 
 from __future__ import annotations
@@ -64,6 +66,18 @@ PAIR_MIN_COPY = 4
 # its guess, so the first long draft that breaks costs its class at once.
 LENDING_COPY = 4
 LENDING_SOURCES = ("prompt", "prediction")
+# How many observations one copy of the text's own writing is worth, at most, to the certainty of each
+# copy length it reached; the mean still counts every token (and so does the certainty of a pooled copy,
+# which the pool does not tell apart).  A reply that repeats one
+# sentence with a word changed reads as a copy that goes on for 20 tokens: counted token by token, that
+# one copy made copies of 7-15 tokens sure at 0.93-0.98, and the reply's next three copies of its own
+# phrasing were drafted 15 deep and broke within two tokens (an explanation 2-4% under plain decoding on
+# the Zen 5 EPYC of stop 83).  A copy is told apart by where its source stands (Hint.copy).  Replayed on
+# the recorded replies at three CPUs' curves: that explanation 0.975 -> 1.016 of plain decoding, its
+# code edit 1.26 -> 1.29, no kind below 0.993 of before (benchmarks/ngram_sim.py; stop 84 in
+# docs/benchmarks.md).  The lending sources keep counting tokens: a quote of the prompt is one copy
+# however long, and counted per copy the summaries that quote it were up to 5% slower.
+OBSERVATIONS_PER_COPY = 4
 
 
 @dataclass
@@ -74,13 +88,14 @@ class _Foreseen:
     tokens: list[int]
     classes: list[int]
     pairs: list[tuple[int, int]]  # each token with the one before it (the context's last, for the first)
+    copy: int | None  # the copy it continues (Hint.copy)
     checked: int = 0
 
-    def settle(self, context: list[int], observe: Callable[[int, tuple[int, int], int, bool], None]) -> bool:
+    def settle(self, context: list[int], observe: Callable[[int, tuple[int, int], int, int | None, bool], None]) -> bool:
         """Count the newly known positions; True while some are still unknown."""
         while self.checked < len(self.tokens) and self.start + self.checked < len(context):
             accepted = context[self.start + self.checked] == self.tokens[self.checked]
-            observe(self.classes[self.checked], self.pairs[self.checked], self.start + self.checked, accepted)
+            observe(self.classes[self.checked], self.pairs[self.checked], self.start + self.checked, self.copy, accepted)
             self.checked += 1
             if not accepted:
                 return False  # later positions would never have been reached
@@ -147,6 +162,11 @@ class HindsightAcceptance:
         self.k_max, self.decay, self.caution = k_max, decay, caution
         classes = len(SOURCES) * len(COPY_BUCKETS)
         self._hits, self._tries = np.zeros(classes), np.zeros(classes)
+        # the copies that reached each class, decayed as the counts are: the evidence of the classes of the
+        # sources that are not lent from (OBSERVATIONS_PER_COPY)
+        self._copies = np.zeros(classes)
+        self._counts_copies = np.repeat([source not in LENDING_SOURCES for source in SOURCES], len(COPY_BUCKETS))
+        self._counted_copies: set[tuple[int, int]] = set()  # (copy, class) of this text's copies counted so far
         self._session = DecayedCounts(classes)  # undecayed, since the last export()
         lengths = np.tile(np.array(COPY_BUCKETS, float), len(SOURCES))  # each class's shortest copy
         self._prior = lengths / (lengths + COPY_PRIOR_SHIFT)
@@ -155,6 +175,7 @@ class HindsightAcceptance:
             if 0 <= copy_class < classes and len(tries) and float(tries[0]) > 0:
                 scale = min(1.0, LEARNED_WEIGHT_MAX / float(tries[0]))  # worth at most LEARNED_WEIGHT_MAX observations
                 self._hits[copy_class], self._tries[copy_class] = float(hits[0]) * scale, float(tries[0]) * scale
+                self._copies[copy_class] = self._tries[copy_class] / OBSERVATIONS_PER_COPY  # all of it evidence
         self._foreseen: list[_Foreseen] = []  # proposals waiting to be checked against the text
         self._context: list[int] | None = None  # the context they were made on
         self._pairs = PairRecord()  # the context's token pairs, as drafts inside its copies fared
@@ -176,7 +197,7 @@ class HindsightAcceptance:
         if classes[0] < 0:
             return np.zeros(self.k_max), np.zeros(self.k_max)
         first = classes[0] - classes[0] % len(COPY_BUCKETS)  # the shortest copy class of the signal's source
-        rates, evidence = self._source_rates(first)[classes - first], self._tries[classes] + PRIOR_WEIGHT
+        rates, evidence = self._source_rates(first)[classes - first], self._evidence(classes) + PRIOR_WEIGHT
         if self._proposal is not None and self._proposal[0] == signal:  # the proposal this step foresaw
             self._pairs.refine(self._proposal[1], rates, evidence)
         return rates, evidence
@@ -193,6 +214,13 @@ class HindsightAcceptance:
             if lends and length >= LENDING_COPY:
                 lent = max(lent, float(self._cautious(rates[bucket], tries + PRIOR_WEIGHT)))
         return rates
+
+    def _evidence(self, classes: np.ndarray) -> np.ndarray:
+        """The observations behind each class's estimate: its counts, and for the sources that are not lent
+        from, no more than OBSERVATIONS_PER_COPY for each copy that reached it."""
+        tries = self._tries[classes]
+        per_copy = np.minimum(tries, OBSERVATIONS_PER_COPY * self._copies[classes])
+        return np.where(self._counts_copies[classes], per_copy, tries)
 
     def _cautious(self, rates: np.ndarray | float, evidence: np.ndarray | float) -> np.ndarray:
         """The mean less `caution` standard errors of the evidence behind it."""
@@ -219,32 +247,39 @@ class HindsightAcceptance:
             tries[copy_class] += 1.0
             hits[copy_class] += accepted
 
-    def _observer(self) -> Callable[[int, tuple[int, int], int, bool], None]:
+    def _observer(self) -> Callable[[int, tuple[int, int], int, int | None, bool], None]:
         """What one settle() counts a scored token with: its copy class up to MAX_COUNTS_PER_POSITION times
-        per text position, its pair once per position and inside copies only (all the proposals that foresaw
-        a position are settled together)."""
+        per text position, the copy it belongs to once per class (a copy not told apart, once per count),
+        its pair once per position and inside copies only (all the proposals that foresaw a position are
+        settled together)."""
         class_counts: Counter[tuple[int, int]] = Counter()
         counted_pairs: set[tuple[int, tuple[int, int]]] = set()
 
-        def observe(copy_class: int, pair: tuple[int, int], position: int, accepted: bool) -> None:
+        def observe(copy_class: int, pair: tuple[int, int], position: int, copy: int | None, accepted: bool) -> None:
             class_counts[position, copy_class] += 1
             if class_counts[position, copy_class] <= MAX_COUNTS_PER_POSITION:
                 self._observe(copy_class, accepted)
+                if copy is None or (copy, copy_class) not in self._counted_copies:
+                    if copy is not None:
+                        self._counted_copies.add((copy, copy_class))
+                    self._copies[copy_class] += 1.0
             if copy_class % len(COPY_BUCKETS) >= self._pair_min_class and (position, pair) not in counted_pairs:
                 counted_pairs.add((position, pair))
                 self._pairs.observe(pair, accepted)
         return observe
 
-    def watch(self, context: list[int], signal: int, proposal: Callable[[], Sequence[int]]) -> None:
+    def watch(self, context: list[int], signal: int, proposal: Callable[[], Sequence[int]],
+              copy: int | None = None) -> None:
         """Score the earlier proposals against what context has gained since, then record what the
-        drafter would propose now (as many tokens as it can, whatever k is chosen).
+        drafter would propose now (as many tokens as it can, whatever k is chosen) and the copy it
+        continues (Hint.copy).
 
         The check is fair at any temperature: the tokens that follow are sampled from the target's
         distribution, so a foreseen token matches the next one with the probability that
         verification would have accepted it.
         """
         self.settle(context)
-        self.foresee(context, proposal(), signal)
+        self.foresee(context, proposal(), signal, copy)
 
     def settle(self, context: list[int]) -> None:
         """Score the recorded proposals against the tokens context has gained since, depth by depth."""
@@ -255,11 +290,13 @@ class HindsightAcceptance:
         self._foreseen = [entry for entry in self._foreseen if entry.settle(context, observe)]
 
     def _start_text(self, context: list[int]) -> None:
-        """Forget what belongs to the previous text: its unsettled proposals and its pairs' record."""
+        """Forget what belongs to the previous text: its unsettled proposals, its pairs' record and its copies."""
         self._foreseen, self._context, self._pairs, self._proposal = [], context, PairRecord(), None
+        self._counted_copies = set()
 
-    def foresee(self, context: list[int], tokens: Sequence[int], signal: int = 0) -> None:
-        """Record a proposal made after context, to be scored by settle() as the text goes on."""
+    def foresee(self, context: list[int], tokens: Sequence[int], signal: int = 0, copy: int | None = None) -> None:
+        """Record a proposal made after context, continuing copy (Hint.copy), to be scored by settle() as the
+        text goes on."""
         if context is not self._context:
             self._start_text(context)
         self._proposal = None
@@ -268,10 +305,11 @@ class HindsightAcceptance:
             return
         self._hits *= self.decay  # once per proposal: the hazards follow this text as it goes on
         self._tries *= self.decay
+        self._copies *= self.decay
         tokens = list(tokens[: self.k_max])
         pairs = token_pairs(context, tokens)
         self._proposal = (signal, pairs)
-        self._foreseen.append(_Foreseen(len(context), tokens, classes.tolist(), pairs))
+        self._foreseen.append(_Foreseen(len(context), tokens, classes.tolist(), pairs, copy))
 
     def record(self, proposed: int, accepted: int, signal: int = 0) -> None:
         """Nothing more to learn from verification: the draft was this step's foreseen proposal, and the

@@ -442,6 +442,46 @@ def test_a_copys_token_counts_at_most_a_few_times_however_many_steps_foresaw_it(
     assert scored <= counted <= MAX_COUNTS_PER_POSITION * scored < K_MAX * scored
 
 
+def follow_a_repeat(source: str, copy_of, learned=None) -> HindsightAcceptance:
+    """A text that repeats its first 30 tokens, followed step by step through 20 tokens of the repeat, each step
+    foreseeing the rest of it (all kept) with the copy the drafter would hint: copy_of(context length)."""
+    sentence = list(range(1000, 1030))
+    text = sentence + sentence
+    estimate, context = HindsightAcceptance(K_MAX, decay=1.0, learned=learned), text[:32]
+    while len(context) < 50:
+        estimate.watch(context, ngram_signal(source, len(context) - 30),
+                       lambda: text[len(context): len(context) + K_MAX], copy_of(len(context)))
+        context.append(text[len(context)])
+    return estimate
+
+
+def test_a_copy_of_the_texts_own_writing_is_evidence_of_one_copy_however_many_tokens_it_ran():
+    # One repeat of the reply's own sentence is one copy.  Counted token by token it made copies of 8-24
+    # tokens look sure, and the next copy of the reply's phrasing was drafted 15 deep (stop 84).
+    eight = ngram_signal("context", 8)
+    one_copy = follow_a_repeat("context", lambda length: 30)  # the source stands 30 back at every step
+    not_told_apart = follow_a_repeat("context", lambda length: None)
+    assert np.allclose(one_copy.mean(eight), not_told_apart.mean(eight))  # the same tokens, the same mean
+    assert (one_copy.planning(eight) < not_told_apart.planning(eight)).all()  # but less evidence: more caution
+    # which compounds with the depth: a 15-token draft reaches its end on this one copy's word far less often
+    assert np.prod(one_copy.planning(eight)) < 0.9 * np.prod(not_told_apart.planning(eight))
+    copies_apart = follow_a_repeat("context", lambda length: length)  # a new copy at every step
+    assert np.allclose(copies_apart.planning(eight), not_told_apart.planning(eight))
+
+    # a quote of the prompt lends its certainty to longer copies (LENDING_SOURCES): its tokens count
+    eight = ngram_signal("prompt", 8)
+    quoted_once = follow_a_repeat("prompt", lambda length: 30)
+    assert np.allclose(quoted_once.planning(eight), follow_a_repeat("prompt", lambda length: None).planning(eight))
+
+
+def test_learned_counts_of_the_texts_own_copies_are_evidence_in_full():
+    first = COPY_BUCKETS.index(1)  # no class lends to the shortest copies, whatever the source
+    context, prompt = SOURCES.index("context"), SOURCES.index("prompt")
+    learned = {context * len(COPY_BUCKETS) + first: ([18.0], [20.0]), prompt * len(COPY_BUCKETS) + first: ([18.0], [20.0])}
+    estimate = HindsightAcceptance(K_MAX, learned=learned)
+    assert estimate.planning(ngram_signal("context", 1))[0] == pytest.approx(estimate.planning(ngram_signal("prompt", 1))[0])
+
+
 def test_hindsight_learns_from_steps_that_drafted_nothing():
     # The first guesses are wrong, then the drafter starts copying perfectly.  A controller that
     # only learns from what it drafts has backed off to k = 0 and waits for probes; one that

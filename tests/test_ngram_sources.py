@@ -70,6 +70,26 @@ def test_a_match_in_the_prompt_and_one_in_the_generations_own_text_are_told_apar
     assert drafter.propose(turn, 1) == Proposal([61], None, "prompt")
 
 
+def test_every_step_of_one_copy_hints_the_same_copy_and_another_copy_another():
+    drafter = NgramDrafter()
+    sentence = [10, 11, 12, 13, 14, 15]
+    context = [*sentence, 90, *sentence[:2]]  # the text repeats its sentence, 7 tokens later
+    hints = []
+    for token in sentence[2:]:
+        hints.append(drafter.peek(context))
+        context.append(token)
+    assert [hint.copy for hint in hints] == [7, 7, 7, 7]  # the copy's source stands 7 back all along
+    assert [copy_signal_parts(hint.signal)[1] for hint in hints] == [2, 3, 4, 5]  # however long it has run
+    context += [91, 92, 10, 11]  # the sentence again: a copy of the repeat, which stands 8 back
+    assert drafter.peek(context).copy == 8
+    drafter.use_sources(prediction=TokenIndex([92, 10, 11, 12, 13]))
+    assert drafter.peek(context).copy is not None  # a longer match in the prediction: a copy of that
+    pool = NgramPool(lengths=(3,))
+    pool.add([20, 21, 22, 23, 24])
+    drafter.use_sources(pool=pool)
+    assert drafter.peek([9, 20, 21, 22]).copy is None  # the pool does not say where its match stands
+
+
 def test_the_drafter_asks_the_pool_only_without_a_usable_context_match():
     pool = NgramPool(lengths=(3,))
     pool.add([20, 21, 22, 23, 24])
