@@ -73,10 +73,12 @@ LENDING_SOURCES = ("prompt", "prediction")
 # one copy made copies of 7-15 tokens sure at 0.93-0.98, and the reply's next three copies of its own
 # phrasing were drafted 15 deep and broke within two tokens (an explanation 2-4% under plain decoding on
 # the Zen 5 EPYC of stop 83).  A copy is told apart by where its source stands (Hint.copy).  Replayed on
-# the recorded replies at three CPUs' curves: that explanation 0.975 -> 1.016 of plain decoding, its
-# code edit 1.26 -> 1.29, no kind below 0.993 of before (benchmarks/ngram_sim.py; stop 84 in
-# docs/benchmarks.md).  The lending sources keep counting tokens: a quote of the prompt is one copy
-# however long, and counted per copy the summaries that quote it were up to 5% slower.
+# the recorded replies at six curves of four CPUs, each curve's kinds read 0.999-1.003 of before, that
+# explanation 0.975 -> 1.016 of plain decoding at stop 83's curve (but 1.018 -> 0.991 at one of the
+# Zen 5's, where another copy is drafted deep), and in turns on the Zen 5 it read 0.96 -> 0.98
+# (benchmarks/ngram_sim.py, benchmarks/ab_commits.py; stop 84 in docs/benchmarks.md).  The lending
+# sources keep counting tokens: a quote of the prompt is one copy however long, and counted per copy the
+# summaries that quote it were up to 5% slower.
 OBSERVATIONS_PER_COPY = 4
 
 

@@ -10,7 +10,7 @@ from edgespec.calibration import CalibrationCache, CalibrationKey, StepTimeWatch
 from edgespec.pass_prices import priced_curve
 from edgespec.controller import DraftLengthController, SpeedGuard, controller_for
 from edgespec.costs import CostModel
-from edgespec.drafters import SOURCES, NgramDrafter, copy_signal_parts, ngram_signal
+from edgespec.drafters import SOURCES, NgramDrafter, ngram_signal
 
 K_MAX = 15
 
@@ -442,12 +442,12 @@ def test_a_copys_token_counts_at_most_a_few_times_however_many_steps_foresaw_it(
     assert scored <= counted <= MAX_COUNTS_PER_POSITION * scored < K_MAX * scored
 
 
-def follow_a_repeat(source: str, copy_of, learned=None) -> HindsightAcceptance:
+def follow_a_repeat(source: str, copy_of) -> HindsightAcceptance:
     """A text that repeats its first 30 tokens, followed step by step through 20 tokens of the repeat, each step
     foreseeing the rest of it (all kept) with the copy the drafter would hint: copy_of(context length)."""
     sentence = list(range(1000, 1030))
     text = sentence + sentence
-    estimate, context = HindsightAcceptance(K_MAX, decay=1.0, learned=learned), text[:32]
+    estimate, context = HindsightAcceptance(K_MAX, decay=1.0), text[:32]
     while len(context) < 50:
         estimate.watch(context, ngram_signal(source, len(context) - 30),
                        lambda: text[len(context): len(context) + K_MAX], copy_of(len(context)))

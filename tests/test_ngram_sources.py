@@ -83,7 +83,8 @@ def test_every_step_of_one_copy_hints_the_same_copy_and_another_copy_another():
     context += [91, 92, 10, 11]  # the sentence again: a copy of the repeat, which stands 8 back
     assert drafter.peek(context).copy == 8
     drafter.use_sources(prediction=TokenIndex([92, 10, 11, 12, 13]))
-    assert drafter.peek(context).copy is not None  # a longer match in the prediction: a copy of that
+    hint = drafter.peek(context)  # a longer match in the prediction, "92 10 11", whose next token is its 4th
+    assert copy_signal_parts(hint.signal) == (1, 3) and hint.copy == len(context) - 3
     pool = NgramPool(lengths=(3,))
     pool.add([20, 21, 22, 23, 24])
     drafter.use_sources(pool=pool)
