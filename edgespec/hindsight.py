@@ -68,17 +68,16 @@ LENDING_COPY = 4
 LENDING_SOURCES = ("prompt", "prediction")
 # How many observations one copy of the text's own writing is worth, at most, to the certainty of each
 # copy length it reached; the mean still counts every token (and so does the certainty of a pooled copy,
-# which the pool does not tell apart).  A reply that repeats one
-# sentence with a word changed reads as a copy that goes on for 20 tokens: counted token by token, that
-# one copy made copies of 7-15 tokens sure at 0.93-0.98, and the reply's next three copies of its own
-# phrasing were drafted 15 deep and broke within two tokens (an explanation 2-4% under plain decoding on
-# the Zen 5 EPYC of stop 83).  A copy is told apart by where its source stands (Hint.copy).  Replayed on
-# the recorded replies at six curves of four CPUs, each curve's kinds read 0.999-1.003 of before, that
-# explanation 0.975 -> 1.016 of plain decoding at stop 83's curve (but 1.018 -> 0.991 at one of the
-# Zen 5's, where another copy is drafted deep), and in turns on the Zen 5 it read 0.96 -> 0.98
-# (benchmarks/ngram_sim.py, benchmarks/ab_commits.py; stop 84 in docs/benchmarks.md).  The lending
-# sources keep counting tokens: a quote of the prompt is one copy however long, and counted per copy the
-# summaries that quote it were up to 5% slower.
+# which the pool does not tell apart).  A reply that repeats one sentence with a word changed reads as a
+# copy that goes on for 20 tokens: counted token by token, that one copy made copies of 7-15 tokens sure
+# at 0.93-0.98, and the reply's next copies of its own phrasing were drafted 15 deep and broke within two
+# tokens (an explanation 2-4% under plain decoding on the Zen 5 EPYC of stop 83).  A copy is told apart
+# by where its source stands (Hint.copy).  Replayed on the recorded replies at six curves of four CPUs,
+# each curve's kinds read 0.999-1.003 of before; that explanation went 0.975 -> 1.016 of plain decoding at
+# stop 83's curve (but 1.018 -> 0.991 at another Zen 5 curve, where another copy is drafted deep), and
+# 0.96 -> 0.98 in turns on the Zen 5 (benchmarks/ngram_sim.py, benchmarks/ab_commits.py; stop 84 in
+# docs/benchmarks.md).  The lending sources keep counting tokens: a quote of the prompt is one copy
+# however long, and counted per copy the summaries that quote it were up to 5% slower.
 OBSERVATIONS_PER_COPY = 4
 
 
